@@ -1,0 +1,84 @@
+"""The `tenantgate` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import uuid
+
+from engine.config import ConfigError, EngineConfig
+
+EXIT_USAGE = 2
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="stream a continuation of a prompt from a local model")
+    p.add_argument("--model", default="demo", help="'demo' (built on first use) or a Hugging Face checkpoint directory")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--kv-cache-memory", type=int, default=256 << 20, help="bytes for the paged KV cache")
+    p.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    # Imported here so `tenantgate --help` stays fast.
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    config = EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=1
+    )
+    engine = LLMEngine(config, progress=True)
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    engine.add_request(uuid.uuid4().hex, prompt, params, add_special_tokens=not args.chat)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tenantgate", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, OSError) as exc:
+        # Every engine input error is a ValueError subclass with a message meant for people.
+        print(f"tenantgate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""A model fingerprint: one digest over everything that can change a logit.
+
+Weights (the bytes of every weight file), the tokenizer, the parsed model config
+(architecture, RoPE, norms, window...), the dtype and the engine's numerics version.
+Two engines with the same fingerprint compute the same function of token ids; the
+prefix cache must never reuse KV across different fingerprints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from engine.config import ModelConfig
+
+# Bump when a change to the engine's kernels could change results for the same weights.
+NUMERICS_VERSION = "tenantgate-engine-numerics/1"
+
+_CHUNK = 1 << 22
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_fingerprint(
+    weight_files: list[Path], tokenizer_digest: str, model_config: ModelConfig, dtype: str
+) -> str:
+    manifest = {
+        "numerics": NUMERICS_VERSION,
+        "weights": {f.name: file_digest(f) for f in weight_files},
+        "tokenizer": tokenizer_digest,
+        "config": model_config.as_dict(),
+        "dtype": dtype,
+    }
+    encoded = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()

@@ -1,0 +1,214 @@
+"""LLMEngine: add requests, step, abort. One step = schedule -> run -> postprocess."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence as Seq
+
+from engine.block_manager import BlockManager, KVStats
+from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.fingerprint import model_fingerprint
+from engine.model.demo import resolve_model_path
+from engine.model.loader import weight_files
+from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
+from engine.outputs import CompletedRequest, RequestOutput
+from engine.sampler import SampleResult
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler
+from engine.sequence import FinishReason, Sequence
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message is safe to show to the caller."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+        self.config = config
+        self.model_path: Path = resolve_model_path(config.model, progress=progress)
+        self.model_config = ModelConfig.from_dir(self.model_path)
+        self.tokenizer = Tokenizer.from_dir(self.model_path)
+        mc = self.model_config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        block_bytes = kv_bytes_per_block(mc, config.block_size, dtype)
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ConfigError(
+                f"the KV cache holds {num_blocks * config.block_size} tokens ({num_blocks} blocks of "
+                f"{config.block_size}), fewer than one sequence of max_model_len={self.max_model_len}; "
+                f"raise kv_cache_memory_bytes to at least {config.blocks_for(self.max_model_len) * block_bytes} "
+                "or lower max_model_len"
+            )
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
+
+        self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
+        self.fingerprint = model_fingerprint(
+            weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
+        )
+        self._arrivals = itertools.count()
+        self._peak_used_blocks = 0
+        self._peak_stats: KVStats = self.block_manager.stats()
+        logger.info(
+            "engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s",
+            mc.architecture, self.runner.device, num_blocks, config.block_size, self.fingerprint[:16],
+        )
+
+    # -- requests -----------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Seq[int],
+        params: SamplingParams,
+        add_special_tokens: bool = True,
+    ) -> Sequence:
+        seq = self.make_sequence(request_id, prompt, params, add_special_tokens)
+        self.enqueue(seq)
+        return seq
+
+    def make_sequence(
+        self,
+        request_id: str,
+        prompt: str | Seq[int],
+        params: SamplingParams,
+        add_special_tokens: bool = True,
+    ) -> Sequence:
+        """Validate and tokenize a request without touching engine state (safe from any thread)."""
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            token_ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
+                raise RequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        if not token_ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len} tokens "
+                "including at least one generated token",
+                param="prompt",
+            )
+        seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals))
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        return seq
+
+    def enqueue(self, seq: Sequence) -> None:
+        if self.scheduler.find(seq.request_id) is not None:
+            raise RequestError(f"request id {seq.request_id!r} is already in flight", param="request_id")
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is not in flight."""
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        self.runner.release(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- stepping -----------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        results = self.runner.run(batch)
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += num_new
+        self._track_kv()
+        return self._postprocess(batch, results)
+
+    def _track_kv(self) -> None:
+        stats = self.block_manager.stats()
+        if stats.num_used_blocks >= self._peak_used_blocks:
+            self._peak_used_blocks = stats.num_used_blocks
+            self._peak_stats = stats
+
+    def _postprocess(self, batch: ScheduledBatch, results: list[SampleResult | None]) -> list[RequestOutput]:
+        outputs = []
+        for seq, result in zip(batch.seqs, results):
+            if result is None:
+                continue
+            token = result.token_id
+            seq.append_token(token)
+            text = seq.detokenizer.add(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                if not seq.detokenizer.stopped:
+                    text += seq.detokenizer.flush()
+                self.scheduler.finish(seq, reason)
+                self.runner.release(seq.request_id)
+            outputs.append(
+                RequestOutput(
+                    request_id=seq.request_id,
+                    new_token_ids=[token],
+                    new_text=text,
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_output_tokens=seq.num_output_tokens,
+                    finished=reason is not None,
+                    finish_reason=reason.value if reason else None,
+                    logprobs=[result.logprobs] if result.logprobs else [],
+                    logits=[result.logits] if result.logits is not None else [],
+                )
+            )
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if seq.detokenizer.stopped:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    # -- conveniences ---------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams],
+        add_special_tokens: bool = True,
+    ) -> list[CompletedRequest]:
+        """Run prompts to completion; results come back in prompt order."""
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
+        for request_id, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(request_id, prompt, p, add_special_tokens)
+        deltas: dict[str, list[RequestOutput]] = defaultdict(list)
+        while self.has_unfinished_requests():
+            for out in self.step():
+                deltas[out.request_id].append(out)
+        return [CompletedRequest.from_deltas(deltas[i]) for i in ids]
+
+    def kv_stats(self) -> KVStats:
+        return self.block_manager.stats()
+
+    def peak_kv_stats(self) -> KVStats:
+        """Usage at the step that held the most blocks so far."""
+        return self._peak_stats
+
+    def check_invariants(self) -> None:
+        self.block_manager.check_invariants(self.scheduler.live_sequences())

@@ -1,0 +1,87 @@
+"""Attention over the paged KV pool, in plain PyTorch ops.
+
+Each layer first writes the step's new keys and values into their slots, then reads
+every sequence's context back through its block table. Decodes (one query each) run as
+one padded batch; prefill chunks run one sequence at a time, so a long prompt never
+pads the decodes beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    start: int  # first row of this sequence in the step's flattened tokens
+    end: int
+    context_len: int
+    block_table: torch.Tensor  # [blocks covering the context]
+    mask: torch.Tensor | None  # [q_len, context_len] bool, None = plain causal from position 0
+
+
+@dataclass
+class AttentionMetadata:
+    """Built once per step by the model runner and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V goes
+    decode_rows: torch.Tensor | None  # [num_decodes] rows of the decode tokens
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
+    prefills: list[PrefillSpan]
+
+
+def build_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Causal (and optionally sliding-window) mask: True where a query may see a key."""
+    q = q_positions[:, None]
+    k = k_positions[None, :]
+    mask = k <= q
+    if sliding_window is not None:
+        mask &= q - k < sliding_window
+    return mask
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    enable_gqa = q.shape[1] != num_kv_heads
+
+    out = torch.empty_like(q)
+    if meta.decode_rows is not None:
+        # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
+        # faster than gathering single slots.
+        num_seqs = meta.decode_block_tables.shape[0]
+        qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, H, 1, D]
+        kd = _gather(k_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        vd = _gather(v_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa
+        )
+        out.index_copy_(0, meta.decode_rows, od.squeeze(2))
+    for span in meta.prefills:
+        qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+        vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=enable_gqa
+        )
+        out[span.start : span.end] = op.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    return cache.index_select(0, block_ids.reshape(-1))

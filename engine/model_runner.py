@@ -1,0 +1,154 @@
+"""The only module that touches torch devices: weights, the KV pool, one forward per step."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import load_weights
+from engine.sampler import SampleResult, Sampler
+from engine.scheduler import ScheduledBatch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but no CUDA device is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # bfloat16 matmuls are emulated on most CPUs and two orders of magnitude slower.
+    return torch.float32
+
+
+def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
+    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        config: EngineConfig,
+        model_path: Path,
+        max_model_len: int,
+        num_blocks: int,
+        progress: bool = False,
+    ) -> None:
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.block_size = config.block_size
+        self.sliding_window = model_config.sliding_window
+        prev_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = LlamaForCausalLM(model_config, max_positions=max_model_len)
+        finally:
+            torch.set_default_dtype(prev_dtype)
+        self.model.eval()
+        load_weights(self.model, model_path, progress=progress)
+        shape = (num_blocks, config.block_size, model_config.num_key_value_heads, model_config.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(model_config.num_hidden_layers)
+        ]
+        self.sampler = Sampler(config.seed)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
+        """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
+        input_ids, positions, meta, sample_rows, sampling = self._prepare(batch)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        results: list[SampleResult | None] = [None] * len(batch.seqs)
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+            seqs = [batch.seqs[i] for i in sampling]
+            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+            for i, sample in zip(sampling, samples):
+                results[i] = sample
+        return results
+
+    def release(self, request_id: str) -> None:
+        self.sampler.release(request_id)
+
+    def _prepare(self, batch: ScheduledBatch):
+        bs, dev = self.block_size, self.device
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSpan] = []
+        sample_rows: list[int] = []
+        sampling: list[int] = []
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            row = len(input_ids)
+            table = seq.block_table
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if num_new == 1:
+                decode_rows.append(row)
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                mask = None
+                if start > 0 or (self.sliding_window is not None and end > self.sliding_window):
+                    mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
+                blocks = torch.tensor(table[: -(-end // bs)], device=dev)
+                prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
+            if end == seq.num_tokens:
+                sample_rows.append(row + num_new - 1)
+                sampling.append(i)
+
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev),
+            decode_rows=None,
+            decode_block_tables=None,
+            decode_mask=None,
+            prefills=prefills,
+        )
+        if decode_rows:
+            max_blocks = max(-(-n // bs) for n in decode_lens)
+            tables = torch.zeros(len(decode_rows), max_blocks, dtype=torch.long)
+            for j, (table, n) in enumerate(zip(decode_tables, decode_lens)):
+                used = -(-n // bs)
+                tables[j, :used] = torch.tensor(table[:used])
+            lengths = torch.tensor(decode_lens)
+            key_pos = torch.arange(max_blocks * bs)[None, :]
+            mask = key_pos < lengths[:, None]
+            if self.sliding_window is not None:
+                mask &= (lengths[:, None] - 1) - key_pos < self.sliding_window
+            meta.decode_rows = torch.tensor(decode_rows, device=dev)
+            meta.decode_block_tables = tables.to(dev)
+            meta.decode_mask = mask[:, None, None, :].to(dev)
+        return (
+            torch.tensor(input_ids, device=dev),
+            torch.tensor(positions, device=dev),
+            meta,
+            sample_rows,
+            sampling,
+        )

@@ -1,0 +1,48 @@
+"""What the engine hands back after each step: per-request deltas, never whole texts twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampler import TokenLogprobs
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool = False
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class CompletedRequest:
+    """A whole request's result, assembled from its deltas (LLMEngine.generate)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    num_prompt_tokens: int
+    finish_reason: str | None
+    logprobs: list[TokenLogprobs]
+    logits: list[torch.Tensor]
+
+    @classmethod
+    def from_deltas(cls, deltas: list[RequestOutput]) -> CompletedRequest:
+        last = deltas[-1]
+        return cls(
+            request_id=last.request_id,
+            token_ids=[t for d in deltas for t in d.new_token_ids],
+            text="".join(d.new_text for d in deltas),
+            num_prompt_tokens=last.num_prompt_tokens,
+            finish_reason=last.finish_reason,
+            logprobs=[lp for d in deltas for lp in d.logprobs],
+            logits=[row for d in deltas for row in d.logits],
+        )

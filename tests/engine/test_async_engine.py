@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.async_engine import AsyncLLMEngine
+from engine.llm_engine import RequestError
+from engine.sampling_params import SamplingParams
+
+PROMPT = "Continuous batching lets requests join"
+
+
+@pytest.fixture
+def async_engine(tiny_dir, make_engine):
+    engine = AsyncLLMEngine(make_engine(model=str(tiny_dir)))
+    yield engine
+    engine.shutdown()
+
+
+async def collect(engine: AsyncLLMEngine, prompt: str, params: SamplingParams, request_id: str | None = None):
+    deltas = [d async for d in engine.generate(prompt, params, request_id=request_id)]
+    return deltas
+
+
+async def test_streamed_deltas_add_up_to_the_sync_result(async_engine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = async_engine.engine.generate([PROMPT], params)[0]
+    deltas = await collect(async_engine, PROMPT, params)
+    assert [t for d in deltas for t in d.new_token_ids] == expected.token_ids
+    assert "".join(d.new_text for d in deltas) == expected.text
+    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+    assert not any(d.finished for d in deltas[:-1])
+
+
+async def test_concurrent_streams_are_served_together(async_engine) -> None:
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=12, ignore_eos=True) for i in range(6)]
+    expected = async_engine.engine.generate([PROMPT] * 6, params)
+    results = await asyncio.gather(*(collect(async_engine, PROMPT, p) for p in params))
+    for deltas, exp in zip(results, expected):
+        assert [t for d in deltas for t in d.new_token_ids] == exp.token_ids
+
+
+async def test_leaving_the_stream_aborts_and_frees_blocks(async_engine) -> None:
+    bm = async_engine.engine.block_manager
+    stream = async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="gone")
+    async for _ in stream:
+        assert bm.num_free_blocks < bm.num_blocks
+        break
+    await stream.aclose()  # what a client disconnect does to the handler's generator
+    for _ in range(200):
+        if bm.num_free_blocks == bm.num_blocks and not async_engine.engine.has_unfinished_requests():
+            break
+        await asyncio.sleep(0.01)
+    assert bm.num_free_blocks == bm.num_blocks
+    assert not async_engine.engine.has_unfinished_requests()
+
+
+async def test_cancelled_task_aborts_its_request(async_engine) -> None:
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):
+        if not async_engine.engine.has_unfinished_requests():
+            break
+        await asyncio.sleep(0.01)
+    assert not async_engine.engine.has_unfinished_requests()
+
+
+async def test_bad_requests_raise_before_streaming(async_engine) -> None:
+    with pytest.raises(RequestError, match="empty"):
+        await collect(async_engine, "", SamplingParams())
+    # The loop is unharmed.
+    deltas = await collect(async_engine, PROMPT, SamplingParams(max_tokens=2, ignore_eos=True))
+    assert deltas[-1].finished

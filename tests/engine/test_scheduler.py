@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, SequenceStatus
+from tests.engine.test_block_manager import make_seq
+
+
+def run_step(scheduler: Scheduler, sampled_token: int = 7):
+    """Apply a schedule the way the engine does: advance computed tokens, sample at the end."""
+    batch = scheduler.schedule()
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.append_token(sampled_token)
+    return batch
+
+
+def test_decodes_go_first_then_new_prompts_fill_the_budget() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=10, max_num_seqs=8)
+    scheduler = Scheduler(config, BlockManager(64, 4))
+    a = make_seq("a", 6)
+    scheduler.add(a)
+    assert run_step(scheduler).num_new_tokens == [6]
+    b = make_seq("b", 20)
+    scheduler.add(b)
+    batch = run_step(scheduler)
+    assert [s.request_id for s in batch.seqs] == ["a", "b"]
+    assert batch.num_new_tokens == [1, 9]  # b's prompt is chunked into the remaining budget
+    assert scheduler.num_chunked_prefills == 1
+    batch = run_step(scheduler)
+    assert batch.num_new_tokens == [1, 9]
+    batch = run_step(scheduler)
+    assert batch.num_new_tokens == [1, 2]  # b finishes its prompt and samples
+    assert b.num_output_tokens == 1
+
+
+def test_max_num_seqs_limits_admission() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=2)
+    scheduler = Scheduler(config, BlockManager(64, 4))
+    for name in "abc":
+        scheduler.add(make_seq(name, 3))
+    batch = run_step(scheduler)
+    assert [s.request_id for s in batch.seqs] == ["a", "b"]
+    assert [s.request_id for s in scheduler.waiting] == ["c"]
+
+
+def test_preemption_frees_the_latest_arrival_and_recomputes_it() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8)
+    bm = BlockManager(4, 4)
+    scheduler = Scheduler(config, bm)
+    a, b = make_seq("a", 8), make_seq("b", 8)
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler)  # both prompts fill all 4 blocks, each samples one token
+    assert bm.num_free_blocks == 0
+    batch = run_step(scheduler)  # a needs a third block: b is preempted
+    assert batch.preempted == [b]
+    assert [s.request_id for s in batch.seqs] == ["a"]
+    assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0 and b.block_table == []
+    assert b.num_tokens == 9  # its sampled token is kept and recomputed with the prompt
+    assert scheduler.num_preemptions == 1
+    scheduler.finish(a, FinishReason.LENGTH)
+    batch = run_step(scheduler)
+    assert batch.num_new_tokens == [9]
+    bm.check_invariants(scheduler.live_sequences())
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_full_budget() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=10, enable_chunked_prefill=False)
+    scheduler = Scheduler(config, BlockManager(64, 4))
+    scheduler.add(make_seq("a", 6))
+    scheduler.add(make_seq("b", 6))
+    batch = run_step(scheduler)
+    assert batch.num_new_tokens == [6]  # b does not fit whole into the 4 tokens left
+    batch = run_step(scheduler)
+    assert batch.num_new_tokens == [1, 6]
+
+
+def test_finish_releases_blocks_of_waiting_and_running_sequences() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=4)
+    bm = BlockManager(16, 4)
+    scheduler = Scheduler(config, bm)
+    a, b = make_seq("a", 10), make_seq("b", 3)
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler)  # a is mid-prefill
+    scheduler.finish(a, FinishReason.ABORT)
+    scheduler.finish(b, FinishReason.ABORT)
+    assert bm.num_free_blocks == 16
+    assert not scheduler.has_unfinished()
+    bm.check_invariants([])
