@@ -3,7 +3,8 @@
 The engine is not thread-safe, so only the loop thread touches it. Callers validate and
 tokenize on their own thread (make_sequence), then hand over adds and aborts through a
 queue that the loop drains before every step; an abort therefore frees the request's
-blocks before any further step runs.
+blocks before any further step runs. Every stream ends: with its last delta, with an
+abort delta, or with EngineDeadError when the loop fails or shuts down.
 """
 
 from __future__ import annotations
@@ -13,21 +14,29 @@ import itertools
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 from typing import AsyncIterator, Sequence as Seq
 
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an internal error; requests cannot be served."""
+    """The engine loop has stopped (an internal error or shutdown); requests cannot be served."""
 
 
-class _Stop:
-    pass
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    seq: Sequence
+
+
+_STOP = object()
 
 
 class AsyncLLMEngine:
@@ -35,8 +44,8 @@ class AsyncLLMEngine:
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._streams_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _streams, _dead and _thread
+        self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._ids = itertools.count()
@@ -44,20 +53,30 @@ class AsyncLLMEngine:
     # -- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError("the engine loop has stopped")
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="tenantgate-engine", daemon=True)
             self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
-            self._commands.put(_Stop())
-            self._wakeup.set()
-            self._thread.join(timeout)
-            self._thread = None
+        """Stop the loop after its current step; open streams end with EngineDeadError."""
+        with self._lock:
+            thread = self._thread
+        if thread is None:
+            return
+        self._commands.put(_STOP)
+        self._wakeup.set()
+        thread.join(timeout)
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._dead is None
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive() and self._dead is None
 
     # -- requests -----------------------------------------------------------------
 
@@ -69,60 +88,58 @@ class AsyncLLMEngine:
         add_special_tokens: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas; leaving the loop early (or cancellation) aborts it."""
-        if self._dead is not None:
-            raise EngineDeadError("the engine loop has stopped")
-        self.start()
         request_id = request_id or f"req-{next(self._ids)}"
         seq = self.engine.make_sequence(request_id, prompt, params, add_special_tokens)
-        stream: asyncio.Queue = asyncio.Queue()
-        with self._streams_lock:
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), seq)
+        with self._lock:
+            self._start_locked()
             if request_id in self._streams:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._commands.put(("add", seq))
-        self._wakeup.set()
+                raise RequestError(f"request id {request_id!r} is already in flight", param="request_id")
+            self._streams[request_id] = stream
+        self._send(("add", seq))
         finished = False
         try:
             while True:
-                item = await stream.get()
+                item = await stream.queue.get()
                 if isinstance(item, RequestError):
                     raise item
                 if isinstance(item, BaseException):
-                    raise EngineDeadError("the engine loop failed") from item
+                    raise EngineDeadError("the engine loop has stopped") from item
                 finished = item.finished
                 yield item
                 if finished:
                     return
         finally:
-            with self._streams_lock:
-                self._streams.pop(request_id, None)
+            with self._lock:
+                if self._streams.get(request_id) is stream:
+                    del self._streams[request_id]
             if not finished:
-                self.abort(request_id)
+                # Abort this very sequence: the id may already belong to a newer request.
+                self._send(("abort_seq", seq))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        """Abort a request from outside its stream; the stream ends with finish_reason 'abort'."""
+        self._send(("abort", request_id))
+
+    def _send(self, command: object) -> None:
+        self._commands.put(command)
         self._wakeup.set()
 
     # -- the loop thread ------------------------------------------------------------
 
     def _loop(self) -> None:
         try:
-            while True:
-                if not self._drain_commands():
-                    return
+            while self._drain_commands():
                 if not self.engine.has_unfinished_requests():
                     self._wakeup.wait()
                     self._wakeup.clear()
                     continue
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
+            self._fail_all(EngineDeadError("the engine was shut down"))
         except BaseException as exc:  # noqa: BLE001 - every waiting caller must hear about it
             logger.exception("engine loop failed")
-            self._dead = exc
-            with self._streams_lock:
-                streams = list(self._streams)
-            for request_id in streams:
-                self._deliver(request_id, exc)
+            self._fail_all(exc)
 
     def _drain_commands(self) -> bool:
         while True:
@@ -130,23 +147,41 @@ class AsyncLLMEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
-            if isinstance(command, _Stop):
+            if command is _STOP:
                 return False
             kind, arg = command
             if kind == "add":
-                with self._streams_lock:
-                    wanted = arg.request_id in self._streams
-                if wanted:  # the caller may have gone away before we got here
-                    try:
-                        self.engine.enqueue(arg)
-                    except RequestError as exc:
-                        self._deliver(arg.request_id, exc)
+                with self._lock:
+                    stream = self._streams.get(arg.request_id)
+                if stream is None or stream.seq is not arg:
+                    continue  # the caller left before its request reached the loop
+                try:
+                    self.engine.enqueue(arg)
+                except RequestError as exc:
+                    self._deliver(arg.request_id, exc)
+            elif kind == "abort_seq":
+                if self.engine.scheduler.find(arg.request_id) is arg:
+                    self.engine.abort_request(arg.request_id)
             else:
-                self.engine.abort_request(arg)
+                final = self.engine.abort_request(arg)
+                if final is not None:
+                    self._deliver(arg, final)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._dead = exc
+            streams = list(self._streams)
+        for request_id in streams:
+            self._deliver(request_id, exc)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        with self._streams_lock:
-            target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening
+            with self._lock:
+                if self._streams.get(request_id) is stream:
+                    del self._streams[request_id]

@@ -82,7 +82,18 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        try:
+            return cls._from_dict(raw)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"config.json has a value of the wrong type ({exc})") from None
+
+    @classmethod
+    def _from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         archs = raw.get("architectures") or []
+        if isinstance(archs, str):
+            archs = [archs]
         arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(raw.get("model_type", ""), raw.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
             supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))

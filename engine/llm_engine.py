@@ -115,14 +115,22 @@ class LLMEngine:
             raise RequestError(f"request id {seq.request_id!r} is already in flight", param="request_id")
         self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str) -> bool:
-        """Stop a request now and free its KV blocks; False if it is not in flight."""
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks; returns its final (empty) delta, None if not in flight."""
         seq = self.scheduler.find(request_id)
         if seq is None:
-            return False
+            return None
         self.scheduler.finish(seq, FinishReason.ABORT)
         self.runner.release(request_id)
-        return True
+        return RequestOutput(
+            request_id=request_id,
+            new_token_ids=[],
+            new_text="",
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            finished=True,
+            finish_reason=FinishReason.ABORT.value,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -194,9 +202,13 @@ class LLMEngine:
     ) -> list[CompletedRequest]:
         """Run prompts to completion; results come back in prompt order."""
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params_list) != len(prompts):
+            raise RequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params", param="params")
         ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
-        for request_id, prompt, p in zip(ids, prompts, params_list):
-            self.add_request(request_id, prompt, p, add_special_tokens)
+        # Validate every prompt before queueing any, so a bad one leaves nothing behind.
+        seqs = [self.make_sequence(i, prompt, p, add_special_tokens) for i, prompt, p in zip(ids, prompts, params_list)]
+        for seq in seqs:
+            self.enqueue(seq)
         deltas: dict[str, list[RequestOutput]] = defaultdict(list)
         while self.has_unfinished_requests():
             for out in self.step():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 from pathlib import Path
 
@@ -40,6 +42,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_cpu_memory_mapped() -> bool:
+    """Stop glibc from handing large freed buffers back to the kernel after every op.
+
+    Each step allocates and frees activation and KV-gather buffers of megabytes. By
+    default glibc serves those with fresh mmaps (or trims them off the heap), so every
+    step page-faults them in again: in a VM that made the KV gather ten times slower
+    than the copy itself. Keeping them in the heap is what jemalloc/tcmalloc would do.
+    """
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return False
+    try:
+        libc = ctypes.CDLL(path)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
+        return libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return False
+
+
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
@@ -57,6 +82,8 @@ class ModelRunner:
     ) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu" and not keep_cpu_memory_mapped():
+            logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
         prev_dtype = torch.get_default_dtype()

@@ -14,6 +14,8 @@ class SamplingParamsError(ValueError):
 
 
 MAX_TOP_LOGPROBS = 20
+# Below this a temperature only overflows the logits; it means greedy (as in vLLM).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -32,26 +34,34 @@ class SamplingParams:
     keep_logits: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
             raise SamplingParamsError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise SamplingParamsError("temperature", f"must be >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise SamplingParamsError("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise SamplingParamsError("top_k", f"must be a non-negative integer (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise SamplingParamsError("seed", f"must be an integer, got {self.seed!r}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise SamplingParamsError("logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise SamplingParamsError("stop", "stop strings must be non-empty strings")
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise SamplingParamsError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise SamplingParamsError("logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise SamplingParamsError("stop", "must be a non-empty string or a list of them")
+        stop_ids = self.stop_token_ids
+        if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+            raise SamplingParamsError("stop_token_ids", "must be a list of non-negative integers")
+        object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:

@@ -9,6 +9,7 @@ and it is recomputed from its tokens later.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -84,7 +85,9 @@ class Scheduler:
                 self.num_chunked_prefills += 1
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            # Running stays in arrival order: a re-admitted, preempted sequence keeps its
+            # seniority, so the victim of the next preemption is always the latest arrival.
+            bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new

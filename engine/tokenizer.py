@@ -126,7 +126,7 @@ class Tokenizer:
             raise TokenizerError("cannot apply a chat template to an empty conversation")
         for message in messages:
             if not isinstance(message, Mapping):
-                raise TokenizerError(f"chat messages must be objects, got {message!r}")
+                raise TokenizerError(f"chat messages must be objects, got {type(message).__name__}")
         # transformers drops keys set to None, since templates handle a missing key but would render "None".
         messages = _alias_reasoning([{k: v for k, v in m.items() if v is not None} for m in messages])
         try:

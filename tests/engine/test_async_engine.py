@@ -81,3 +81,43 @@ async def test_bad_requests_raise_before_streaming(async_engine) -> None:
     # The loop is unharmed.
     deltas = await collect(async_engine, PROMPT, SamplingParams(max_tokens=2, ignore_eos=True))
     assert deltas[-1].finished
+
+
+async def test_external_abort_ends_the_stream_with_abort(async_engine) -> None:
+    deltas = []
+    async for delta in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="x"):
+        deltas.append(delta)
+        if len(deltas) == 1:
+            async_engine.abort("x")
+    assert deltas[-1].finished and deltas[-1].finish_reason == "abort"
+    assert len(deltas) < 400
+    bm = async_engine.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+async def test_shutdown_ends_open_streams(async_engine) -> None:
+    from engine.async_engine import EngineDeadError
+
+    async def consume():
+        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=10_000, ignore_eos=True)):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(async_engine.shutdown)
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(task, timeout=10)
+    with pytest.raises(EngineDeadError):
+        await collect(async_engine, PROMPT, SamplingParams(max_tokens=2))
+
+
+async def test_a_failing_step_reaches_every_waiting_caller(async_engine) -> None:
+    from engine.async_engine import EngineDeadError
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    async_engine.engine.step = broken_step
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(collect(async_engine, PROMPT, SamplingParams(max_tokens=4)), timeout=10)
+    assert not async_engine.is_running

@@ -129,9 +129,11 @@ def test_abort_of_a_waiting_request(tiny_dir, make_engine) -> None:
     engine.add_request("a", PROMPT, sampled())
     engine.add_request("b", PROMPT, sampled())
     engine.step()
-    assert engine.abort_request("b")
-    outputs = engine.generate([PROMPT], sampled(max_tokens=2))
-    assert len(outputs[0].token_ids) == 2
+    final = engine.abort_request("b")
+    assert final is not None and final.finish_reason == "abort" and final.num_output_tokens == 0
+    assert "b" not in engine.runner.sampler._generators
+    produced = [out.request_id for out in engine.step()]
+    assert "b" not in produced
 
 
 def test_bad_requests_are_refused_with_clear_errors(tiny_dir, make_engine) -> None:
@@ -146,6 +148,15 @@ def test_bad_requests_are_refused_with_clear_errors(tiny_dir, make_engine) -> No
     with pytest.raises(RequestError, match="already in flight"):
         engine.add_request("dup", PROMPT, sampled())
     assert engine.abort_request("dup")
+
+
+def test_generate_validates_every_prompt_before_queueing_any(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    with pytest.raises(RequestError, match="empty"):
+        engine.generate([PROMPT, ""], sampled())
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(RequestError, match="2 prompts but 1 sampling params"):
+        engine.generate([PROMPT, PROMPT], [sampled()])
 
 
 def test_kv_waste_is_reported(tiny_dir, make_engine) -> None:

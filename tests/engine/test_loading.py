@@ -44,6 +44,19 @@ def test_unsupported_rope_type_is_named(tiny_dir, tmp_path) -> None:
         engine_for(path)
 
 
+def test_config_values_of_the_wrong_type_are_config_errors(tiny_dir, tmp_path) -> None:
+    path = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
+    edit_config(path, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": None})
+    with pytest.raises(ConfigError, match="wrong type"):
+        engine_for(path)
+
+
+def test_architectures_given_as_a_string_is_understood(tiny_dir, tmp_path) -> None:
+    path = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
+    edit_config(path, architectures="LlamaForCausalLM")
+    assert engine_for(path).model_config.architecture == "LlamaForCausalLM"
+
+
 def test_missing_weights_file(tiny_dir, tmp_path) -> None:
     path = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
     (path / "model.safetensors").unlink()

@@ -17,8 +17,15 @@ from engine.sampling_params import SamplingParams, SamplingParamsError
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"seed": "7"}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
         ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": 2.5}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
         ({"stop": ("",)}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"stop_token_ids": 5}, "stop_token_ids"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
     ],
 )
 def test_out_of_range_settings_name_the_field(kwargs, param) -> None:
@@ -30,4 +37,7 @@ def test_out_of_range_settings_name_the_field(kwargs, param) -> None:
 
 def test_valid_edges_are_accepted() -> None:
     assert SamplingParams(temperature=0).greedy
+    assert SamplingParams(temperature=1e-40).greedy  # would overflow the logits otherwise
+    assert SamplingParams(stop="END").stop == ("END",)  # one string, not its characters
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
     assert SamplingParams(top_p=1.0, max_tokens=1, logprobs=0, stop=["x"]).stop == ("x",)

@@ -67,6 +67,41 @@ def test_preemption_frees_the_latest_arrival_and_recomputes_it() -> None:
     bm.check_invariants(scheduler.live_sequences())
 
 
+def test_a_readmitted_sequence_keeps_its_seniority() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8)
+    bm = BlockManager(6, 4)
+    scheduler = Scheduler(config, bm)
+    a, b, c = make_seq("a", 4), make_seq("b", 4), make_seq("c", 4)
+    for i, seq in enumerate((a, b, c)):
+        seq.arrival_index = i
+        scheduler.add(seq)
+    run_step(scheduler)  # 3 blocks used, each sequence sampled one token
+    for _ in range(3):
+        run_step(scheduler)  # every sequence crosses into its second block: 6 used
+    assert bm.num_free_blocks == 0
+    # Preempt b by hand (as if it had been the victim); its two blocks let it come back at once.
+    scheduler.running.remove(b)
+    scheduler._preempt(b)
+    batch = run_step(scheduler)
+    assert [s.request_id for s in batch.seqs] == ["a", "c", "b"]
+    assert [s.request_id for s in scheduler.running] == ["a", "b", "c"]  # arrival order, not admission order
+
+
+def test_the_latest_arrival_preempts_itself_when_it_cannot_grow() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8)
+    bm = BlockManager(3, 4)
+    scheduler = Scheduler(config, bm)
+    a, b = make_seq("a", 4), make_seq("b", 7)
+    a.arrival_index, b.arrival_index = 0, 1
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler)  # a: 1 block, b: 2 blocks; both sampled
+    batch = run_step(scheduler)  # a needs a second block: b (latest) goes
+    assert batch.preempted == [b]
+    assert [s.request_id for s in batch.seqs] == ["a"]
+    bm.check_invariants(scheduler.live_sequences())
+
+
 def test_without_chunked_prefill_a_prompt_waits_for_a_full_budget() -> None:
     config = EngineConfig(block_size=4, max_num_batched_tokens=10, enable_chunked_prefill=False)
     scheduler = Scheduler(config, BlockManager(64, 4))
