@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence as Seq
 
+from engine.envelope import ExecutionEnvelope
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -84,12 +85,13 @@ class AsyncLLMEngine:
         self,
         prompt: str | Seq[int],
         params: SamplingParams,
+        envelope: ExecutionEnvelope,
         request_id: str | None = None,
         add_special_tokens: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas; leaving the loop early (or cancellation) aborts it."""
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = self.engine.make_sequence(request_id, prompt, params, add_special_tokens)
+        seq = self.engine.make_sequence(request_id, prompt, params, envelope, add_special_tokens)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), seq)
         with self._lock:
             self._start_locked()

@@ -1,17 +1,32 @@
-"""Paged KV memory: a fixed pool of blocks, per-sequence block tables, reference counts.
+"""Paged KV memory: a fixed pool of blocks, per-sequence block tables, and a prefix cache.
 
 The block manager only does bookkeeping (no torch): block ids index the per-layer KV
-pools that the model runner owns. Reference counts are there so that later a block can
-be held by more than one sequence (prefix sharing); today every count is 0 or 1.
+pools that the model runner owns.
+
+Prefix cache. A full block is identified by a chain hash: the first block's hash covers
+the model fingerprint, the numerics lane and the request's cache namespace (a keyed
+digest from the gateway), each later block's hash covers its predecessor's. A lookup
+also compares the block's token ids (collision guard), so KV is reused only for the
+same tokens at the same positions, in the same namespace, under the same model.
+Requests with cache scope none neither read nor register blocks.
+
+Ownership and quotas. Every block in use or cached is charged to the tenant that
+computed it. A tenant below its quota takes free blocks first, then evicts the least
+recently used cached block of anyone; a tenant at its quota can only recycle its own
+cached blocks. Blocks held by running sequences are never evicted.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Iterable
 
 from engine.sequence import Sequence
+
+PREFIX_HASH_VERSION = b"tenantgate-prefix/1"
 
 
 class AllocatorError(RuntimeError):
@@ -21,13 +36,14 @@ class AllocatorError(RuntimeError):
 @dataclass(frozen=True)
 class KVStats:
     num_blocks: int
-    num_free_blocks: int
+    num_free_blocks: int  # neither held nor cached
+    num_cached_blocks: int  # held by nobody, kept for prefix reuse (evictable)
     allocated_slots: int
     used_slots: int
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return self.num_blocks - self.num_free_blocks - self.num_cached_blocks
 
     @property
     def waste(self) -> float:
@@ -35,14 +51,44 @@ class KVStats:
         return 1 - self.used_slots / self.allocated_slots if self.allocated_slots else 0.0
 
 
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids", "owner")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: bytes | None = None
+        self.token_ids: array | None = None
+        self.owner: bytes | None = None
+
+
+def root_hash(fingerprint: str, deterministic: bool, namespace: bytes) -> bytes:
+    lane = b"deterministic" if deterministic else b"normal"
+    return hashlib.blake2b(
+        b"\0".join((PREFIX_HASH_VERSION, fingerprint.encode(), lane, namespace)), digest_size=16
+    ).digest()
+
+
+def chain_hash(prev: bytes, token_ids: array) -> bytes:
+    return hashlib.blake2b(prev + token_ids.tobytes(), digest_size=16).digest()
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, fingerprint: str = "") -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.ref_counts = [0] * num_blocks
+        self.fingerprint = fingerprint
+        self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.cached: dict[bytes, int] = {}  # chain hash -> block id
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached, oldest first
+        self._evictable_by_owner: dict[bytes, OrderedDict[int, None]] = {}
+        self.charged: Counter[bytes] = Counter()
+        self.quotas: dict[bytes, int] = {}
+        self.num_prefix_queries = 0
+        self.num_prefix_hit_tokens = 0
         # Sequences that hold blocks, by request id, to report usage and check invariants.
         self._holders: dict[str, Sequence] = {}
 
@@ -50,62 +96,189 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.evictable)
+
+    # -- prefix cache ---------------------------------------------------------------
+
+    def _root(self, seq: Sequence) -> bytes | None:
+        ns = seq.envelope.cache_namespace
+        return None if ns is None else root_hash(self.fingerprint, seq.envelope.deterministic, ns)
+
+    def match_prefix(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
+        """Cached blocks holding seq's leading full blocks: (block ids, their chain hashes).
+
+        At least one token is always left to compute, because the step that computes a
+        sequence's last token is the one that samples its next.
+        """
+        prev = self._root(seq)
+        if prev is None or seq.block_table:
+            return [], []
+        bs = self.block_size
+        ids: list[int] = []
+        hashes: list[bytes] = []
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = array("q", seq.token_ids[i * bs : (i + 1) * bs])
+            prev = chain_hash(prev, tokens)
+            block_id = self.cached.get(prev)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            ids.append(block_id)
+            hashes.append(prev)
+        return ids, hashes
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publish seq's newly completed blocks to the prefix cache (scope none: never)."""
+        prev = self._root(seq)
+        if prev is None:
+            return
+        bs = self.block_size
+        if seq.block_hashes:
+            prev = seq.block_hashes[-1]
+        for i in range(len(seq.block_hashes), min(seq.num_computed_tokens // bs, len(seq.block_table))):
+            tokens = array("q", seq.token_ids[i * bs : (i + 1) * bs])
+            prev = chain_hash(prev, tokens)
+            seq.block_hashes.append(prev)
+            block = self.blocks[seq.block_table[i]]
+            if prev not in self.cached and block.hash is None:
+                block.hash, block.token_ids = prev, tokens
+                self.cached[prev] = block.block_id
+            # else another sequence registered the same content first: ours stays private
+
+    # -- allocation -------------------------------------------------------------------
+
+    def set_quota(self, tenant: bytes, quota: int) -> None:
+        self.quotas[tenant] = quota
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks seq must gain so that its table covers num_tokens slots."""
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
-    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_tokens) <= self.num_free_blocks
+    def obtainable(self, tenant: bytes, exclude: Iterable[int] = ()) -> int:
+        """How many blocks tenant can get now without touching anyone's running blocks."""
+        excluded = set(exclude)
+        own = self._evictable_by_owner.get(tenant, {})
+        own_evictable = sum(1 for b in own if b not in excluded)
+        others_evictable = sum(1 for b in self.evictable if b not in excluded) - own_evictable
+        headroom = max(0, self.quotas.get(tenant, self.num_blocks) - self.charged[tenant])
+        return min(headroom, self.num_free_blocks + others_evictable) + own_evictable
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        """Grow seq's block table to cover num_tokens slots; all or nothing."""
-        needed = self.blocks_needed(seq, num_tokens)
-        if needed > self.num_free_blocks:
+    def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> bool:
+        """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or nothing."""
+        needed = self.blocks_needed(seq, num_tokens) - len(prefix)
+        if needed > self.obtainable(seq.tenant, exclude=prefix):
             return False
-        for _ in range(needed):
-            block_id = self.free_block_ids.popleft()
-            self.ref_counts[block_id] = 1
+        for block_id in prefix:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self._remove_evictable(block)
+            block.ref_count += 1
             seq.block_table.append(block_id)
+        for _ in range(needed):
+            block = self._take_block(seq.tenant)
+            block.ref_count = 1
+            seq.block_table.append(block.block_id)
         if seq.block_table:
             self._holders[seq.request_id] = seq
         return True
 
+    def _take_block(self, tenant: bytes) -> Block:
+        if self.charged[tenant] >= self.quotas.get(tenant, self.num_blocks):
+            own = self._evictable_by_owner.get(tenant)
+            if not own:
+                raise AllocatorError("allocation past the tenant's quota")  # obtainable() rules this out
+            block = self.blocks[next(iter(own))]
+            self._evict(block)
+        elif self.free_block_ids:
+            block = self.blocks[self.free_block_ids.popleft()]
+        else:
+            block = self.blocks[next(iter(self.evictable))]
+            self._evict(block)
+        block.owner = tenant
+        self.charged[tenant] += 1
+        return block
+
     def free(self, seq: Sequence) -> None:
-        # Release in reverse so the tail of a sequence (least likely to be shared) goes first.
+        # Release in reverse: a sequence's tail (least likely to be shared) becomes the
+        # least recently used of its cached blocks, so it is evicted first.
         for block_id in reversed(seq.block_table):
-            if self.ref_counts[block_id] <= 0:
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
                 raise AllocatorError(f"block {block_id} freed twice")
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                self.free_block_ids.append(block_id)
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None:
+                    self.evictable[block_id] = None
+                    self._evictable_by_owner.setdefault(block.owner, OrderedDict())[block_id] = None
+                else:
+                    self._release(block)
         seq.block_table.clear()
+        seq.block_hashes.clear()
         self._holders.pop(seq.request_id, None)
+
+    def _remove_evictable(self, block: Block) -> None:
+        del self.evictable[block.block_id]
+        own = self._evictable_by_owner[block.owner]
+        del own[block.block_id]
+        if not own:
+            del self._evictable_by_owner[block.owner]
+
+    def _evict(self, block: Block) -> None:
+        self._remove_evictable(block)
+        del self.cached[block.hash]
+        block.hash = None
+        block.token_ids = None
+        self.charged[block.owner] -= 1
+        block.owner = None
+
+    def _release(self, block: Block) -> None:
+        self.charged[block.owner] -= 1
+        block.owner = None
+        self.free_block_ids.append(block.block_id)
+
+    # -- reporting ----------------------------------------------------------------------
 
     def stats(self) -> KVStats:
         allocated = used = 0
         for seq in self._holders.values():
             allocated += len(seq.block_table) * self.block_size
             used += min(seq.num_computed_tokens, len(seq.block_table) * self.block_size)
-        return KVStats(self.num_blocks, self.num_free_blocks, allocated, used)
+        return KVStats(self.num_blocks, self.num_free_blocks, self.num_cached_blocks, allocated, used)
 
     def check_invariants(self, live: Iterable[Sequence] = ()) -> None:
-        """Raise AllocatorError unless every block is either free or held, never both or neither."""
+        """Raise AllocatorError unless every block is in exactly one consistent state."""
         free = list(self.free_block_ids)
         if len(set(free)) != len(free):
             raise AllocatorError("a block appears twice on the free list")
-        held: dict[int, int] = {}
+        free_set = set(free)
+        held: Counter[int] = Counter()
         for seq in self._holders.values():
             if not seq.block_table:
                 raise AllocatorError(f"{seq.request_id!r} is registered but holds no block")
-            for block_id in seq.block_table:
-                held[block_id] = held.get(block_id, 0) + 1
-        free_set = set(free)
-        for block_id in range(self.num_blocks):
-            refs = held.get(block_id, 0)
-            if refs != self.ref_counts[block_id]:
-                raise AllocatorError(f"block {block_id}: ref count {self.ref_counts[block_id]} but {refs} holders")
-            if (refs == 0) != (block_id in free_set):
-                raise AllocatorError(f"block {block_id}: free-list membership disagrees with its ref count")
+            held.update(seq.block_table)
+        owners: Counter[bytes] = Counter()
+        for block in self.blocks:
+            bid = block.block_id
+            if held[bid] != block.ref_count:
+                raise AllocatorError(f"block {bid}: ref count {block.ref_count} but {held[bid]} holders")
+            states = (bid in free_set) + (bid in self.evictable) + (block.ref_count > 0)
+            if states != 1:
+                raise AllocatorError(f"block {bid} is in {states} of the states free/cached/held")
+            if (block.owner is None) != (bid in free_set):
+                raise AllocatorError(f"block {bid}: an owner exactly when not free is violated")
+            if bid in self.evictable and block.hash is None:
+                raise AllocatorError(f"block {bid} is evictable but not cached")
+            if block.hash is not None and self.cached.get(block.hash) != bid:
+                raise AllocatorError(f"block {bid}: the cache index disagrees with its hash")
+            if block.owner is not None:
+                owners[block.owner] += 1
+            if bid in self.evictable and bid not in self._evictable_by_owner.get(block.owner, {}):
+                raise AllocatorError(f"block {bid} is missing from its owner's LRU list")
+        if +owners != +self.charged:
+            raise AllocatorError("per-tenant charges disagree with block ownership")
+        if len(self.cached) != sum(1 for b in self.blocks if b.hash is not None):
+            raise AllocatorError("the cache index holds blocks that are not cached")
         live_ids = {seq.request_id for seq in live}
         leaked = set(self._holders) - live_ids
         if leaked:

@@ -31,6 +31,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     # Imported here so `tenantgate --help` stays fast.
+    from engine.envelope import local_envelope
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
@@ -49,7 +50,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    engine.add_request(uuid.uuid4().hex, prompt, params, add_special_tokens=not args.chat)
+    engine.add_request(uuid.uuid4().hex, prompt, params, local_envelope(), add_special_tokens=not args.chat)
     while engine.has_unfinished_requests():
         for out in engine.step():
             sys.stdout.write(out.new_text)
@@ -63,7 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    for register in _plugin_parsers():
+        register(sub)
     return parser
+
+
+def _plugin_parsers():
+    """Subcommands that live in other packages (the policy tools in gateway.policy)."""
+    try:
+        from gateway.policy.cli import add_parser
+    except ImportError:  # the policy package has not landed yet
+        return []
+    return [add_parser]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from typing import Sequence as Seq
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.envelope import ExecutionEnvelope
 from engine.fingerprint import model_fingerprint
 from engine.model.demo import resolve_model_path
 from engine.model.loader import weight_files
@@ -56,12 +57,12 @@ class LLMEngine:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
 
         self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
-        self.scheduler = Scheduler(config, self.block_manager)
-        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )
+        self.block_manager = BlockManager(num_blocks, config.block_size, self.fingerprint)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self._arrivals = itertools.count()
         self._peak_used_blocks = 0
         self._peak_stats: KVStats = self.block_manager.stats()
@@ -77,9 +78,10 @@ class LLMEngine:
         request_id: str,
         prompt: str | Seq[int],
         params: SamplingParams,
+        envelope: ExecutionEnvelope,
         add_special_tokens: bool = True,
     ) -> Sequence:
-        seq = self.make_sequence(request_id, prompt, params, add_special_tokens)
+        seq = self.make_sequence(request_id, prompt, params, envelope, add_special_tokens)
         self.enqueue(seq)
         return seq
 
@@ -88,9 +90,12 @@ class LLMEngine:
         request_id: str,
         prompt: str | Seq[int],
         params: SamplingParams,
+        envelope: ExecutionEnvelope,
         add_special_tokens: bool = True,
     ) -> Sequence:
         """Validate and tokenize a request without touching engine state (safe from any thread)."""
+        if not isinstance(envelope, ExecutionEnvelope):
+            raise RequestError("a request needs an execution envelope from the policy decision", param="envelope")
         if isinstance(prompt, str):
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         else:
@@ -106,7 +111,14 @@ class LLMEngine:
                 "including at least one generated token",
                 param="prompt",
             )
-        seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals))
+        longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        if self.config.blocks_for(longest) > envelope.kv_block_quota:
+            raise RequestError(
+                f"the request may need {self.config.blocks_for(longest)} KV blocks, more than the tenant's quota "
+                f"of {envelope.kv_block_quota}; lower max_tokens",
+                param="max_tokens",
+            )
+        seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals), envelope)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
@@ -144,6 +156,7 @@ class LLMEngine:
         results = self.runner.run(batch)
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
+            self.block_manager.register_full_blocks(seq)
         self._track_kv()
         return self._postprocess(batch, results)
 
@@ -198,15 +211,23 @@ class LLMEngine:
         self,
         prompts: Seq[str | Seq[int]],
         params: SamplingParams | Seq[SamplingParams],
+        envelopes: ExecutionEnvelope | Seq[ExecutionEnvelope],
         add_special_tokens: bool = True,
     ) -> list[CompletedRequest]:
         """Run prompts to completion; results come back in prompt order."""
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(params_list) != len(prompts):
-            raise RequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params", param="params")
+        envelope_list = [envelopes] * len(prompts) if isinstance(envelopes, ExecutionEnvelope) else list(envelopes)
+        if not len(params_list) == len(envelope_list) == len(prompts):
+            raise RequestError(
+                f"{len(prompts)} prompts, {len(params_list)} sampling params, {len(envelope_list)} envelopes",
+                param="params",
+            )
         ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
         # Validate every prompt before queueing any, so a bad one leaves nothing behind.
-        seqs = [self.make_sequence(i, prompt, p, add_special_tokens) for i, prompt, p in zip(ids, prompts, params_list)]
+        seqs = [
+            self.make_sequence(i, prompt, p, e, add_special_tokens)
+            for i, prompt, p, e in zip(ids, prompts, params_list, envelope_list)
+        ]
         for seq in seqs:
             self.enqueue(seq)
         deltas: dict[str, list[RequestOutput]] = defaultdict(list)

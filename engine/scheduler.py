@@ -1,20 +1,30 @@
-"""Continuous batching: which sequences run in the next step, and how many tokens each.
+"""Continuous batching under isolation, fairness and KV quotas.
 
-Every step has a token budget. Running sequences go first (a decode costs one token,
-an unfinished prefill takes what is left of its prompt up to the budget); waiting
-sequences are admitted FCFS into whatever budget and KV remains. When a running
-sequence cannot grow, the most recently arrived one is preempted: its blocks are freed
-and it is recomputed from its tokens later.
+Each step serves one *lane*: all shared requests together, the tenant-isolated requests
+of one tenant, or one exclusive request of one tenant (see Sequence.lane). Lanes take
+turns by least service (tokens processed so far; a lane that goes idle and comes back
+starts level with the least-served active lane), so a tenant with a deep queue cannot
+starve the others. Inside the shared lane, waiting requests are admitted tenant by
+tenant, again by least service, and within a tenant by priority, then arrival.
+
+Within the lane, running sequences go first (a decode costs one token, an unfinished
+prefill takes what is left of its prompt up to the budget); waiting sequences are then
+admitted into whatever budget and KV remains, starting from their longest cached prefix.
+When a sequence cannot grow, a victim is preempted: the latest arrival among the
+sequences of a tenant that is at its KV quota, otherwise the latest arrival overall.
+Its blocks are freed (its full blocks stay in the prefix cache) and it is recomputed
+from its tokens later.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.envelope import Isolation
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -23,6 +33,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    lane: tuple = ()
 
     @property
     def num_tokens(self) -> int:
@@ -32,19 +43,25 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
+def _queue_key(seq: Sequence) -> tuple[int, int]:
+    return (-seq.envelope.priority, seq.arrival_index)
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: list[Sequence] = []  # arrival order
+        self.running: list[Sequence] = []  # arrival order
+        self.lane_service: Counter[tuple] = Counter()
+        self.tenant_service: Counter[bytes] = Counter()
         self.num_preemptions = 0
         self.num_chunked_prefills = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        bisect.insort(self.waiting, seq, key=lambda s: s.arrival_index)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -52,54 +69,127 @@ class Scheduler:
     def live_sequences(self) -> list[Sequence]:
         return [*self.running, *self.waiting]
 
-    def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
+    # -- choosing the lane ----------------------------------------------------------------
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+    def _candidate_lanes(self) -> set[tuple]:
+        lanes = {seq.lane for seq in self.running}
+        running_exclusive = {seq.tenant for seq in self.running if seq.envelope.isolation is Isolation.EXCLUSIVE}
+        for seq in self.waiting:
+            # One exclusive request per tenant at a time: many of them are not many turns.
+            if seq.envelope.isolation is Isolation.EXCLUSIVE and seq.tenant in running_exclusive:
+                continue
+            lanes.add(seq.lane)
+        return lanes
+
+    def _pick_lane(self) -> tuple | None:
+        lanes = self._candidate_lanes()
+        if not lanes:
+            return None
+        known = [self.lane_service[lane] for lane in lanes if lane in self.lane_service]
+        floor = min(known) if known else 0
+        for lane in lanes:  # a returning lane starts level with the least served, not ahead
+            self.lane_service[lane] = max(self.lane_service[lane], floor)
+        oldest = {}
+        for seq in (*self.running, *self.waiting):
+            oldest.setdefault(seq.lane, seq.arrival_index)
+        return min(lanes, key=lambda lane: (self.lane_service[lane], oldest[lane]))
+
+    # -- one step -------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        lane = self._pick_lane()
+        batch = ScheduledBatch(lane=lane or ())
+        if lane is None:
+            return batch
+        budget = self.max_num_batched_tokens
+        exclusive = lane[0] == Isolation.EXCLUSIVE.value
+
+        in_lane = [seq for seq in self.running if seq.lane == lane]
+        if exclusive:
+            in_lane = in_lane[:1]
+        for seq in in_lane:
+            if budget <= 0:
+                break
+            if seq not in self.running:  # preempted earlier in this step
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
-            target = seq.num_computed_tokens + num_new
-            while not self.block_manager.allocate(seq, target):
-                victim = self.running.pop()
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
+            if self._grow(seq, seq.num_computed_tokens + num_new, batch):
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
                 budget -= num_new
-                i += 1
 
         # Admitting new work right after a preemption would only thrash the pool.
-        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if num_new < seq.num_uncomputed_tokens and not self.chunked_prefill:
+        while budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
+            if exclusive and batch.seqs:
                 break
-            if not self.block_manager.allocate(seq, seq.num_computed_tokens + num_new):
+            seq = self._next_waiting(lane)
+            if seq is None:
                 break
-            if num_new < seq.num_uncomputed_tokens:
+            prefix, hashes = self.block_manager.match_prefix(seq)
+            num_cached = len(prefix) * self.block_manager.block_size
+            remaining = seq.num_tokens - num_cached
+            num_new = min(remaining, budget)
+            if num_new < remaining and not self.chunked_prefill:
+                break
+            self.block_manager.set_quota(seq.tenant, seq.envelope.kv_block_quota)
+            if not self.block_manager.allocate(seq, num_cached + num_new, prefix):
+                break
+            self.waiting.remove(seq)
+            seq.block_hashes = hashes
+            seq.num_computed_tokens = num_cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            if num_new < remaining:
                 self.num_chunked_prefills += 1
-            self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
-            # Running stays in arrival order: a re-admitted, preempted sequence keeps its
-            # seniority, so the victim of the next preemption is always the latest arrival.
             bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+
+        self.lane_service[lane] += batch.num_tokens
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            self.tenant_service[seq.tenant] += n
         return batch
+
+    def _next_waiting(self, lane: tuple) -> Sequence | None:
+        candidates = [seq for seq in self.waiting if seq.lane == lane]
+        if not candidates:
+            return None
+        if lane[0] == Isolation.SHARED.value:
+            tenants = {seq.tenant for seq in candidates}
+            tenant = min(tenants, key=lambda t: self.tenant_service[t])
+            candidates = [seq for seq in candidates if seq.tenant == tenant]
+        return min(candidates, key=_queue_key)
+
+    def _grow(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+        """Allocate for seq, preempting others as needed; False if seq itself had to go."""
+        bm = self.block_manager
+        while not bm.allocate(seq, num_tokens):
+            victim = self._victim(seq, batch)
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _victim(self, seq: Sequence, batch: ScheduledBatch) -> Sequence:
+        bm = self.block_manager
+        at_quota = bm.charged[seq.tenant] >= bm.quotas.get(seq.tenant, bm.num_blocks)
+        # Never a sequence already scheduled in this step; seq itself is the last resort.
+        pool = [s for s in self.running if s is seq or s not in batch.seqs]
+        if at_quota:
+            pool = [s for s in pool if s.tenant == seq.tenant]
+        return max(pool, key=lambda s: s.arrival_index)
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
+        self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        bisect.insort(self.waiting, seq, key=lambda s: s.arrival_index)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish(reason)

@@ -6,6 +6,7 @@ import enum
 import time
 from typing import Any
 
+from engine.envelope import ExecutionEnvelope, Isolation
 from engine.sampling_params import SamplingParams
 
 
@@ -35,6 +36,7 @@ class Sequence:
         params: SamplingParams,
         max_total_tokens: int,
         arrival_index: int,
+        envelope: ExecutionEnvelope,
     ) -> None:
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
@@ -48,6 +50,10 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.envelope = envelope
+        # Chain hashes of the full blocks registered (or matched) so far, in order.
+        self.block_hashes: list[bytes] = []
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         # Set by the engine: the incremental detokenizer for stop strings and text deltas.
         self.detokenizer: Any = None
 
@@ -56,6 +62,18 @@ class Sequence:
             f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, status={self.status.value})"
         )
+
+    @property
+    def tenant(self) -> bytes:
+        return self.envelope.isolation_key
+
+    @property
+    def lane(self) -> tuple:
+        """Who this sequence may share a step with (see Scheduler)."""
+        isolation = self.envelope.isolation
+        if isolation is Isolation.SHARED:
+            return ("shared",)
+        return (isolation.value, self.tenant)
 
     @property
     def num_tokens(self) -> int:

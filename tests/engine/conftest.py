@@ -32,7 +32,7 @@ def make_engine():
     for engine in engines:
         engine.check_invariants()
         if not engine.has_unfinished_requests():
-            assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "blocks leaked"
+            assert engine.kv_stats().num_used_blocks == 0, "blocks leaked"
 
 
 @pytest.fixture(scope="session")

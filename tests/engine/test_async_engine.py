@@ -7,6 +7,7 @@ import pytest
 from engine.async_engine import AsyncLLMEngine
 from engine.llm_engine import RequestError
 from engine.sampling_params import SamplingParams
+from tests.utils.envelopes import ENV
 
 PROMPT = "Continuous batching lets requests join"
 
@@ -19,13 +20,13 @@ def async_engine(tiny_dir, make_engine):
 
 
 async def collect(engine: AsyncLLMEngine, prompt: str, params: SamplingParams, request_id: str | None = None):
-    deltas = [d async for d in engine.generate(prompt, params, request_id=request_id)]
+    deltas = [d async for d in engine.generate(prompt, params, request_id=request_id, envelope=ENV)]
     return deltas
 
 
 async def test_streamed_deltas_add_up_to_the_sync_result(async_engine) -> None:
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    expected = async_engine.engine.generate([PROMPT], params)[0]
+    expected = async_engine.engine.generate([PROMPT], params, envelopes=ENV)[0]
     deltas = await collect(async_engine, PROMPT, params)
     assert [t for d in deltas for t in d.new_token_ids] == expected.token_ids
     assert "".join(d.new_text for d in deltas) == expected.text
@@ -35,24 +36,23 @@ async def test_streamed_deltas_add_up_to_the_sync_result(async_engine) -> None:
 
 async def test_concurrent_streams_are_served_together(async_engine) -> None:
     params = [SamplingParams(temperature=0.9, seed=i, max_tokens=12, ignore_eos=True) for i in range(6)]
-    expected = async_engine.engine.generate([PROMPT] * 6, params)
+    expected = async_engine.engine.generate([PROMPT] * 6, params, envelopes=ENV)
     results = await asyncio.gather(*(collect(async_engine, PROMPT, p) for p in params))
     for deltas, exp in zip(results, expected):
         assert [t for d in deltas for t in d.new_token_ids] == exp.token_ids
 
 
 async def test_leaving_the_stream_aborts_and_frees_blocks(async_engine) -> None:
-    bm = async_engine.engine.block_manager
-    stream = async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="gone")
+    stream = async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="gone", envelope=ENV)
     async for _ in stream:
-        assert bm.num_free_blocks < bm.num_blocks
+        assert async_engine.engine.kv_stats().num_used_blocks > 0
         break
     await stream.aclose()  # what a client disconnect does to the handler's generator
     for _ in range(200):
-        if bm.num_free_blocks == bm.num_blocks and not async_engine.engine.has_unfinished_requests():
+        if async_engine.engine.kv_stats().num_used_blocks == 0 and not async_engine.engine.has_unfinished_requests():
             break
         await asyncio.sleep(0.01)
-    assert bm.num_free_blocks == bm.num_blocks
+    assert async_engine.engine.kv_stats().num_used_blocks == 0
     assert not async_engine.engine.has_unfinished_requests()
 
 
@@ -60,7 +60,7 @@ async def test_cancelled_task_aborts_its_request(async_engine) -> None:
     started = asyncio.Event()
 
     async def consume():
-        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True)):
+        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), envelope=ENV):
             started.set()
 
     task = asyncio.create_task(consume())
@@ -85,21 +85,20 @@ async def test_bad_requests_raise_before_streaming(async_engine) -> None:
 
 async def test_external_abort_ends_the_stream_with_abort(async_engine) -> None:
     deltas = []
-    async for delta in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="x"):
+    async for delta in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="x", envelope=ENV):
         deltas.append(delta)
         if len(deltas) == 1:
             async_engine.abort("x")
     assert deltas[-1].finished and deltas[-1].finish_reason == "abort"
     assert len(deltas) < 400
-    bm = async_engine.engine.block_manager
-    assert bm.num_free_blocks == bm.num_blocks
+    assert async_engine.engine.kv_stats().num_used_blocks == 0
 
 
 async def test_shutdown_ends_open_streams(async_engine) -> None:
     from engine.async_engine import EngineDeadError
 
     async def consume():
-        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=10_000, ignore_eos=True)):
+        async for _ in async_engine.generate(PROMPT, SamplingParams(max_tokens=10_000, ignore_eos=True), envelope=ENV):
             pass
 
     task = asyncio.create_task(consume())

@@ -1,14 +1,22 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from engine.block_manager import AllocatorError, BlockManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.utils.envelopes import ENV
 
 
-def make_seq(request_id: str, num_tokens: int) -> Sequence:
-    return Sequence(request_id, list(range(num_tokens)), SamplingParams(), max_total_tokens=1024, arrival_index=0)
+_arrivals = itertools.count()
+
+
+def make_seq(request_id: str, num_tokens: int, envelope=ENV, tokens: list[int] | None = None) -> Sequence:
+    """A sequence that arrives after every one made before it."""
+    token_ids = list(range(num_tokens)) if tokens is None else tokens
+    return Sequence(request_id, token_ids, SamplingParams(), 1024, next(_arrivals), envelope)
 
 
 def test_allocate_covers_requested_slots_and_frees_everything() -> None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from engine.sampling_params import SamplingParams
+from tests.utils.envelopes import ENV
 from tests.utils.checkpoints import load_reference, reference_greedy, write_checkpoint
 
 NEW_TOKENS = 32
@@ -94,7 +95,7 @@ MODES = {
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_greedy_matches_transformers(reference: Reference, make_engine, mode: str) -> None:
     engine = make_engine(model=str(reference.path), **MODES[mode])
-    results = engine.generate(reference.prompts, _greedy())
+    results = engine.generate(reference.prompts, _greedy(), envelopes=ENV)
     _assert_matches(reference, results)
     if mode == "chunked_prefill":
         assert engine.scheduler.num_chunked_prefills > 0
@@ -110,7 +111,7 @@ def test_requests_joining_between_steps_match(reference: Reference, make_engine)
     while pending or engine.has_unfinished_requests():
         if pending:  # one new arrival per step, into a batch already decoding
             i, prompt = pending.pop(0)
-            engine.add_request(str(i), prompt, _greedy())
+            engine.add_request(str(i), prompt, _greedy(), envelope=ENV)
         for out in engine.step():
             token_ids[int(out.request_id)] += out.new_token_ids
             logits[int(out.request_id)] += out.logits
@@ -131,7 +132,7 @@ def test_llama3_rope_scaling_matches(tmp_path, make_engine) -> None:
     path = write_checkpoint(tmp_path / "llama3", "llama", rope_parameters=rope, seed=3)
     reference = build_reference(path, seed=3, max_len=200, count=4)
     engine = make_engine(model=str(path))
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy()))
+    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))
 
 
 def test_mistral_sliding_window_matches(tmp_path, make_engine) -> None:
@@ -142,7 +143,7 @@ def test_mistral_sliding_window_matches(tmp_path, make_engine) -> None:
     config.write_text(json.dumps(raw))
     reference = build_reference(path, seed=1, max_len=60, count=4)
     engine = make_engine(model=str(path), max_num_batched_tokens=16)
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy()))
+    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))
 
 
 def test_sharded_checkpoint_loads(tmp_path, make_engine) -> None:
@@ -150,4 +151,4 @@ def test_sharded_checkpoint_loads(tmp_path, make_engine) -> None:
     assert (path / "model.safetensors.index.json").is_file()
     reference = build_reference(path, seed=5, count=2)
     engine = make_engine(model=str(path))
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy()))
+    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))

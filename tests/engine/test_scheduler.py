@@ -72,15 +72,13 @@ def test_a_readmitted_sequence_keeps_its_seniority() -> None:
     bm = BlockManager(6, 4)
     scheduler = Scheduler(config, bm)
     a, b, c = make_seq("a", 4), make_seq("b", 4), make_seq("c", 4)
-    for i, seq in enumerate((a, b, c)):
-        seq.arrival_index = i
+    for seq in (a, b, c):
         scheduler.add(seq)
     run_step(scheduler)  # 3 blocks used, each sequence sampled one token
     for _ in range(3):
         run_step(scheduler)  # every sequence crosses into its second block: 6 used
     assert bm.num_free_blocks == 0
     # Preempt b by hand (as if it had been the victim); its two blocks let it come back at once.
-    scheduler.running.remove(b)
     scheduler._preempt(b)
     batch = run_step(scheduler)
     assert [s.request_id for s in batch.seqs] == ["a", "c", "b"]
@@ -92,7 +90,6 @@ def test_the_latest_arrival_preempts_itself_when_it_cannot_grow() -> None:
     bm = BlockManager(3, 4)
     scheduler = Scheduler(config, bm)
     a, b = make_seq("a", 4), make_seq("b", 7)
-    a.arrival_index, b.arrival_index = 0, 1
     scheduler.add(a)
     scheduler.add(b)
     run_step(scheduler)  # a: 1 block, b: 2 blocks; both sampled

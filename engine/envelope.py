@@ -1,0 +1,85 @@
+"""The execution envelope: what the policy decision allows a request to share.
+
+The gateway builds one per request from the Rego decision; the engine refuses a request
+without one. Every field is already in engine terms: the cache namespace is a keyed
+digest (HMAC with a deployment secret) so it cannot be guessed or forged, and the
+isolation key is a digest of the tenant, never the tenant id itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+
+class EnvelopeError(ValueError):
+    """An envelope field is missing or out of range."""
+
+
+class Isolation(str, enum.Enum):
+    SHARED = "shared"  # may share a step with any other shared request
+    TENANT = "tenant"  # only with requests of the same tenant
+    EXCLUSIVE = "exclusive"  # alone in its step
+
+
+class CacheScope(str, enum.Enum):
+    """Which class of namespace the digest stands for; only used to label telemetry."""
+
+    NONE = "none"
+    PRINCIPAL = "principal"
+    TENANT = "tenant"
+    SHARED = "shared"
+
+
+DIGEST_SIZE = 32
+
+
+@dataclass(frozen=True)
+class ExecutionEnvelope:
+    cache_namespace: bytes | None  # None: scope none, the prefix cache is neither read nor written
+    cache_scope: CacheScope
+    isolation: Isolation
+    isolation_key: bytes  # digest of the tenant: fairness, quota and isolation are keyed on it
+    deterministic: bool = False
+    kv_block_quota: int = 1 << 30
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.isolation, Isolation):
+            raise EnvelopeError(f"isolation must be an Isolation, got {self.isolation!r}")
+        if not isinstance(self.cache_scope, CacheScope):
+            raise EnvelopeError(f"cache_scope must be a CacheScope, got {self.cache_scope!r}")
+        if (self.cache_namespace is None) != (self.cache_scope is CacheScope.NONE):
+            raise EnvelopeError("cache_namespace must be None exactly when cache_scope is none")
+        if self.cache_namespace is not None and (
+            not isinstance(self.cache_namespace, bytes) or len(self.cache_namespace) != DIGEST_SIZE
+        ):
+            raise EnvelopeError(f"cache_namespace must be a {DIGEST_SIZE}-byte digest")
+        if not isinstance(self.isolation_key, bytes) or len(self.isolation_key) != DIGEST_SIZE:
+            raise EnvelopeError(f"isolation_key must be a {DIGEST_SIZE}-byte digest")
+        if not isinstance(self.kv_block_quota, int) or self.kv_block_quota <= 0:
+            raise EnvelopeError(f"kv_block_quota must be a positive integer, got {self.kv_block_quota!r}")
+        if not isinstance(self.priority, int):
+            raise EnvelopeError(f"priority must be an integer, got {self.priority!r}")
+
+    @property
+    def tenant_tag(self) -> str:
+        """A short, non-reversible tag for logs and records (never a label: unbounded cardinality)."""
+        return self.isolation_key.hex()[:12]
+
+
+def keyed_digest(secret: bytes, value: str) -> bytes:
+    """HMAC-SHA256 of a namespace or tenant name under the deployment secret."""
+    return hmac.new(secret, value.encode(), hashlib.sha256).digest()
+
+
+def local_envelope(secret: bytes = b"tenantgate-local") -> ExecutionEnvelope:
+    """The envelope for a single local user (the CLI): one tenant, its own cache namespace."""
+    return ExecutionEnvelope(
+        cache_namespace=keyed_digest(secret, "namespace:local"),
+        cache_scope=CacheScope.TENANT,
+        isolation=Isolation.SHARED,
+        isolation_key=keyed_digest(secret, "tenant:local"),
+    )
