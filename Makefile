@@ -26,9 +26,10 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/tenantgate generate --model demo --prompt "$(PROMPT)" $(ARGS)
 
-# Install with test extras and run every test.
+# Install with test extras and run every test (the policy tests need OPA: built once with Go).
 test: install-dev
-	$(BIN)/python -m pytest
+	scripts/install-opa.sh
+	PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info

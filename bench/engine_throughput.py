@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
+from engine.envelope import local_envelope
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -115,12 +116,13 @@ class StepRecorder:
 
 def run_tenantgate(engine: LLMEngine, work: Workload) -> tuple[float, StepRecorder]:
     warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    engine.generate([p[:64] for p in work.prompts[:4]], warm)
+    envelope = local_envelope()
+    engine.generate([p[:64] for p in work.prompts[:4]], warm, envelope)
     recorder = StepRecorder(engine)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
     sync(engine.runner.device)
     start = time.perf_counter()
-    results = engine.generate(work.prompts, params)
+    results = engine.generate(work.prompts, params, envelope)
     sync(engine.runner.device)
     elapsed = time.perf_counter() - start
     produced = sum(len(r.token_ids) for r in results)

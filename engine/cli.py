@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from engine.config import ConfigError, EngineConfig
+from gateway.policy.cli import add_parser as add_policy_parser
 
 EXIT_USAGE = 2
 
@@ -64,18 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    for register in _plugin_parsers():
-        register(sub)
+    add_policy_parser(sub)
     return parser
-
-
-def _plugin_parsers():
-    """Subcommands that live in other packages (the policy tools in gateway.policy)."""
-    try:
-        from gateway.policy.cli import add_parser
-    except ImportError:  # the policy package has not landed yet
-        return []
-    return [add_parser]
 
 
 def main(argv: list[str] | None = None) -> int:

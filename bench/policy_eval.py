@@ -1,0 +1,126 @@
+"""Policy decisions per second and p50/p99 latency: embedded regorus against OPA over HTTP.
+
+Same inputs (every sample in policies/samples/, cycled), same run. Printed:
+
+- embedded, uncached: regorus evaluation + decision-schema validation per request;
+- embedded, cached: the decision cache keyed by input digest and policy revision
+  (the gateway's default path; every input repeats, so after warm-up all are hits);
+- OPA over HTTP: `opa run --server` on 127.0.0.1 with the same files, one keep-alive
+  connection, decision validated the same way.
+
+Target: embedded p99 <= 100 us.
+
+    .venv/bin/python bench/policy_eval.py                 # 20,000 decisions per engine
+    .venv/bin/python bench/policy_eval.py --n 2000        # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.policy.evaluator import EmbeddedEvaluator  # noqa: E402
+from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files  # noqa: E402
+from gateway.policy.opa import OpaClient, find_opa  # noqa: E402
+
+TARGET_P99_US = 100.0
+
+
+def load_inputs(policy_dir: Path) -> list[dict]:
+    inputs = []
+    for path in sorted((policy_dir / "samples").glob("*.json")):
+        inputs.extend(sample["input"] for sample in json.loads(path.read_text()).values())
+    return inputs
+
+
+def measure(decide, inputs: list[dict], n: int, warmup: int) -> dict[str, float]:
+    for i in range(warmup):
+        decide(inputs[i % len(inputs)])
+    timings = []
+    start = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter_ns()
+        decide(inputs[i % len(inputs)])
+        timings.append(time.perf_counter_ns() - t0)
+    elapsed = time.perf_counter() - start
+    timings.sort()
+    return {
+        "per_s": n / elapsed,
+        "p50_us": timings[len(timings) // 2] / 1000,
+        "p99_us": timings[min(len(timings) - 1, int(len(timings) * 0.99))] / 1000,
+    }
+
+
+def start_opa(opa: str, policy_dir: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    files = [str(p) for p in rego_files(policy_dir, include_tests=False)]
+    process = subprocess.Popen(
+        [opa, "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error", *files,
+         str(policy_dir / "data" / "tenants.example.json")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise SystemExit("opa did not start")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000, help="decisions per engine")
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--policy-dir", type=Path, default=DEFAULT_POLICY_DIR)
+    args = parser.parse_args()
+
+    inputs = load_inputs(args.policy_dir)
+    results = {}
+    uncached = EmbeddedEvaluator(args.policy_dir)
+    results["embedded (uncached)"] = measure(uncached.decide, inputs, args.n, args.warmup)
+    cached = EmbeddedEvaluator(args.policy_dir, cache_size=4096)
+    results["embedded (cached)"] = measure(cached.decide, inputs, args.n, args.warmup)
+
+    opa = find_opa()
+    if opa is None:
+        print("opa not found (scripts/install-opa.sh): OPA over HTTP not measured")
+    else:
+        process, url = start_opa(opa, args.policy_dir)
+        try:
+            with OpaClient(url) as client:
+                results["OPA over HTTP"] = measure(client.decide, inputs, args.n, args.warmup)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+    print(f"{len(inputs)} distinct inputs, {args.n} decisions per engine, revision {uncached.revision[:19]}")
+    print(f"{'engine':<22}{'decisions/s':>14}{'p50 us':>10}{'p99 us':>10}")
+    for name, r in results.items():
+        print(f"{name:<22}{r['per_s']:>14,.0f}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}")
+    if "OPA over HTTP" in results:
+        ratio = results["OPA over HTTP"]["p50_us"] / results["embedded (uncached)"]["p50_us"]
+        print(f"OPA-over-HTTP p50 / embedded-uncached p50: {ratio:.1f}x")
+    for name in ("embedded (uncached)", "embedded (cached)"):
+        p99 = results[name]["p99_us"]
+        verdict = "meets" if p99 <= TARGET_P99_US else "misses"
+        print(f"{name} p99 {p99:.1f} us {verdict} the {TARGET_P99_US:.0f} us target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Embedded evaluation with regorus: one Engine per thread, an optional decision cache."""
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+from gateway.policy.exceptions import PolicyEvaluationError
+from gateway.policy.loader import DEFAULT_POLICY_DIR, ENTRYPOINT, PolicySource, load_source, new_engine
+from gateway.policy.schema import Decision, parse_decision
+
+
+class EmbeddedEvaluator:
+    """Evaluates data.tenantgate.decision in-process.
+
+    Policies and data are read once; each thread builds its own regorus Engine from
+    them on first use (regorus' Engine is unsendable: pyo3 refuses to touch it from any
+    thread but its creator's, clone() included). With cache_size > 0, decisions are cached by
+    the digest of the canonical input; the policy revision is part of the key, so a
+    reload never serves a stale decision.
+    """
+
+    def __init__(
+        self,
+        policy_dir: Path = DEFAULT_POLICY_DIR,
+        data_dir: Path | None = None,
+        *,
+        cache_size: int = 0,
+        source: PolicySource | None = None,
+    ) -> None:
+        self._source = source or load_source(policy_dir, data_dir)
+        self._local = threading.local()
+        self._local.engine = new_engine(self._source)  # parses now, so errors surface here
+        self._cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    @property
+    def revision(self) -> str:
+        return self._source.revision
+
+    def _engine(self):
+        engine = getattr(self._local, "engine", None)
+        if engine is None:
+            engine = self._local.engine = new_engine(self._source)
+        return engine
+
+    def evaluate_json(self, input_json: str) -> str:
+        """Returns the raw decision JSON for an input given as JSON."""
+        engine = self._engine()
+        try:
+            engine.set_input_json(input_json)
+            return engine.eval_rule_as_json(ENTRYPOINT)
+        except (RuntimeError, ValueError) as exc:
+            # An engine that failed mid-evaluation is not reused.
+            self._local.engine = None
+            first_line = str(exc).split("Stack backtrace:")[0].strip().splitlines()
+            raise PolicyEvaluationError(
+                f"policy evaluation failed: {first_line[-1] if first_line else type(exc).__name__}"
+            ) from None
+
+    def evaluate(self, input_document: Mapping) -> dict:
+        """Returns the decision as a plain dict, unvalidated (for tools and parity checks)."""
+        raw = self.evaluate_json(json.dumps(input_document))
+        decision = json.loads(raw)
+        if decision is None:
+            raise PolicyEvaluationError(f"{ENTRYPOINT} is undefined")
+        return decision
+
+    def decide(self, input_document: Mapping) -> Decision:
+        """The validated decision for one request; raises a PolicyError (deny) otherwise."""
+        input_json = json.dumps(input_document, sort_keys=True, separators=(",", ":"))
+        if not self._cache_size:
+            return parse_decision(self.evaluate_json(input_json))
+        key = (self.revision, hashlib.sha256(input_json.encode()).hexdigest())
+        with self._cache_lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+        decision = parse_decision(self.evaluate_json(input_json))
+        with self._cache_lock:
+            self._cache[key] = decision
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return decision

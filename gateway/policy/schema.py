@@ -1,0 +1,94 @@
+"""The decision document (DESIGN.md, "The decision contract") as a strict pydantic model.
+
+Anything missing, unknown or out of range is a policy error, and policy errors deny.
+"""
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gateway.policy.exceptions import DecisionSchemaError
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class CacheDecision(_Strict):
+    scope: Literal["tenant", "principal", "shared", "none"]
+    # "tenant:<tenant_id>", "principal:<tenant_id>:<object_id>", "shared", or "" for none.
+    namespace: str
+
+    @model_validator(mode="after")
+    def _namespace_matches_scope(self) -> Self:
+        prefix = {"tenant": "tenant:", "principal": "principal:"}.get(self.scope)
+        if self.scope == "none" and self.namespace != "":
+            raise ValueError("namespace must be empty when scope is none")
+        if self.scope == "shared" and self.namespace != "shared":
+            raise ValueError('namespace must be "shared" when scope is shared')
+        if prefix and (not self.namespace.startswith(prefix) or self.namespace == prefix):
+            raise ValueError(f"namespace must start with {prefix!r} when scope is {self.scope}")
+        return self
+
+
+class BatchingDecision(_Strict):
+    isolation: Literal["shared", "tenant", "exclusive"]
+    deterministic: bool
+
+
+class LoggingDecision(_Strict):
+    content: Literal["none", "redacted"]
+    redact: list[Annotated[str, Field(pattern=r"^/")]]
+    retention_days: NonNegativeInt
+
+
+class LimitsDecision(_Strict):
+    max_tokens: NonNegativeInt
+    max_context_tokens: NonNegativeInt
+    tokens_per_minute: NonNegativeInt
+    requests_per_minute: NonNegativeInt
+    kv_blocks: NonNegativeInt
+    priority: NonNegativeInt
+
+
+class Decision(_Strict):
+    allow: bool
+    reasons: list[str]
+    cache: CacheDecision
+    batching: BatchingDecision
+    logging: LoggingDecision
+    limits: LimitsDecision
+
+    @model_validator(mode="after")
+    def _deny_carries_a_reason(self) -> Self:
+        if not self.allow and not self.reasons:
+            raise ValueError("a denied decision must carry at least one reason")
+        if self.allow and self.limits.max_tokens < 1:
+            raise ValueError("an allowed decision must leave max_tokens of at least 1")
+        return self
+
+
+def _problems(error: ValidationError) -> list[str]:
+    problems = []
+    for item in error.errors(include_url=False, include_input=False):
+        field = ".".join(str(part) for part in item["loc"]) or "<decision>"
+        problems.append(f"{field}: {item['msg']}")
+    return problems
+
+
+def parse_decision(document: str | bytes) -> Decision:
+    """Validates a decision given as JSON; raises DecisionSchemaError naming each bad field."""
+    try:
+        return Decision.model_validate_json(document)
+    except ValidationError as exc:
+        raise DecisionSchemaError(_problems(exc)) from None
+
+
+def validate_decision(document: object) -> Decision:
+    """Validates a decision given as a Python value (as parsed from JSON)."""
+    try:
+        return Decision.model_validate(document, strict=True)
+    except ValidationError as exc:
+        raise DecisionSchemaError(_problems(exc)) from None

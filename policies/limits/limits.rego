@@ -1,0 +1,61 @@
+# METADATA
+# title: Limits
+# description: |
+#   Token and request budgets from the tenant's data. The requested max_tokens is
+#   clamped to the tenant's limit and to what the context window leaves after the
+#   prompt.
+package tenantgate.limits
+
+_limits := data.tenants[input.principal.tenant_id].limits
+
+_prompt_tokens := object.get(input.request, "prompt_tokens", 0)
+
+_requested := object.get(input.request, "max_tokens", null)
+
+_wanted := _limits.max_tokens if _requested == null
+
+_wanted := _requested if _requested != null
+
+max_tokens := min([_wanted, _limits.max_tokens, _limits.max_context_tokens - _prompt_tokens]) if {
+	_positive_integer(_wanted)
+	_non_negative_integer(_prompt_tokens)
+}
+
+max_context_tokens := _limits.max_context_tokens
+
+tokens_per_minute := _limits.tokens_per_minute
+
+requests_per_minute := _limits.requests_per_minute
+
+kv_blocks := _limits.kv_blocks
+
+priority := _limits.priority
+
+deny contains "max_tokens must be a positive integer" if {
+	_requested != null
+	not _positive_integer(_requested)
+}
+
+deny contains "prompt_tokens must be a non-negative integer" if {
+	not _non_negative_integer(_prompt_tokens)
+}
+
+deny contains "the prompt leaves no room in this tenant's context window" if {
+	_prompt_tokens >= _limits.max_context_tokens
+}
+
+notes contains "max_tokens clamped to the tenant's limit or context window" if {
+	_requested != null
+	_requested > max_tokens
+}
+
+_positive_integer(n) if {
+	_non_negative_integer(n)
+	n >= 1
+}
+
+_non_negative_integer(n) if {
+	is_number(n)
+	n >= 0
+	floor(n) == n
+}

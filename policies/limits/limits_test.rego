@@ -1,0 +1,84 @@
+package tenantgate.limits_test
+
+import data.tenantgate.limits
+
+_tenants := {"t1": {"limits": {
+	"max_tokens": 1024,
+	"max_context_tokens": 8192,
+	"tokens_per_minute": 100000,
+	"requests_per_minute": 600,
+	"kv_blocks": 2048,
+	"priority": 1,
+}}}
+
+_limits(request) := result if {
+	result := {
+		"max_tokens": limits.max_tokens,
+		"max_context_tokens": limits.max_context_tokens,
+		"tokens_per_minute": limits.tokens_per_minute,
+		"requests_per_minute": limits.requests_per_minute,
+		"kv_blocks": limits.kv_blocks,
+		"priority": limits.priority,
+		"notes": limits.notes,
+	} with input as {"principal": {"tenant_id": "t1"}, "request": request}
+		with data.tenants as _tenants
+}
+
+_deny(request) := reasons if {
+	reasons := limits.deny with input as {"principal": {"tenant_id": "t1"}, "request": request}
+		with data.tenants as _tenants
+}
+
+test_allow_requested_max_tokens_under_limit if {
+	l := _limits({"prompt_tokens": 100, "max_tokens": 256})
+	l.max_tokens == 256
+	l.notes == set()
+	_deny({"prompt_tokens": 100, "max_tokens": 256}) == set()
+}
+
+test_allow_tenant_budgets_copied_from_data if {
+	l := _limits({"prompt_tokens": 100, "max_tokens": 256})
+	l.max_context_tokens == 8192
+	l.tokens_per_minute == 100000
+	l.requests_per_minute == 600
+	l.kv_blocks == 2048
+	l.priority == 1
+}
+
+test_allow_max_tokens_clamped_to_limit if {
+	l := _limits({"prompt_tokens": 100, "max_tokens": 4096})
+	l.max_tokens == 1024
+	l.notes == {"max_tokens clamped to the tenant's limit or context window"}
+}
+
+test_allow_max_tokens_clamped_to_context_window if {
+	l := _limits({"prompt_tokens": 8000, "max_tokens": 1000})
+	l.max_tokens == 192
+	_deny({"prompt_tokens": 8000, "max_tokens": 1000}) == set()
+}
+
+test_allow_absent_max_tokens_takes_the_limit if {
+	l := _limits({"prompt_tokens": 10})
+	l.max_tokens == 1024
+	l.notes == set()
+}
+
+test_allow_absent_prompt_tokens_counts_as_zero if {
+	_deny({"max_tokens": 8}) == set()
+}
+
+test_deny_prompt_filling_context if {
+	_deny({"prompt_tokens": 8192, "max_tokens": 8}) == {"the prompt leaves no room in this tenant's context window"}
+}
+
+test_deny_non_positive_max_tokens if {
+	every bad in [0, -5, 1.5, "many", true] {
+		_deny({"prompt_tokens": 10, "max_tokens": bad}) == {"max_tokens must be a positive integer"}
+	}
+}
+
+test_deny_invalid_prompt_tokens if {
+	every bad in [-1, 2.5, "long"] {
+		"prompt_tokens must be a non-negative integer" in _deny({"prompt_tokens": bad, "max_tokens": 8})
+	}
+}

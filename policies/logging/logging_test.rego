@@ -1,0 +1,54 @@
+package tenantgate.logging_test
+
+import data.tenantgate.logging
+
+_tenants := {
+	"t-redacted": {"logging": {"content": "redacted", "retention_days": 90, "redact": ["/request/user"]}},
+	"t-none": {"logging": {"content": "none", "retention_days": 7, "redact": []}},
+}
+
+_logging(tenant_id, classification) := result if {
+	result := {
+		"content": logging.content,
+		"redact": logging.redact,
+		"retention_days": logging.retention_days,
+		"notes": logging.notes,
+	} with input as {"principal": {"tenant_id": tenant_id}, "request": {"data_classification": classification}}
+		with data.tenants as _tenants
+}
+
+_base := ["/request/headers/authorization", "/request/messages", "/request/prompt", "/response/choices"]
+
+test_allow_redacted_content_when_tenant_opts_in if {
+	l := _logging("t-redacted", "confidential")
+	l.content == "redacted"
+	l.retention_days == 90
+	l.redact == sort(array.concat(_base, ["/request/user"]))
+	l.notes == set()
+}
+
+test_deny_content_by_default if {
+	l := _logging("t-none", "internal")
+	l.content == "none"
+	l.redact == _base
+	l.retention_days == 7
+}
+
+test_deny_content_for_restricted_data if {
+	l := _logging("t-redacted", "restricted")
+	l.content == "none"
+	l.notes == {"restricted data: content logging off"}
+}
+
+test_deny_content_for_unknown_tenant if {
+	l := _logging("nobody", "public")
+	l.content == "none"
+	l.redact == _base
+	l.retention_days == 30
+}
+
+test_deny_base_redactions_cannot_be_dropped if {
+	every pointer in _base {
+		pointer in _logging("t-none", "public").redact
+	}
+}

@@ -1,0 +1,81 @@
+# METADATA
+# title: Decision
+# description: |
+#   The one document the gateway asks for per request (data.tenantgate.decision).
+#   Default deny: a request is allowed only when no package denies it and every
+#   field could be computed; a deny carries its reasons and the safest settings.
+package tenantgate
+
+import data.tenantgate.authz
+import data.tenantgate.batching
+import data.tenantgate.cache
+import data.tenantgate.limits
+import data.tenantgate.logging
+
+# Anything this policy cannot compute ends here: denied, nothing shared, nothing logged.
+default decision := {
+	"allow": false,
+	"reasons": ["the policy could not reach a decision for this request"],
+	"cache": {"scope": "none", "namespace": ""},
+	"batching": {"isolation": "exclusive", "deterministic": false},
+	"logging": {
+		"content": "none",
+		"redact": [
+			"/request/headers/authorization",
+			"/request/messages",
+			"/request/prompt",
+			"/response/choices",
+		],
+		"retention_days": 30,
+	},
+	"limits": {
+		"max_tokens": 0,
+		"max_context_tokens": 0,
+		"tokens_per_minute": 0,
+		"requests_per_minute": 0,
+		"kv_blocks": 0,
+		"priority": 0,
+	},
+}
+
+decision := _allowed if count(_deny_reasons) == 0
+
+decision := _denied if count(_deny_reasons) > 0
+
+_deny_reasons := authz.deny | limits.deny
+
+_allowed := {
+	"allow": true,
+	"reasons": sort(((cache.notes | batching.notes) | (logging.notes | limits.notes))),
+	"cache": {"scope": cache.scope, "namespace": cache.namespace},
+	"batching": {"isolation": batching.isolation, "deterministic": batching.deterministic},
+	"logging": {
+		"content": logging.content,
+		"redact": logging.redact,
+		"retention_days": logging.retention_days,
+	},
+	"limits": {
+		"max_tokens": limits.max_tokens,
+		"max_context_tokens": limits.max_context_tokens,
+		"tokens_per_minute": limits.tokens_per_minute,
+		"requests_per_minute": limits.requests_per_minute,
+		"kv_blocks": limits.kv_blocks,
+		"priority": limits.priority,
+	},
+}
+
+_denied := {
+	"allow": false,
+	"reasons": sort(_deny_reasons),
+	"cache": {"scope": "none", "namespace": ""},
+	"batching": {"isolation": "exclusive", "deterministic": false},
+	"logging": {"content": "none", "redact": sort(logging.base_redact), "retention_days": 30},
+	"limits": {
+		"max_tokens": 0,
+		"max_context_tokens": 0,
+		"tokens_per_minute": 0,
+		"requests_per_minute": 0,
+		"kv_blocks": 0,
+		"priority": 0,
+	},
+}

@@ -1,0 +1,190 @@
+"""The same policies in a real OPA: strict check, opa test, parity with regorus, signed bundles."""
+
+import http.server
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.policy.bundle import build_bundle, read_tarball, write_tarball
+from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.loader import rego_files
+from gateway.policy.opa import OpaClient
+from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES, wait_http
+
+
+def test_opa_check_strict(opa_bin: str) -> None:
+    result = subprocess.run([opa_bin, "check", "--strict", str(POLICY_DIR)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_opa_test_passes_the_same_rego_tests(opa_bin: str) -> None:
+    result = subprocess.run(
+        [opa_bin, "test", str(POLICY_DIR), "--format", "json"], capture_output=True, text=True
+    )
+    outcomes = json.loads(result.stdout)
+    failed = [f"{o['package']}.{o['name']}" for o in outcomes if o.get("fail") or o.get("error")]
+    assert result.returncode == 0 and not failed, failed or result.stderr
+    assert len(outcomes) >= 40
+
+
+def test_parity_every_sample_identical_in_regorus_and_opa(opa_server_factory) -> None:
+    modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
+    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json")])
+    embedded = EmbeddedEvaluator(POLICY_DIR)
+    differences = []
+    with OpaClient(server.url) as opa:
+        for name, sample in sorted(SAMPLES.items()):
+            ours, theirs = embedded.evaluate(sample["input"]), opa.evaluate(sample["input"])
+            if ours != theirs:
+                differences.append(f"{name}: regorus={ours} opa={theirs}")
+    assert not differences, "\n".join(differences)
+
+
+class _BundleServer:
+    """Serves one bundle file over local HTTP, the way a bundle service would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        bundle_path = path
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path.split("?")[0] != "/bundles/tenantgate.tar.gz":
+                    self.send_error(404)
+                    return
+                body = bundle_path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def bundle_server(tmp_path: Path) -> Iterator[_BundleServer]:
+    server = _BundleServer(tmp_path / "tenantgate.tar.gz")
+    yield server
+    server.close()
+
+
+def _opa_config(tmp_path: Path, service_url: str, public_pem: bytes, algorithm: str) -> Path:
+    config = {
+        "services": {"bundles": {"url": service_url}},
+        "bundles": {
+            "tenantgate": {
+                "service": "bundles",
+                "resource": "bundles/tenantgate.tar.gz",
+                "polling": {"min_delay_seconds": 1, "max_delay_seconds": 2},
+                "signing": {"keyid": "tenantgate"},
+            }
+        },
+        "keys": {"tenantgate": {"algorithm": algorithm, "key": public_pem.decode()}},
+        "decision_logs": {"console": True},
+    }
+    path = tmp_path / "opa-config.json"
+    path.write_text(json.dumps(config))  # JSON is YAML, which OPA's --config-file reads
+    return path
+
+
+@pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
+def test_opa_activates_signed_bundle_and_answers_decisions(
+    algorithm: str, opa_server_factory, bundle_server: _BundleServer, tmp_path: Path, request
+) -> None:
+    private_pem, public_pem = request.getfixturevalue("rsa_key_pem" if algorithm == "RS256" else "ec_key_pem")
+    revision = build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
+    config = _opa_config(tmp_path, bundle_server.url, public_pem, algorithm)
+    server = opa_server_factory(["--config-file", str(config)])
+    assert wait_http(server.url + "/health?bundles", timeout=20), server.log_text()
+
+    status = httpx.get(server.url + "/v1/data/system/bundles").json()["result"]
+    assert status["tenantgate"]["manifest"]["revision"] == revision
+    assert set(status["tenantgate"]["manifest"]["roots"]) == {"tenantgate", "tenants", "system/log"}
+
+    embedded = EmbeddedEvaluator(POLICY_DIR)
+    assert revision == embedded.revision
+    with OpaClient(server.url) as opa:
+        for name in ("allow_enterprise_delegated_clamped", "deny_region_not_allowed"):
+            assert opa.decide(SAMPLES[name]["input"]).model_dump() == SAMPLES[name]["expected"]
+
+
+def test_opa_refuses_a_tampered_bundle(
+    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, tmp_path: Path
+) -> None:
+    private_pem, public_pem = rsa_key_pem
+    build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
+    files = read_tarball(bundle_server.path)
+    files["tenantgate/decision.rego"] = files["tenantgate/decision.rego"].replace(
+        b"decision := _allowed if count(_deny_reasons) == 0", b"decision := _allowed"
+    )
+    write_tarball(bundle_server.path, files)
+    server = opa_server_factory(["--config-file", str(_opa_config(tmp_path, bundle_server.url, public_pem, "RS256"))])
+
+    deadline = time.monotonic() + 15
+    while "digest mismatch" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "tenantgate/decision.rego: digest mismatch" in server.log_text()
+    assert httpx.get(server.url + "/health?bundles").status_code != 200
+    body = httpx.post(
+        server.url + "/v1/data/tenantgate/decision", json={"input": SAMPLES["deny_unknown_tenant"]["input"]}
+    ).json()
+    assert "result" not in body
+
+
+def test_opa_refuses_a_bundle_signed_with_another_key(
+    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, ec_key_pem, tmp_path: Path
+) -> None:
+    build_bundle(bundle_server.path, ec_key_pem[0], policy_dir=POLICY_DIR)
+    config = _opa_config(tmp_path, bundle_server.url, rsa_key_pem[1], "RS256")
+    server = opa_server_factory(["--config-file", str(config)])
+    deadline = time.monotonic() + 15
+    while "failed to verify" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "failed to verify" in server.log_text()
+    assert httpx.get(server.url + "/health?bundles").status_code != 200
+
+
+def test_decision_logs_are_masked(
+    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, tmp_path: Path
+) -> None:
+    private_pem, public_pem = rsa_key_pem
+    build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
+    server = opa_server_factory(["--config-file", str(_opa_config(tmp_path, bundle_server.url, public_pem, "RS256"))])
+    assert wait_http(server.url + "/health?bundles", timeout=20), server.log_text()
+    sample = json.loads(json.dumps(SAMPLES["allow_standard_app_token"]["input"]))
+    sample["request"]["messages"] = [{"role": "user", "content": "the secret plan is tangerine"}]
+    sample["request"]["headers"] = {"authorization": "Bearer eyJhbGciOiJub25lIn0.sentinel-token"}
+    with OpaClient(server.url) as opa:
+        assert opa.evaluate(sample)["allow"] is True
+
+    deadline = time.monotonic() + 10
+    while '"decision_id"' not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    events = [
+        json.loads(line)
+        for line in server.log_text().splitlines()
+        if line.startswith("{") and '"decision_id"' in line
+    ]
+    assert events, server.log_text()
+    event = events[-1]
+    assert "messages" not in event["input"]["request"]
+    assert event["input"]["request"]["headers"]["authorization"] == "[redacted]"
+    assert "tangerine" not in server.log_text() and "sentinel-token" not in server.log_text()
+    assert "/input/request/messages" in json.dumps(event.get("erased", []))

@@ -1,0 +1,72 @@
+import copy
+
+import pytest
+
+from gateway.policy.exceptions import DecisionSchemaError
+from gateway.policy.schema import Decision, parse_decision, validate_decision
+from tests.gateway.policy.conftest import SAMPLES
+
+ALLOWED = SAMPLES["allow_enterprise_delegated_clamped"]["expected"]
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_sample_expectation_is_a_valid_decision(name: str) -> None:
+    assert isinstance(validate_decision(SAMPLES[name]["expected"]), Decision)
+
+
+def _problems(document: dict) -> list[str]:
+    with pytest.raises(DecisionSchemaError) as info:
+        validate_decision(document)
+    return info.value.problems
+
+
+def test_missing_field_is_named() -> None:
+    document = copy.deepcopy(ALLOWED)
+    del document["limits"]["kv_blocks"]
+    assert _problems(document) == ["limits.kv_blocks: Field required"]
+
+
+def test_unknown_field_is_named() -> None:
+    document = copy.deepcopy(ALLOWED)
+    document["cache"]["ttl"] = 60
+    assert any(p.startswith("cache.ttl:") for p in _problems(document))
+
+
+def test_wrong_type_is_refused_not_coerced() -> None:
+    document = copy.deepcopy(ALLOWED)
+    document["batching"]["deterministic"] = "true"
+    assert any(p.startswith("batching.deterministic:") for p in _problems(document))
+
+
+def test_unknown_scope_value_is_refused() -> None:
+    document = copy.deepcopy(ALLOWED)
+    document["cache"]["scope"] = "global"
+    assert any(p.startswith("cache.scope:") for p in _problems(document))
+
+
+@pytest.mark.parametrize(
+    ("scope", "namespace"),
+    [("none", "tenant:t1"), ("shared", "tenant:t1"), ("tenant", "principal:t1:o1"), ("principal", "principal:")],
+)
+def test_namespace_must_match_scope(scope: str, namespace: str) -> None:
+    document = copy.deepcopy(ALLOWED)
+    document["cache"] = {"scope": scope, "namespace": namespace}
+    assert any(p.startswith("cache:") and "namespace" in p for p in _problems(document))
+
+
+def test_deny_without_reason_is_a_policy_error() -> None:
+    document = copy.deepcopy(SAMPLES["deny_unknown_tenant"]["expected"])
+    document["reasons"] = []
+    assert any("reason" in p for p in _problems(document))
+
+
+def test_negative_limit_is_refused() -> None:
+    document = copy.deepcopy(ALLOWED)
+    document["limits"]["tokens_per_minute"] = -1
+    assert any(p.startswith("limits.tokens_per_minute:") for p in _problems(document))
+
+
+def test_parse_decision_reads_json() -> None:
+    with pytest.raises(DecisionSchemaError):
+        parse_decision(b'{"allow": true}')
+    assert parse_decision(Decision.model_validate(ALLOWED).model_dump_json()).allow is True
