@@ -81,26 +81,31 @@ class Scheduler:
             lanes.add(seq.lane)
         return lanes
 
-    def _pick_lane(self) -> tuple | None:
+    def _lanes_in_turn(self) -> list[tuple]:
+        """Lanes with work, least served first (ties: the lane with the oldest request)."""
         lanes = self._candidate_lanes()
-        if not lanes:
-            return None
         known = [self.lane_service[lane] for lane in lanes if lane in self.lane_service]
         floor = min(known) if known else 0
         for lane in lanes:  # a returning lane starts level with the least served, not ahead
             self.lane_service[lane] = max(self.lane_service[lane], floor)
-        oldest = {}
+        oldest: dict[tuple, int] = {}
         for seq in (*self.running, *self.waiting):
             oldest.setdefault(seq.lane, seq.arrival_index)
-        return min(lanes, key=lambda lane: (self.lane_service[lane], oldest[lane]))
+        return sorted(lanes, key=lambda lane: (self.lane_service[lane], oldest[lane]))
 
     # -- one step -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
-        lane = self._pick_lane()
-        batch = ScheduledBatch(lane=lane or ())
-        if lane is None:
-            return batch
+        # The least-served lane may be unable to run (no sequence slot or KV left while
+        # other lanes hold them): then the next lane gets the step, so nothing livelocks.
+        for lane in self._lanes_in_turn():
+            batch = self._schedule_lane(lane)
+            if batch or batch.preempted:
+                return batch
+        return ScheduledBatch()
+
+    def _schedule_lane(self, lane: tuple) -> ScheduledBatch:
+        batch = ScheduledBatch(lane=lane)
         budget = self.max_num_batched_tokens
         exclusive = lane[0] == Isolation.EXCLUSIVE.value
 

@@ -1,0 +1,173 @@
+"""The prefix cache reuses KV only for the same namespace, model, lane and tokens."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.llm_engine import RequestError
+from engine.sampling_params import SamplingParams
+from tests.engine.test_block_manager import make_seq
+from tests.utils.envelopes import envelope
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPT = list(range(2, 90))  # 88 tokens: five full blocks of 16 and a tail
+
+
+def run(engine, request_id, prompt, env, params=GREEDY):
+    engine.add_request(request_id, prompt, params, env)
+    seq = engine.scheduler.find(request_id)
+    tokens = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id:
+                tokens += out.new_token_ids
+    return seq, tokens
+
+
+def test_same_namespace_hits_and_gives_the_same_tokens(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    first, tokens = run(engine, "a", PROMPT, envelope("t1"))
+    second, again = run(engine, "b", PROMPT, envelope("t1"))
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 80  # all five full blocks
+    assert again == tokens
+
+
+def test_a_shared_system_prompt_is_reused_up_to_the_first_difference(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    run(engine, "a", PROMPT, envelope("t1"))
+    other = PROMPT[:40] + [7] * 48  # the same first 40 tokens: two full blocks
+    seq, _ = run(engine, "b", other, envelope("t1"))
+    assert seq.num_cached_tokens == 32
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        envelope("t2"),  # another tenant
+        envelope("t1", scope="principal", principal="someone-else"),  # another namespace of the same tenant
+        envelope("t1", deterministic=True),  # another numerics lane
+    ],
+    ids=["other-tenant", "other-namespace", "other-lane"],
+)
+def test_no_reuse_across_namespaces_or_lanes(tiny_dir, make_engine, second) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    run(engine, "a", PROMPT, envelope("t1"))
+    seq, _ = run(engine, "b", PROMPT, second)
+    assert seq.num_cached_tokens == 0
+
+
+def test_scope_none_neither_reads_nor_writes(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    run(engine, "a", PROMPT, envelope("t1", scope="none"))
+    assert engine.block_manager.cached == {}
+    run(engine, "b", PROMPT, envelope("t1"))
+    seq, _ = run(engine, "c", PROMPT, envelope("t1", scope="none"))
+    assert seq.num_cached_tokens == 0
+
+
+def test_a_different_model_fingerprint_never_matches() -> None:
+    bm = BlockManager(32, 4, fingerprint="model-a")
+    seq = make_seq("a", 12, envelope("t1"))
+    bm.allocate(seq, 12)
+    seq.num_computed_tokens = 12
+    bm.register_full_blocks(seq)
+    bm.free(seq)
+    assert len(bm.match_prefix(make_seq("b", 13, envelope("t1")))[0]) == 3
+    bm.fingerprint = "model-b"
+    assert bm.match_prefix(make_seq("c", 13, envelope("t1")))[0] == []
+
+
+def test_token_ids_are_verified_on_lookup() -> None:
+    bm = BlockManager(32, 4)
+    seq = make_seq("a", 12, envelope("t1"))
+    bm.allocate(seq, 12)
+    seq.num_computed_tokens = 12
+    bm.register_full_blocks(seq)
+    # Simulate a hash collision: the cached block's tokens differ from what the hash claims.
+    victim = bm.blocks[seq.block_table[1]]
+    victim.token_ids = array("q", [9, 9, 9, 9])
+    ids, _ = bm.match_prefix(make_seq("b", 13, envelope("t1")))
+    assert ids == seq.block_table[:1]
+    bm.free(seq)
+
+
+def test_at_least_one_token_is_left_to_compute() -> None:
+    bm = BlockManager(32, 4)
+    seq = make_seq("a", 8, envelope("t1"))
+    bm.allocate(seq, 8)
+    seq.num_computed_tokens = 8
+    bm.register_full_blocks(seq)
+    bm.free(seq)
+    ids, _ = bm.match_prefix(make_seq("b", 8, envelope("t1")))
+    assert len(ids) == 1  # the block holding the last prompt token is recomputed to sample from it
+
+
+def test_least_recently_used_cached_blocks_are_evicted_first() -> None:
+    bm = BlockManager(6, 4)
+    old, new = make_seq("old", 8, envelope("t1"), tokens=list(range(8))), make_seq("new", 8, envelope("t1"), tokens=list(range(100, 108)))
+    for seq in (old, new):
+        bm.allocate(seq, 8)
+        seq.num_computed_tokens = 8
+        bm.register_full_blocks(seq)
+        bm.free(seq)
+    assert bm.num_cached_blocks == 4 and bm.num_free_blocks == 2
+    taker = make_seq("taker", 16, envelope("t1"), tokens=list(range(200, 216)))
+    assert bm.allocate(taker, 16)  # two free blocks, then the two oldest cached: old's
+    assert bm.match_prefix(make_seq("x", 9, envelope("t1"), tokens=list(range(8)) + [0]))[0] == []
+    assert len(bm.match_prefix(make_seq("y", 9, envelope("t1"), tokens=list(range(100, 108)) + [0]))[0]) == 2
+    bm.free(taker)
+    bm.check_invariants()
+
+
+def test_a_tenant_at_quota_recycles_its_own_cached_blocks_not_others() -> None:
+    bm = BlockManager(8, 4)
+    victim = make_seq("victim", 8, envelope("t1"), tokens=list(range(8)))
+    bm.set_quota(victim.tenant, 8)
+    bm.allocate(victim, 8)
+    victim.num_computed_tokens = 8
+    bm.register_full_blocks(victim)
+    bm.free(victim)  # t1's prefix: two cached blocks
+
+    flooder_env = envelope("t2", quota=4)
+    bm.set_quota(flooder_env.isolation_key, 4)
+    for i in range(5):  # t2 caches 16 tokens at a time, over and over
+        seq = make_seq(f"flood-{i}", 16, flooder_env, tokens=list(range(1000 * (i + 1), 1000 * (i + 1) + 16)))
+        assert bm.allocate(seq, 16)
+        seq.num_computed_tokens = 16
+        bm.register_full_blocks(seq)
+        bm.free(seq)
+        bm.check_invariants()
+        assert bm.charged[flooder_env.isolation_key] <= 4
+    ids, _ = bm.match_prefix(make_seq("again", 9, envelope("t1"), tokens=list(range(8)) + [0]))
+    assert len(ids) == 2  # t1's cached prefix survived the flood
+    big = make_seq("too-big", 20, flooder_env)
+    assert not bm.allocate(big, 20)  # five blocks never fit a four-block quota
+
+
+def test_victims_next_request_still_hits_while_another_tenant_floods(tiny_dir, make_engine) -> None:
+    # 32 blocks: the victim's prefix takes 6, the flooder may hold the other 26 and no more.
+    engine = make_engine(model=str(tiny_dir), num_kv_blocks=32, block_size=16, max_model_len=512)
+    victim = envelope("victim", quota=6)
+    run(engine, "v1", PROMPT, victim)
+    flood = envelope("flooder", quota=26)
+    for i in range(6):
+        prompt = [(i * 37 + j) % 500 + 2 for j in range(300)]
+        run(engine, f"f{i}", prompt, flood, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    seq, _ = run(engine, "v2", PROMPT, victim)
+    assert seq.num_cached_tokens == 80
+
+
+def test_a_request_larger_than_its_quota_is_refused(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir), block_size=16)
+    with pytest.raises(RequestError, match="quota of 4"):
+        engine.add_request("big", PROMPT, SamplingParams(max_tokens=8), envelope("t1", quota=4))
+
+
+def test_requests_without_an_envelope_are_refused(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    with pytest.raises(RequestError, match="execution envelope"):
+        engine.add_request("bare", PROMPT, GREEDY, None)
