@@ -140,6 +140,7 @@ class LLMEngine:
             new_text="",
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
             finished=True,
             finish_reason=FinishReason.ABORT.value,
         )
@@ -187,6 +188,7 @@ class LLMEngine:
                     new_text=text,
                     num_prompt_tokens=seq.num_prompt_tokens,
                     num_output_tokens=seq.num_output_tokens,
+                    num_cached_tokens=seq.num_cached_tokens,
                     finished=reason is not None,
                     finish_reason=reason.value if reason else None,
                     logprobs=[result.logprobs] if result.logprobs else [],

@@ -12,6 +12,7 @@ import torch
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
+from engine.model.invariant import ROW_TILE
 from engine.model.loader import load_weights
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
@@ -109,7 +110,8 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+            rows = hidden[torch.tensor(sample_rows, device=self.device)]
+            logits = self.model.compute_logits(rows, meta.row_tile)
             seqs = [batch.seqs[i] for i in sampling]
             samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
             for i, sample in zip(sampling, samples):
@@ -121,6 +123,8 @@ class ModelRunner:
 
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device
+        # One deterministic request makes the whole step batch-invariant (model/invariant.py).
+        invariant = any(seq.envelope.deterministic for seq in batch.seqs)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -137,13 +141,15 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if num_new == 1:
+            if num_new == 1 and not invariant:
                 decode_rows.append(row)
                 decode_tables.append(table)
                 decode_lens.append(end)
             else:
                 mask = None
-                if start > 0 or (self.sliding_window is not None and end > self.sliding_window):
+                if invariant:
+                    pass  # sequence_attention builds its own masks
+                elif start > 0 or (self.sliding_window is not None and end > self.sliding_window):
                     mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
                 blocks = torch.tensor(table[: -(-end // bs)], device=dev)
                 prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
@@ -157,6 +163,8 @@ class ModelRunner:
             decode_block_tables=None,
             decode_mask=None,
             prefills=prefills,
+            row_tile=ROW_TILE if invariant else None,
+            sliding_window=self.sliding_window,
         )
         if decode_rows:
             max_blocks = max(-(-n // bs) for n in decode_lens)

@@ -16,6 +16,7 @@ class RequestOutput:
     new_text: str
     num_prompt_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -30,6 +31,7 @@ class CompletedRequest:
     token_ids: list[int]
     text: str
     num_prompt_tokens: int
+    num_cached_tokens: int
     finish_reason: str | None
     logprobs: list[TokenLogprobs]
     logits: list[torch.Tensor]
@@ -42,6 +44,7 @@ class CompletedRequest:
             token_ids=[t for d in deltas for t in d.new_token_ids],
             text="".join(d.new_text for d in deltas),
             num_prompt_tokens=last.num_prompt_tokens,
+            num_cached_tokens=last.num_cached_tokens,
             finish_reason=last.finish_reason,
             logprobs=[lp for d in deltas for lp in d.logprobs],
             logits=[row for d in deltas for row in d.logits],

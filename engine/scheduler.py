@@ -140,6 +140,8 @@ class Scheduler:
             if not self.block_manager.allocate(seq, num_cached + num_new, prefix):
                 break
             self.waiting.remove(seq)
+            self.block_manager.num_prefix_queries += 1
+            self.block_manager.num_prefix_hit_tokens += num_cached
             seq.block_hashes = hashes
             seq.num_computed_tokens = num_cached
             if seq.num_preemptions == 0:

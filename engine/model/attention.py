@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.model.invariant import sequence_attention
+
 
 @dataclass
 class PrefillSpan:
@@ -32,6 +34,10 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
     prefills: list[PrefillSpan]
+    # Set for steps that hold a deterministic request: every row goes through the
+    # batch-invariant path (engine/model/invariant.py), and every sequence is a span.
+    row_tile: int | None = None
+    sliding_window: int | None = None
 
 
 def build_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
@@ -59,6 +65,12 @@ def paged_attention(
     enable_gqa = q.shape[1] != num_kv_heads
 
     out = torch.empty_like(q)
+    if meta.row_tile is not None:
+        for span in meta.prefills:
+            kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+            vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+            out[span.start : span.end] = sequence_attention(q[span.start : span.end], kp, vp, scale, meta.sliding_window)
+        return out
     if meta.decode_rows is not None:
         # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
         # faster than gathering single slots.

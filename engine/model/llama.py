@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model.attention import AttentionMetadata, paged_attention
+from engine.model.invariant import apply_rows
 from engine.model.rope import RotaryEmbedding
 
 
@@ -50,13 +51,14 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = apply_rows(self.qkv_proj, x, meta.row_tile)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_tile)
 
 
 class MLP(nn.Module):
@@ -80,8 +82,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_tile), positions, meta, kv_cache)
+        return x + apply_rows(self._mlp_block, x, meta.row_tile)
+
+    def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -106,10 +111,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, meta, kv_cache)
-        return self.norm(x)
+        return apply_rows(self.norm, x, meta.row_tile)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, row_tile: int | None = None) -> torch.Tensor:
+        return apply_rows(self.lm_head, hidden, row_tile).float()
 
     def checkpoint_tensors(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """HF tensor name -> (parameter, first row, row count) it fills (fused weights take slices)."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from engine.sampling_params import SamplingParams
-from tests.utils.envelopes import ENV
+from tests.utils.envelopes import ENV, envelope
 from tests.utils.checkpoints import load_reference, reference_greedy, write_checkpoint
 
 NEW_TOKENS = 32
@@ -101,6 +101,12 @@ def test_greedy_matches_transformers(reference: Reference, make_engine, mode: st
         assert engine.scheduler.num_chunked_prefills > 0
     if mode == "preemption":
         assert engine.scheduler.num_preemptions > 0
+
+
+def test_deterministic_lane_matches_transformers(reference: Reference, make_engine) -> None:
+    engine = make_engine(model=str(reference.path), max_num_batched_tokens=40)
+    results = engine.generate(reference.prompts, _greedy(), envelopes=envelope(deterministic=True))
+    _assert_matches(reference, results)
 
 
 def test_requests_joining_between_steps_match(reference: Reference, make_engine) -> None:
