@@ -188,6 +188,9 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     seed: int = 0
+    # Key for the digests in execution records; share it across replicas to compare them.
+    # Empty: a random key per process.
+    record_key: bytes = b""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

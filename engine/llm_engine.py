@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import time
+from array import array
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence as Seq
@@ -20,9 +23,13 @@ from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import FinishReason, Sequence
+from engine.telemetry import NUM_MARGIN_STEPS, RecordSink, RequestRecord, StepRecord, keyed_digest, token_digest
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# A request waiting longer than this marks the step's regime as queue_degraded.
+QUEUE_DEGRADED_SECONDS = 2.0
 
 
 class RequestError(ValueError):
@@ -34,8 +41,11 @@ class RequestError(ValueError):
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = False, sinks: Seq[RecordSink] = ()) -> None:
         self.config = config
+        self.sinks = list(sinks)
+        self._record_key = config.record_key or os.urandom(32)
+        self._step_index = 0
         self.model_path: Path = resolve_model_path(config.model, progress=progress)
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
@@ -119,6 +129,8 @@ class LLMEngine:
                 param="max_tokens",
             )
         seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals), envelope)
+        raw = prompt.encode() if isinstance(prompt, str) else array("q", token_ids).tobytes()
+        seq.raw_prompt_digest = keyed_digest(self._record_key, raw)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
@@ -134,6 +146,7 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq, FinishReason.ABORT)
         self.runner.release(request_id)
+        self._record_request(seq)
         return RequestOutput(
             request_id=request_id,
             new_token_ids=[],
@@ -154,18 +167,22 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        start = time.monotonic()
         results = self.runner.run(batch)
+        step_ms = (time.monotonic() - start) * 1000
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq)
-        self._track_kv()
+        stats = self._track_kv()
+        self._record_step(batch, step_ms, stats)
         return self._postprocess(batch, results)
 
-    def _track_kv(self) -> None:
+    def _track_kv(self) -> KVStats:
         stats = self.block_manager.stats()
         if stats.num_used_blocks >= self._peak_used_blocks:
             self._peak_used_blocks = stats.num_used_blocks
             self._peak_stats = stats
+        return stats
 
     def _postprocess(self, batch: ScheduledBatch, results: list[SampleResult | None]) -> list[RequestOutput]:
         outputs = []
@@ -174,6 +191,10 @@ class LLMEngine:
                 continue
             token = result.token_id
             seq.append_token(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = time.monotonic()
+            if len(seq.top_margins) < NUM_MARGIN_STEPS:
+                seq.top_margins.append(round(result.margin, 6))
             text = seq.detokenizer.add(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
@@ -181,6 +202,7 @@ class LLMEngine:
                     text += seq.detokenizer.flush()
                 self.scheduler.finish(seq, reason)
                 self.runner.release(seq.request_id)
+                self._record_request(seq)
             outputs.append(
                 RequestOutput(
                     request_id=seq.request_id,
@@ -206,6 +228,88 @@ class LLMEngine:
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
             return FinishReason.LENGTH
         return None
+
+    # -- records ----------------------------------------------------------------------
+
+    def _record_step(self, batch: ScheduledBatch, step_ms: float, stats: KVStats) -> None:
+        self._step_index += 1
+        if not self.sinks:
+            return
+        now = time.monotonic()
+        envelopes = [seq.envelope for seq in batch.seqs]
+        deterministic = any(e.deterministic for e in envelopes)
+        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
+        waiting = self.scheduler.waiting
+        oldest_wait = now - min((s.arrival_time for s in waiting), default=now)
+        if batch.preempted or stats.num_free_blocks + stats.num_cached_blocks < 0.05 * stats.num_blocks:
+            regime = "memory_pressured"
+        elif len(waiting) > self.config.max_num_seqs or oldest_wait > QUEUE_DEGRADED_SECONDS:
+            regime = "queue_degraded"
+        elif batch.lane[0] != "shared" or deterministic:
+            regime = "isolation_strict"
+        else:
+            regime = "normal"
+        ids = "\0".join(sorted(seq.request_id for seq in batch.seqs)).encode()
+        record = StepRecord(
+            step=self._step_index,
+            batch_fingerprint=keyed_digest(self._record_key, ids),
+            lane=batch.lane[0],
+            isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
+            members=tuple((e.isolation.value, e.tenant_tag) for e in envelopes),
+            deterministic=deterministic,
+            num_seqs=len(batch.seqs),
+            num_tokens=batch.num_tokens,
+            queue_ms=sum(waits) / len(waits) if waits else 0.0,
+            step_ms=step_ms,
+            free_kv_blocks=stats.num_free_blocks,
+            cached_kv_blocks=stats.num_cached_blocks,
+            used_kv_blocks=stats.num_used_blocks,
+            kv_waste=stats.waste,
+            num_preempted=len(batch.preempted),
+            num_waiting=len(waiting),
+            regime=regime,
+        )
+        for sink in self.sinks:
+            sink.step(record)
+
+    def _record_request(self, seq: Sequence) -> None:
+        if not self.sinks:
+            return
+        now = time.monotonic()
+        p = seq.params
+        scheduled = seq.first_scheduled_time or now
+        record = RequestRecord(
+            request_id=seq.request_id,
+            raw_prompt_digest=seq.raw_prompt_digest,
+            effective_prompt_digest=token_digest(self._record_key, seq.token_ids[: seq.num_prompt_tokens]),
+            output_digest=token_digest(self._record_key, seq.output_token_ids),
+            prompt_tokens=seq.num_prompt_tokens,
+            output_tokens=seq.num_output_tokens,
+            truncated=False,  # the engine refuses what does not fit; it never cuts a prompt
+            truncation_reason=None,
+            decode={
+                "max_tokens": p.max_tokens,
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k,
+                "seeded": p.seed is not None,
+                "stops": len(p.stop) + len(p.stop_token_ids),
+                "logprobs": p.logprobs,
+            },
+            model_fingerprint=self.fingerprint,
+            cache_scope=seq.envelope.cache_scope.value,
+            cached_tokens=seq.num_cached_tokens,
+            isolation=seq.envelope.isolation.value,
+            deterministic=seq.envelope.deterministic,
+            top_margins=tuple(seq.top_margins),
+            finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
+            preemptions=seq.num_preemptions,
+            queue_ms=(scheduled - seq.arrival_time) * 1000,
+            ttft_ms=(seq.first_token_time - seq.arrival_time) * 1000 if seq.first_token_time else None,
+            e2e_ms=(now - seq.arrival_time) * 1000,
+        )
+        for sink in self.sinks:
+            sink.request(record)
 
     # -- conveniences ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class SampleResult:
     token_id: int
     logprobs: TokenLogprobs | None
     logits: torch.Tensor | None = None  # raw float32 row, only with SamplingParams.keep_logits
+    margin: float = 0.0  # top-1 minus top-2 raw logit: how close the step was to a tie
 
 
 class Sampler:
@@ -65,6 +66,8 @@ class Sampler:
             chosen[rows] = (probs / noise).argmax(dim=-1)
 
         chosen_ids = chosen.tolist()
+        top2 = logits.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
         want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: dict[int, TokenLogprobs] = {}
         if want_logprobs:
@@ -79,7 +82,7 @@ class Sampler:
                 top = tuple(zip(top_ids[j][:n], top_vals[j][:n]))
                 logprobs[i] = TokenLogprobs(chosen_ids[i], chosen_lp[j], top)
         return [
-            SampleResult(tok, logprobs.get(i), logits[i].cpu().clone() if params[i].keep_logits else None)
+            SampleResult(tok, logprobs.get(i), logits[i].cpu().clone() if params[i].keep_logits else None, margins[i])
             for i, tok in enumerate(chosen_ids)
         ]
 

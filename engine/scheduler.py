@@ -19,6 +19,7 @@ from its tokens later.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # came from the waiting queue this step
     lane: tuple = ()
 
     @property
@@ -149,6 +151,9 @@ class Scheduler:
             if num_new < remaining:
                 self.num_chunked_prefills += 1
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            batch.admitted.append(seq)
             bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)

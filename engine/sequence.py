@@ -54,6 +54,10 @@ class Sequence:
         # Chain hashes of the full blocks registered (or matched) so far, in order.
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.top_margins: list[float] = []  # top-1 minus top-2 logit of the first steps
+        self.raw_prompt_digest = ""
         # Set by the engine: the incremental detokenizer for stop strings and text deltas.
         self.detokenizer: Any = None
 

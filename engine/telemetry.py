@@ -1,0 +1,153 @@
+"""Execution records and engine metrics.
+
+Every request leaves an x-record and every step an s-record. Records hold keyed digests
+and numbers only, never text or token ids: digests use a per-deployment key, so a
+record cannot be used to confirm a guessed prompt. Records go to sinks; the gateway
+routes them to its audit trail, PrometheusSink turns them into metrics whose labels
+are bounded enums (scope class, regime, lane), never tenant ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence as Seq
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+NUM_MARGIN_STEPS = 4
+
+
+def keyed_digest(key: bytes, data: bytes) -> str:
+    return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
+
+
+def token_digest(key: bytes, token_ids: Seq[int]) -> str:
+    return keyed_digest(key, array("q", token_ids).tobytes())
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """x: what ran for one request."""
+
+    request_id: str
+    raw_prompt_digest: str  # the prompt as the caller sent it (text, or token ids)
+    effective_prompt_digest: str  # the token ids that actually ran
+    output_digest: str  # the generated token ids
+    prompt_tokens: int
+    output_tokens: int
+    truncated: bool
+    truncation_reason: str | None
+    decode: dict  # max_tokens, temperature, top_p, top_k, seeded, stops, logprobs
+    model_fingerprint: str
+    cache_scope: str
+    cached_tokens: int
+    isolation: str
+    deterministic: bool
+    top_margins: tuple[float, ...]  # top-1 minus top-2 logit of the first steps
+    finish_reason: str
+    preemptions: int
+    queue_ms: float
+    ttft_ms: float | None
+    e2e_ms: float
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """s: what one step ran, and under which regime."""
+
+    step: int
+    batch_fingerprint: str  # digest of the sorted request ids
+    lane: str  # shared | tenant | exclusive
+    isolation_modes: tuple[str, ...]
+    members: tuple[tuple[str, str], ...]  # (isolation, tenant digest) per sequence, for audits
+    deterministic: bool  # ran the batch-invariant path
+    num_seqs: int
+    num_tokens: int
+    queue_ms: float  # mean wait of the requests admitted in this step
+    step_ms: float
+    free_kv_blocks: int
+    cached_kv_blocks: int
+    used_kv_blocks: int
+    kv_waste: float
+    num_preempted: int
+    num_waiting: int
+    regime: str  # normal | memory_pressured | queue_degraded | isolation_strict
+
+
+class RecordSink(Protocol):
+    def request(self, record: RequestRecord) -> None: ...
+
+    def step(self, record: StepRecord) -> None: ...
+
+
+@dataclass
+class ListSink:
+    """Keeps every record (tests, the soak check)."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+
+    def step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class PrometheusSink:
+    """Engine metrics. Names follow the OpenTelemetry GenAI server conventions where they exist."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Time per output token after the first",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "gen_ai_server_request_duration_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue = Histogram(
+            "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "tenantgate_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache", ["scope"], registry=r
+        )
+        self.hit_tokens = Counter(
+            "tenantgate_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", ["scope"], registry=r
+        )
+        self.kv_blocks = Gauge("tenantgate_kv_blocks", "KV blocks by state", ["state"], registry=r)
+        self.batch_size = Histogram(
+            "tenantgate_batch_size", "Sequences per step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+        )
+        self.steps = Counter("tenantgate_steps", "Engine steps by regime and lane", ["regime", "lane"], registry=r)
+        self.kv_waste = Gauge("tenantgate_kv_waste_ratio", "Allocated KV slots holding no token", registry=r)
+
+    def request(self, record: RequestRecord) -> None:
+        self.e2e.observe(record.e2e_ms / 1000)
+        self.queue.observe(record.queue_ms / 1000)
+        if record.ttft_ms is not None:
+            self.ttft.observe(record.ttft_ms / 1000)
+            if record.output_tokens > 1:
+                self.tpot.observe((record.e2e_ms - record.ttft_ms) / 1000 / (record.output_tokens - 1))
+        if record.cache_scope != "none":
+            self.prompt_tokens.labels(record.cache_scope).inc(record.prompt_tokens)
+            self.hit_tokens.labels(record.cache_scope).inc(record.cached_tokens)
+
+    def step(self, record: StepRecord) -> None:
+        self.batch_size.observe(record.num_seqs)
+        self.steps.labels(record.regime, record.lane).inc()
+        self.kv_blocks.labels("free").set(record.free_kv_blocks)
+        self.kv_blocks.labels("cached").set(record.cached_kv_blocks)
+        self.kv_blocks.labels("used").set(record.used_kv_blocks)
+        self.kv_waste.set(record.kv_waste)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import generate_latest
+
+from engine.sampling_params import SamplingParams
+from engine.telemetry import ListSink, PrometheusSink
+from tests.utils.envelopes import envelope
+
+SECRET_TEXT = "the launch code is swordfish-42"
+REGIMES = {"normal", "memory_pressured", "queue_degraded", "isolation_strict"}
+
+
+def test_records_hold_digests_and_numbers_only(tiny_dir, make_engine) -> None:
+    sink, metrics = ListSink(), PrometheusSink()
+    engine = make_engine(model=str(tiny_dir))
+    engine.sinks += [sink, metrics]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    env = envelope("acme-corp", scope="tenant", isolation="tenant")
+    engine.generate([SECRET_TEXT, SECRET_TEXT], params, env)
+
+    assert len(sink.requests) == 2 and sink.steps
+    prompt_ids = engine.tokenizer.encode(SECRET_TEXT)
+    dump = repr(sink.requests) + repr(sink.steps)
+    for needle in ("swordfish", "launch code", "acme-corp", str(prompt_ids)[1:-1]):
+        assert needle not in dump
+
+    first, second = sorted(sink.requests, key=lambda r: r.request_id)
+    assert first.raw_prompt_digest == second.raw_prompt_digest  # same prompt, same digest
+    assert len(first.raw_prompt_digest) == 32 and first.output_digest != first.effective_prompt_digest
+    assert first.model_fingerprint == engine.fingerprint
+    assert first.prompt_tokens == len(prompt_ids) and first.output_tokens == 6
+    assert first.isolation == "tenant" and first.cache_scope == "tenant"
+    assert len(first.top_margins) == 4 and all(m >= 0 for m in first.top_margins)
+    assert 0 <= first.queue_ms <= first.ttft_ms <= first.e2e_ms
+    assert first.finish_reason == "length" and first.truncated is False
+
+    for step in sink.steps:
+        assert step.regime in REGIMES
+        assert step.lane == "tenant" and step.regime == "isolation_strict"
+        assert step.num_seqs == len(step.members) and step.step_ms > 0
+        assert len(step.batch_fingerprint) == 32
+
+    exposition = generate_latest(metrics.registry).decode()
+    assert "gen_ai_server_time_to_first_token_seconds_count 2.0" in exposition
+    assert 'tenantgate_prefix_cache_query_tokens_total{scope="tenant"}' in exposition
+    assert 'tenantgate_steps_total{lane="tenant",regime="isolation_strict"}' in exposition
+    assert "acme" not in exposition and env.tenant_tag not in exposition
+
+
+def test_aborted_requests_leave_a_record(tiny_dir, make_engine) -> None:
+    sink = ListSink()
+    engine = make_engine(model=str(tiny_dir))
+    engine.sinks.append(sink)
+    engine.add_request("gone", "hello there", SamplingParams(max_tokens=50), envelope())
+    engine.step()
+    engine.abort_request("gone")
+    assert [r.finish_reason for r in sink.requests] == ["abort"]
+    assert dataclasses.asdict(sink.requests[0])["output_tokens"] == 1
