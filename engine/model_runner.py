@@ -141,7 +141,7 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if num_new == 1 and not invariant:
+            if num_new == 1:
                 decode_rows.append(row)
                 decode_tables.append(table)
                 decode_lens.append(end)
@@ -180,6 +180,7 @@ class ModelRunner:
             meta.decode_rows = torch.tensor(decode_rows, device=dev)
             meta.decode_block_tables = tables.to(dev)
             meta.decode_mask = mask[:, None, None, :].to(dev)
+            meta.decode_lengths = lengths.to(dev)
         return (
             torch.tensor(input_ids, device=dev),
             torch.tensor(positions, device=dev),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model.invariant import sequence_attention
+from engine.model.invariant import decode_attention, sequence_attention
 
 
 @dataclass
@@ -34,8 +34,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
     prefills: list[PrefillSpan]
+    decode_lengths: torch.Tensor | None = None  # [num_decodes] context length of each decode
     # Set for steps that hold a deterministic request: every row goes through the
-    # batch-invariant path (engine/model/invariant.py), and every sequence is a span.
+    # batch-invariant path (engine/model/invariant.py).
     row_tile: int | None = None
     sliding_window: int | None = None
 
@@ -65,12 +66,6 @@ def paged_attention(
     enable_gqa = q.shape[1] != num_kv_heads
 
     out = torch.empty_like(q)
-    if meta.row_tile is not None:
-        for span in meta.prefills:
-            kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
-            vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
-            out[span.start : span.end] = sequence_attention(q[span.start : span.end], kp, vp, scale, meta.sliding_window)
-        return out
     if meta.decode_rows is not None:
         # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
         # faster than gathering single slots.
@@ -78,14 +73,22 @@ def paged_attention(
         qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, H, 1, D]
         kd = _gather(k_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
         vd = _gather(v_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa
-        )
-        out.index_copy_(0, meta.decode_rows, od.squeeze(2))
+        if meta.row_tile is not None:
+            od = decode_attention(
+                qd.squeeze(2), kd.transpose(1, 2), vd.transpose(1, 2), meta.decode_lengths, scale, meta.sliding_window
+            )
+        else:
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa
+            ).squeeze(2)
+        out.index_copy_(0, meta.decode_rows, od)
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
         vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+        if meta.row_tile is not None:
+            out[span.start : span.end] = sequence_attention(q[span.start : span.end], kp, vp, scale, meta.sliding_window)
+            continue
         kp = kp.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(
