@@ -12,7 +12,7 @@ import torch
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
-from engine.model.invariant import ROW_TILE
+from engine.model.invariant import KEY_CHUNK, ROW_TILE
 from engine.model.loader import load_weights
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
@@ -87,6 +87,8 @@ class ModelRunner:
             logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
+        # KV blocks per attention key chunk of the batch-invariant path (1 if they do not divide).
+        self._blocks_per_chunk = KEY_CHUNK // config.block_size if KEY_CHUNK % config.block_size == 0 else 1
         prev_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -151,7 +153,10 @@ class ModelRunner:
                     pass  # sequence_attention builds its own masks
                 elif start > 0 or (self.sliding_window is not None and end > self.sliding_window):
                     mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
-                blocks = torch.tensor(table[: -(-end // bs)], device=dev)
+                blocks = table[: -(-end // bs)]
+                if invariant:  # whole key chunks, so attention needs no padded copy (extra blocks are masked)
+                    blocks = blocks + [0] * (-len(blocks) % self._blocks_per_chunk)
+                blocks = torch.tensor(blocks, device=dev)
                 prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
             if end == seq.num_tokens:
                 sample_rows.append(row + num_new - 1)
@@ -168,6 +173,8 @@ class ModelRunner:
         )
         if decode_rows:
             max_blocks = max(-(-n // bs) for n in decode_lens)
+            if invariant:
+                max_blocks += -max_blocks % self._blocks_per_chunk
             tables = torch.zeros(len(decode_rows), max_blocks, dtype=torch.long)
             for j, (table, n) in enumerate(zip(decode_tables, decode_lens)):
                 used = -(-n // bs)

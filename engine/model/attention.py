@@ -84,12 +84,15 @@ def paged_attention(
         out.index_copy_(0, meta.decode_rows, od)
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
-        vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)[: span.context_len]
+        kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)
+        vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)
         if meta.row_tile is not None:
-            out[span.start : span.end] = sequence_attention(q[span.start : span.end], kp, vp, scale, meta.sliding_window)
+            out[span.start : span.end] = sequence_attention(
+                q[span.start : span.end], kp, vp, span.context_len, scale, meta.sliding_window
+            )
             continue
-        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        kp = kp[: span.context_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vp = vp[: span.context_len]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=enable_gqa

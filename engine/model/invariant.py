@@ -67,7 +67,11 @@ def untile(out: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def chunk_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., L, Hkv, D] -> keys [..., chunks, Hkv, D, KEY_CHUNK] and values [..., chunks, Hkv, KEY_CHUNK, D]."""
+    """[..., L, Hkv, D] -> keys [..., chunks, Hkv, D, KEY_CHUNK] and values [..., chunks, Hkv, KEY_CHUNK, D].
+
+    Keys past a row's position are masked, so callers may pass garbage there (whole
+    blocks gathered past the context) instead of paying for a padded copy.
+    """
     length = k.shape[-3]
     pad = -length % KEY_CHUNK
     if pad:
@@ -91,7 +95,7 @@ def attend_tiles(
     num_chunks = keys.shape[1]
     # Every (tile, chunk, head) product is one fixed-shape matmul; bmm computes each the
     # same way whatever the batch around it (checked by tests/engine/test_deterministic.py).
-    scores = torch.matmul(q_tiles[:, None], keys) * scale  # [N, chunks, Hkv, TG, C]
+    scores = torch.matmul(q_tiles[:, None] * scale, keys)  # [N, chunks, Hkv, TG, C]
     k_pos = torch.arange(num_chunks * KEY_CHUNK, device=q_tiles.device).view(1, num_chunks, 1, 1, KEY_CHUNK)
     rows = q_pos[:, None, None, :, None]
     visible = k_pos <= rows
@@ -111,13 +115,14 @@ def attend_tiles(
 
 def sequence_attention(
     q: torch.Tensor,  # [n, H, D] one sequence's queries at positions [L - n, L)
-    k: torch.Tensor,  # [L, Hkv, D] its whole context, oldest first
+    k: torch.Tensor,  # [>= L, Hkv, D] its context, oldest first (anything past L is ignored)
     v: torch.Tensor,
+    context_len: int,
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
     n, num_heads = q.shape[0], q.shape[1]
-    tiles, q_pos = tile_queries(q, k.shape[0] - n, k.shape[1])
+    tiles, q_pos = tile_queries(q, context_len - n, k.shape[1])
     keys, values = chunk_keys(k, v)
     out = attend_tiles(tiles, q_pos, keys[None], values[None], scale, sliding_window)
     return untile(out, num_heads)[:n]
