@@ -16,6 +16,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = list(range(2, 90))  # 88 tokens: five full blocks of 16 and a tail
 
 
+def compute_and_cache(bm: BlockManager, seq, keep: bool = False) -> None:
+    """What the engine does for a prompt: allocate, compute every token, publish, free."""
+    assert bm.allocate(seq, seq.num_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.register_full_blocks(seq)
+    if not keep:
+        bm.free(seq)
+
+
 def run(engine, request_id, prompt, env, params=GREEDY):
     engine.add_request(request_id, prompt, params, env)
     seq = engine.scheduler.find(request_id)
@@ -71,11 +80,7 @@ def test_scope_none_neither_reads_nor_writes(tiny_dir, make_engine) -> None:
 
 def test_a_different_model_fingerprint_never_matches() -> None:
     bm = BlockManager(32, 4, fingerprint="model-a")
-    seq = make_seq("a", 12, envelope("t1"))
-    bm.allocate(seq, 12)
-    seq.num_computed_tokens = 12
-    bm.register_full_blocks(seq)
-    bm.free(seq)
+    compute_and_cache(bm, make_seq("a", 12, envelope("t1")))
     assert len(bm.match_prefix(make_seq("b", 13, envelope("t1")))[0]) == 3
     bm.fingerprint = "model-b"
     assert bm.match_prefix(make_seq("c", 13, envelope("t1")))[0] == []
@@ -84,9 +89,7 @@ def test_a_different_model_fingerprint_never_matches() -> None:
 def test_token_ids_are_verified_on_lookup() -> None:
     bm = BlockManager(32, 4)
     seq = make_seq("a", 12, envelope("t1"))
-    bm.allocate(seq, 12)
-    seq.num_computed_tokens = 12
-    bm.register_full_blocks(seq)
+    compute_and_cache(bm, seq, keep=True)
     # Simulate a hash collision: the cached block's tokens differ from what the hash claims.
     victim = bm.blocks[seq.block_table[1]]
     victim.token_ids = array("q", [9, 9, 9, 9])
@@ -97,11 +100,7 @@ def test_token_ids_are_verified_on_lookup() -> None:
 
 def test_at_least_one_token_is_left_to_compute() -> None:
     bm = BlockManager(32, 4)
-    seq = make_seq("a", 8, envelope("t1"))
-    bm.allocate(seq, 8)
-    seq.num_computed_tokens = 8
-    bm.register_full_blocks(seq)
-    bm.free(seq)
+    compute_and_cache(bm, make_seq("a", 8, envelope("t1")))
     ids, _ = bm.match_prefix(make_seq("b", 8, envelope("t1")))
     assert len(ids) == 1  # the block holding the last prompt token is recomputed to sample from it
 
@@ -110,10 +109,7 @@ def test_least_recently_used_cached_blocks_are_evicted_first() -> None:
     bm = BlockManager(6, 4)
     old, new = make_seq("old", 8, envelope("t1"), tokens=list(range(8))), make_seq("new", 8, envelope("t1"), tokens=list(range(100, 108)))
     for seq in (old, new):
-        bm.allocate(seq, 8)
-        seq.num_computed_tokens = 8
-        bm.register_full_blocks(seq)
-        bm.free(seq)
+        compute_and_cache(bm, seq)
     assert bm.num_cached_blocks == 4 and bm.num_free_blocks == 2
     taker = make_seq("taker", 16, envelope("t1"), tokens=list(range(200, 216)))
     assert bm.allocate(taker, 16)  # two free blocks, then the two oldest cached: old's
@@ -127,19 +123,12 @@ def test_a_tenant_at_quota_recycles_its_own_cached_blocks_not_others() -> None:
     bm = BlockManager(8, 4)
     victim = make_seq("victim", 8, envelope("t1"), tokens=list(range(8)))
     bm.set_quota(victim.tenant, 8)
-    bm.allocate(victim, 8)
-    victim.num_computed_tokens = 8
-    bm.register_full_blocks(victim)
-    bm.free(victim)  # t1's prefix: two cached blocks
+    compute_and_cache(bm, victim)  # t1's prefix: two cached blocks
 
     flooder_env = envelope("t2", quota=4)
     bm.set_quota(flooder_env.isolation_key, 4)
     for i in range(5):  # t2 caches 16 tokens at a time, over and over
-        seq = make_seq(f"flood-{i}", 16, flooder_env, tokens=list(range(1000 * (i + 1), 1000 * (i + 1) + 16)))
-        assert bm.allocate(seq, 16)
-        seq.num_computed_tokens = 16
-        bm.register_full_blocks(seq)
-        bm.free(seq)
+        compute_and_cache(bm, make_seq(f"flood-{i}", 16, flooder_env, tokens=list(range(1000 * (i + 1), 1000 * (i + 1) + 16))))
         bm.check_invariants()
         assert bm.charged[flooder_env.isolation_key] <= 4
     ids, _ = bm.match_prefix(make_seq("again", 9, envelope("t1"), tokens=list(range(8)) + [0]))
