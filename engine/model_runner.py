@@ -12,7 +12,7 @@ import torch
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
-from engine.model.invariant import KEY_CHUNK, ROW_TILE
+from engine.model.invariant import KEY_PAD, ROW_TILE
 from engine.model.loader import load_weights
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
@@ -87,8 +87,8 @@ class ModelRunner:
             logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
-        # KV blocks per attention key chunk of the batch-invariant path (1 if they do not divide).
-        self._blocks_per_chunk = KEY_CHUNK // config.block_size if KEY_CHUNK % config.block_size == 0 else 1
+        # KV blocks per key padding unit of the batch-invariant path (1 if they do not divide).
+        self._blocks_per_chunk = KEY_PAD // config.block_size if KEY_PAD % config.block_size == 0 else 1
         prev_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -154,7 +154,7 @@ class ModelRunner:
                 elif start > 0 or (self.sliding_window is not None and end > self.sliding_window):
                     mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
                 blocks = table[: -(-end // bs)]
-                if invariant:  # whole key chunks, so attention needs no padded copy (extra blocks are masked)
+                if invariant:  # whole padding units, so attention needs no padded copy (extra blocks are masked)
                     blocks = blocks + [0] * (-len(blocks) % self._blocks_per_chunk)
                 blocks = torch.tensor(blocks, device=dev)
                 prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
