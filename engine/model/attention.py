@@ -3,7 +3,8 @@
 Each layer first writes the step's new keys and values into their slots, then reads
 every sequence's context back through its block table. Decodes (one query each) run as
 one padded batch; prefill chunks run one sequence at a time, so a long prompt never
-pads the decodes beside it.
+pads the decodes beside it. Steps that hold a deterministic request take the
+fixed-shape variants in engine/model/invariant.py instead.
 """
 
 from __future__ import annotations
