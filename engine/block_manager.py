@@ -87,7 +87,6 @@ class BlockManager:
         self._evictable_by_owner: dict[bytes, OrderedDict[int, None]] = {}
         self.charged: Counter[bytes] = Counter()
         self.quotas: dict[bytes, int] = {}
-        self.num_prefix_queries = 0
         self.num_prefix_hit_tokens = 0
         # Sequences that hold blocks, by request id, to report usage and check invariants.
         self._holders: dict[str, Sequence] = {}

@@ -121,10 +121,10 @@ class LLMEngine:
                 "including at least one generated token",
                 param="prompt",
             )
-        longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        if self.config.blocks_for(longest) > envelope.kv_block_quota:
+        worst_case = self.config.blocks_for(min(len(token_ids) + params.max_tokens, self.max_model_len))
+        if worst_case > envelope.kv_block_quota:
             raise RequestError(
-                f"the request may need {self.config.blocks_for(longest)} KV blocks, more than the tenant's quota "
+                f"the request may need {worst_case} KV blocks, more than the tenant's quota "
                 f"of {envelope.kv_block_quota}; lower max_tokens",
                 param="max_tokens",
             )
@@ -237,7 +237,7 @@ class LLMEngine:
             return
         now = time.monotonic()
         envelopes = [seq.envelope for seq in batch.seqs]
-        deterministic = any(e.deterministic for e in envelopes)
+        deterministic = batch.deterministic
         waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
         waiting = self.scheduler.waiting
         oldest_wait = now - min((s.arrival_time for s in waiting), default=now)

@@ -88,7 +88,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
         # KV blocks per key padding unit of the batch-invariant path (1 if they do not divide).
-        self._blocks_per_chunk = KEY_PAD // config.block_size if KEY_PAD % config.block_size == 0 else 1
+        self._blocks_per_key_pad = KEY_PAD // config.block_size if KEY_PAD % config.block_size == 0 else 1
         prev_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -125,8 +125,7 @@ class ModelRunner:
 
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device
-        # One deterministic request makes the whole step batch-invariant (model/invariant.py).
-        invariant = any(seq.envelope.deterministic for seq in batch.seqs)
+        invariant = batch.deterministic  # the fixed-shape path of model/invariant.py
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -149,13 +148,12 @@ class ModelRunner:
                 decode_lens.append(end)
             else:
                 mask = None
-                if invariant:
-                    pass  # sequence_attention builds its own masks
-                elif start > 0 or (self.sliding_window is not None and end > self.sliding_window):
+                # (the invariant path builds its own masks)
+                if not invariant and (start > 0 or (self.sliding_window is not None and end > self.sliding_window)):
                     mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
                 blocks = table[: -(-end // bs)]
                 if invariant:  # whole padding units, so attention needs no padded copy (extra blocks are masked)
-                    blocks = blocks + [0] * (-len(blocks) % self._blocks_per_chunk)
+                    blocks = blocks + [0] * (-len(blocks) % self._blocks_per_key_pad)
                 blocks = torch.tensor(blocks, device=dev)
                 prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
             if end == seq.num_tokens:
@@ -174,7 +172,7 @@ class ModelRunner:
         if decode_rows:
             max_blocks = max(-(-n // bs) for n in decode_lens)
             if invariant:
-                max_blocks += -max_blocks % self._blocks_per_chunk
+                max_blocks += -max_blocks % self._blocks_per_key_pad
             tables = torch.zeros(len(decode_rows), max_blocks, dtype=torch.long)
             for j, (table, n) in enumerate(zip(decode_tables, decode_lens)):
                 used = -(-n // bs)

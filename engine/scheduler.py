@@ -38,11 +38,20 @@ class ScheduledBatch:
     lane: tuple = ()
 
     @property
+    def deterministic(self) -> bool:
+        """One deterministic request puts the whole step on the batch-invariant path."""
+        return any(seq.envelope.deterministic for seq in self.seqs)
+
+    @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
     def __bool__(self) -> bool:
         return bool(self.seqs)
+
+
+def _arrival(seq: Sequence) -> int:
+    return seq.arrival_index
 
 
 def _queue_key(seq: Sequence) -> tuple[int, int]:
@@ -63,7 +72,7 @@ class Scheduler:
         self.num_chunked_prefills = 0
 
     def add(self, seq: Sequence) -> None:
-        bisect.insort(self.waiting, seq, key=lambda s: s.arrival_index)
+        bisect.insort(self.waiting, seq, key=_arrival)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -142,7 +151,6 @@ class Scheduler:
             if not self.block_manager.allocate(seq, num_cached + num_new, prefix):
                 break
             self.waiting.remove(seq)
-            self.block_manager.num_prefix_queries += 1
             self.block_manager.num_prefix_hit_tokens += num_cached
             seq.block_hashes = hashes
             seq.num_computed_tokens = num_cached
@@ -154,7 +162,7 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             batch.admitted.append(seq)
-            bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
+            bisect.insort(self.running, seq, key=_arrival)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -192,7 +200,7 @@ class Scheduler:
         pool = [s for s in self.running if s is seq or s not in batch.seqs]
         if at_quota:
             pool = [s for s in pool if s.tenant == seq.tenant]
-        return max(pool, key=lambda s: s.arrival_index)
+        return max(pool, key=_arrival)
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
@@ -201,7 +209,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.arrival_index)
+        bisect.insort(self.waiting, seq, key=_arrival)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish(reason)
