@@ -23,7 +23,7 @@ from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import FinishReason, Sequence
-from engine.telemetry import NUM_MARGIN_STEPS, RecordSink, RequestRecord, StepRecord, keyed_digest, token_digest
+from engine.telemetry import NUM_MARGIN_STEPS, RecordSink, RequestRecord, StepRecord, record_digest, token_digest
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class LLMEngine:
             )
         seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals), envelope)
         raw = prompt.encode() if isinstance(prompt, str) else array("q", token_ids).tobytes()
-        seq.raw_prompt_digest = keyed_digest(self._record_key, raw)
+        seq.raw_prompt_digest = record_digest(self._record_key, raw)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         return seq
 
@@ -252,7 +252,7 @@ class LLMEngine:
         ids = "\0".join(sorted(seq.request_id for seq in batch.seqs)).encode()
         record = StepRecord(
             step=self._step_index,
-            batch_fingerprint=keyed_digest(self._record_key, ids),
+            batch_fingerprint=record_digest(self._record_key, ids),
             lane=batch.lane[0],
             isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
             members=tuple((e.isolation.value, e.tenant_tag) for e in envelopes),

@@ -19,12 +19,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 NUM_MARGIN_STEPS = 4
 
 
-def keyed_digest(key: bytes, data: bytes) -> str:
+def record_digest(key: bytes, data: bytes) -> str:
     return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
 
 
 def token_digest(key: bytes, token_ids: Seq[int]) -> str:
-    return keyed_digest(key, array("q", token_ids).tobytes())
+    return record_digest(key, array("q", token_ids).tobytes())
 
 
 @dataclass(frozen=True)
