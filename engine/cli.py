@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from engine.config import ConfigError, EngineConfig
+from gateway.cli import add_parser as add_serve_parser
 from gateway.policy.cli import add_parser as add_policy_parser
 
 EXIT_USAGE = 2
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     add_policy_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -41,6 +41,10 @@ class EmbeddedEvaluator:
     def revision(self) -> str:
         return self._source.revision
 
+    @property
+    def source(self) -> PolicySource:
+        return self._source
+
     def _engine(self):
         engine = getattr(self._local, "engine", None)
         if engine is None:

@@ -1,0 +1,133 @@
+"""The app factory: builds the gateway from a Settings object; nothing is built at import time.
+
+Tests and benchmarks pass their own backend, policy or verifier; anything not passed is
+built from the settings when the app starts, and closed when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from gateway.audit import AuditLog
+from gateway.deps import Gateway
+from gateway.errors import install_handlers
+from gateway.inference import EngineBackend, InferenceBackend, NullBackend
+from gateway.limits import InProcessLimiter
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import BodySizeLimit
+from gateway.openai.serving import ClientGone
+from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
+from gateway.settings import Settings
+
+logger = logging.getLogger("tenantgate.gateway")
+
+
+def cache_dir() -> Path:
+    from engine.model.demo import default_cache_dir
+
+    return default_cache_dir()
+
+
+def build_policy(settings: Settings) -> PolicyEngine:
+    if settings.policy_backend == "opa":
+        return OpaPolicy(settings.opa_url, timeout_s=settings.opa_timeout_s)
+    return EmbeddedPolicy(settings.policy_dir, settings.policy_data_dir, cache_size=settings.policy_cache_size,
+                          reload_interval_s=settings.policy_reload_interval_s)
+
+
+async def build_backend(settings: Settings, metrics: GatewayMetrics) -> InferenceBackend:
+    if settings.engine == "null":
+        return NullBackend(model_name=settings.served_model_name or "null")
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.telemetry import PrometheusSink
+
+    config = EngineConfig(
+        model=settings.model, device=settings.device, dtype=settings.dtype,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes, max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
+    )
+    engine = await asyncio.to_thread(LLMEngine, config, False, [PrometheusSink(metrics.registry)])
+    name = settings.served_model_name or (settings.model if settings.model == "demo" else Path(settings.model).name)
+    return EngineBackend(engine, model_name=name)
+
+
+def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
+               policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with AsyncExitStack() as stack:
+            app_metrics = metrics or GatewayMetrics()
+            app_policy = policy or build_policy(settings)
+            if policy is None:
+                stack.push_async_callback(app_policy.aclose)
+            await app_policy.start()
+
+            issuer = None
+            authority, v1_host = settings.authority, settings.v1_issuer_host
+            if settings.dev_issuer:
+                from gateway.auth import LocalIssuer
+
+                issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=cache_dir() / "dev-issuer")
+                await asyncio.to_thread(issuer.start)
+                stack.callback(issuer.stop)
+                authority = v1_host = issuer.base_url
+
+            app_verifier = verifier
+            if app_verifier is None:
+                from gateway.auth import EntraVerifier
+
+                app_verifier = EntraVerifier(
+                    authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,
+                    v1_issuer_host=v1_host, leeway_s=settings.token_leeway_s, jwks_ttl_s=settings.jwks_ttl_s,
+                    unknown_kid_window_s=settings.jwks_refetch_window_s, max_token_bytes=settings.max_token_bytes,
+                )
+                stack.push_async_callback(app_verifier.aclose)
+            await app_verifier.start()
+
+            app_backend = backend or await build_backend(settings, app_metrics)
+            if backend is None:
+                stack.push_async_callback(app_backend.aclose)
+            await app_backend.start()
+
+            if settings.metrics_port and metrics is None:
+                port = app_metrics.serve(settings.metrics_host, settings.metrics_port)
+                stack.callback(app_metrics.close)
+                logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+
+            app.state.gateway = Gateway(
+                settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
+                limiter=InProcessLimiter(), audit=AuditLog(settings.namespace_key, enabled=settings.audit_log),
+                metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
+            )
+            yield
+
+    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan,
+                  description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
+                              "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
+    install_handlers(app)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request, exc) -> Response:
+        return Response(status_code=499)
+
+    from gateway import health
+    from gateway.openai.chat.router import router as chat_router
+    from gateway.openai.completions.router import router as completions_router
+    from gateway.openai.models.router import router as models_router
+
+    app.include_router(health.router)
+    app.include_router(chat_router)
+    app.include_router(completions_router)
+    app.include_router(models_router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

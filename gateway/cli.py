@@ -1,0 +1,71 @@
+"""`tenantgate serve`: the gateway under uvicorn, configured by TENANTGATE_* settings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+EXIT_CONFIG = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="serve the OpenAI-compatible gateway")
+    serve.add_argument("--host", help="listen address (default: TENANTGATE_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default: TENANTGATE_PORT or 8000)")
+    serve.add_argument("--dev", action="store_true",
+                       help="development: run a local Entra-style token issuer (`tenantgate token` mints for it)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+
+
+def load_settings(**overrides):
+    """Settings from the environment; a bad value exits with the field and rule, never the value."""
+    from pydantic import ValidationError
+
+    from gateway.settings import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        for error in exc.errors(include_input=False, include_url=False):
+            field = ".".join(str(p) for p in error["loc"]) or "settings"
+            print(f"tenantgate: invalid setting {field}: {error['msg']}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    overrides = {"host": args.host, "port": args.port}
+    if args.dev:
+        overrides |= {"environment": "development", "dev_issuer": True}
+    settings = load_settings(**overrides)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.dev_issuer:
+        _print_dev_instructions(settings)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            log_level=args.log_level, server_header=False, proxy_headers=False)
+    uvicorn.Server(config).run()
+    return 0
+
+
+def _print_dev_instructions(settings) -> None:
+    base = f"http://{settings.host}:{settings.port}"
+    exe = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith("tenantgate") else "tenantgate"
+    print(f"""
+tenantgate (development) on {base}: embedded engine ({settings.model}), embedded policy,
+and a local token issuer on http://127.0.0.1:{settings.dev_issuer_port} with real RSA keys.
+
+  TOKEN=$({exe} token --tenant northwind)     # a tenant from policies/data/tenants.example.json
+
+  curl -s {base}/v1/chat/completions -H "Authorization: Bearer $TOKEN" \\
+       -H 'Content-Type: application/json' \\
+       -d '{{"model": "demo", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+
+  python -c 'import os, openai; c = openai.OpenAI(base_url="{base}/v1", api_key=os.environ["TOKEN"]);
+print(c.chat.completions.create(model="demo", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
+""", flush=True)

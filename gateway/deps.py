@@ -1,0 +1,67 @@
+"""Typed dependencies: a handler's signature says what it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+
+from gateway.auth.exceptions import AuthError
+from gateway.auth.principal import Principal
+from gateway.errors import MissingCredentials, Unauthenticated
+
+if TYPE_CHECKING:
+    from gateway.audit import AuditLog
+    from gateway.auth import EntraVerifier, LocalIssuer
+    from gateway.inference import InferenceBackend
+    from gateway.limits import InProcessLimiter
+    from gateway.metrics import GatewayMetrics
+    from gateway.policy.service import PolicyEngine
+    from gateway.settings import Settings
+
+
+@dataclass
+class Gateway:
+    """Everything the app factory built, handed to services as one typed value."""
+
+    settings: Settings
+    verifier: EntraVerifier
+    policy: PolicyEngine
+    backend: InferenceBackend
+    limiter: InProcessLimiter
+    audit: AuditLog
+    metrics: GatewayMetrics
+    issuer: LocalIssuer | None = None
+    extras: dict = field(default_factory=dict)
+
+
+def get_gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+
+def bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization")
+    if not header:
+        raise MissingCredentials()
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+    return token.strip()
+
+
+async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
+    token = bearer_token(request)
+    try:
+        principal = await gateway.verifier.verify(token)
+    except AuthError as exc:
+        gateway.metrics.auth_failures.labels(exc.code).inc()
+        raise Unauthenticated(exc.message, code=exc.code) from None
+    request.state.principal = principal
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticate)]

@@ -1,0 +1,150 @@
+"""Errors the gateway returns, in OpenAI's shape, and the handlers that map exceptions to them.
+
+Every message is written here or chosen from a fixed set; no handler echoes str(exc) of
+a foreign exception, a token, or request content.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("tenantgate.gateway")
+
+
+class GatewayError(Exception):
+    status_code = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class Unauthenticated(GatewayError):
+    status_code = 401
+    type = "authentication_error"
+    code = "invalid_token"
+
+    def __init__(self, message: str, *, code: str = "invalid_token") -> None:
+        # RFC 6750: the challenge names the realm and the error, never the token.
+        description = message.replace('"', "'").replace("\\", "/")
+        super().__init__(message, code=code, headers={
+            "WWW-Authenticate": f'Bearer realm="tenantgate", error="invalid_token", error_description="{description}"'
+        })
+
+
+class MissingCredentials(Unauthenticated):
+    def __init__(self) -> None:
+        GatewayError.__init__(self, "an Authorization: Bearer <Entra ID access token> header is required",
+                              code="missing_token", headers={"WWW-Authenticate": 'Bearer realm="tenantgate"'})
+
+
+class PolicyDenied(GatewayError):
+    status_code = 403
+    type = "permission_denied"
+    code = "policy_denied"
+
+    def __init__(self, reasons: list[str], revision: str) -> None:
+        super().__init__("denied by policy: " + "; ".join(reasons))
+        self.reasons = reasons
+        self.revision = revision
+
+
+class ModelNotFound(GatewayError):
+    status_code = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class RateLimited(GatewayError):
+    status_code = 429
+    type = "rate_limit_exceeded"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        seconds = max(1, int(retry_after_s + 0.999))
+        super().__init__(message, headers={"Retry-After": str(seconds)})
+        self.retry_after_s = seconds
+
+
+class Unavailable(GatewayError):
+    status_code = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "the request body is invalid", None
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    # pydantic's msg describes the rule ("Input should be a valid integer"), never the input.
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "extra_forbidden":
+        message = "unknown field"
+    elif first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    return (f"{param}: {message}" if param else message), param
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(InvalidRequest(message, param=param, code="invalid_request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        messages = {404: "no such route", 405: "method not allowed"}
+        error = GatewayError(messages.get(exc.status_code, "request failed"))
+        error.status_code = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The server log gets the frames but not the exception's message, which may quote
+        # request content; the caller gets a fixed text.
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        logger.error("unhandled %s on %s\n%s", type(exc).__name__, request.url.path, frames)
+        return error_response(GatewayError("internal error"))

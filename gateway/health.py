@@ -1,0 +1,28 @@
+"""Liveness and readiness. Neither needs a token; neither says more than ok or not."""
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from gateway.deps import GatewayDep
+
+router = APIRouter()
+
+
+@router.get("/healthz", include_in_schema=False)
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", include_in_schema=False)
+async def readyz(gateway: GatewayDep) -> JSONResponse:
+    policy = gateway.policy
+    if hasattr(policy, "probe"):
+        await policy.probe()
+    checks = {
+        "engine": gateway.backend.ready(),
+        "policy": policy.ready(),
+        "signing_keys": gateway.verifier.keys_available(),
+    }
+    ready = all(checks.values())
+    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
+                        status_code=200 if ready else 503)

@@ -1,0 +1,111 @@
+"""What the gateway hands a judged request to: the embedded engine, or a null engine.
+
+The null engine streams fixed tokens with no model; `bench/gateway_overhead.py` puts
+the whole gateway in front of it to measure what the gateway itself costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from engine.envelope import ExecutionEnvelope
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("tenantgate.gateway")
+
+
+class InferenceBackend(Protocol):
+    model_name: str  # the name callers use in "model"
+    fingerprint: str
+    max_model_len: int
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+    def render_chat(self, messages: list[dict]) -> str: ...
+    def token_text(self, token_id: int) -> str: ...
+    def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
+                 request_id: str) -> AsyncIterator[RequestOutput]: ...
+    def ready(self) -> bool: ...
+    async def start(self) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+class EngineBackend:
+    """The embedded decode engine, stepped on its own thread (AsyncLLMEngine)."""
+
+    def __init__(self, engine, *, model_name: str) -> None:
+        from engine.async_engine import AsyncLLMEngine
+
+        self.engine = engine
+        self.async_engine = AsyncLLMEngine(engine)
+        self.model_name = model_name
+        self.fingerprint = engine.fingerprint
+        self.max_model_len = engine.max_model_len
+        self._tokenizer = engine.tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tokenizer.token_text(token_id)
+
+    def generate(self, token_ids, params, envelope, request_id):
+        return self.async_engine.generate(list(token_ids), params, envelope, request_id=request_id)
+
+    def ready(self) -> bool:
+        return self.async_engine.is_running
+
+    async def start(self) -> None:
+        self.async_engine.start()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.async_engine.shutdown)
+
+
+class NullBackend:
+    """Streams `max_tokens` fixed tokens at once: no model, no tokenizer, no waiting."""
+
+    TOKEN_TEXT = " ok"
+
+    def __init__(self, *, model_name: str = "null", max_model_len: int = 32768) -> None:
+        self.model_name = model_name
+        self.fingerprint = "null"
+        self.max_model_len = max_model_len
+        self._running = False
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # One token per four bytes, like a typical BPE on English text.
+        return list(range(max(1, len(text.encode()) // 4)))
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages)
+
+    def token_text(self, token_id: int) -> str:
+        return self.TOKEN_TEXT
+
+    async def generate(self, token_ids, params, envelope, request_id) -> AsyncIterator[RequestOutput]:
+        count = itertools.count(1)
+        for _ in range(params.max_tokens):
+            n = next(count)
+            last = n == params.max_tokens
+            yield RequestOutput(
+                request_id=request_id, new_token_ids=[7], new_text=self.TOKEN_TEXT,
+                num_prompt_tokens=len(token_ids), num_output_tokens=n,
+                finished=last, finish_reason="length" if last else None,
+            )
+
+    def ready(self) -> bool:
+        return self._running
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def aclose(self) -> None:
+        self._running = False

@@ -1,0 +1,37 @@
+"""Gateway metrics, in the app's own registry, served on a separate listener (never the API port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "tenantgate_requests", "Requests by route, HTTP status and decision outcome.",
+            ["route", "status", "decision"], registry=self.registry)
+        self.auth_failures = Counter(
+            "tenantgate_auth_failures", "Rejected bearer tokens by reason code.", ["code"], registry=self.registry)
+        self.policy_latency = Histogram(
+            "tenantgate_policy_evaluation_seconds", "Time to obtain and validate a policy decision.",
+            ["backend"], registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
+        self.rate_limited = Counter(
+            "tenantgate_rate_limited", "Requests refused by a request or token budget.", registry=self.registry)
+        self.tokens = Counter(
+            "gen_ai_client_token_usage", "Tokens processed, by type (input or output).", ["gen_ai_token_type"],
+            registry=self.registry)
+        self._server = None
+
+    def serve(self, host: str, port: int) -> int:
+        """Starts the metrics listener; returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_address[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

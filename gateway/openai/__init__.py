@@ -1,0 +1,1 @@
+"""The OpenAI-compatible endpoints, one folder each (router, protocol, service)."""

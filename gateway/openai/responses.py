@@ -1,0 +1,61 @@
+"""Shared pieces of the OpenAI response bodies: usage, logprobs and server-sent events."""
+
+from __future__ import annotations
+
+import json
+
+from engine.outputs import RequestOutput
+from engine.sampler import TokenLogprobs
+from gateway.openai.serving import Admitted
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def usage(admitted: Admitted) -> dict:
+    prompt = len(admitted.token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": admitted.output_tokens,
+        "total_tokens": prompt + admitted.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": admitted.cached_tokens},
+    }
+
+
+def finish_reason(reason: str | None) -> str | None:
+    # The engine's "abort" never reaches a caller that is still listening, except at shutdown.
+    return "stop" if reason == "abort" else reason
+
+
+def system_fingerprint(fingerprint: str) -> str:
+    return "fp_" + fingerprint[:12]
+
+
+def chat_logprobs(token_text, logprobs: list[TokenLogprobs]) -> list[dict]:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [
+        {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, p) for t, p in lp.top]}
+        for lp in logprobs
+    ]
+
+
+def completion_logprobs(token_text, logprobs: list[TokenLogprobs], text_offset: int) -> dict:
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for lp in logprobs:
+        text = token_text(lp.token_id)
+        tokens.append(text)
+        token_logprobs.append(lp.logprob)
+        tops.append({token_text(t): p for t, p in lp.top})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def joined(outputs: list[RequestOutput]) -> tuple[str, list[TokenLogprobs]]:
+    return "".join(o.new_text for o in outputs), [lp for o in outputs for lp in o.logprobs]

@@ -1,0 +1,64 @@
+"""Server-sent events for an admitted request: the first delta is awaited before the
+response starts, so early refusals still get their own status code; after that, errors
+travel as an SSE error event and the stream ends."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from engine.outputs import RequestOutput
+from gateway.deps import Gateway
+from gateway.errors import GatewayError
+from gateway.openai.responses import DONE, sse, usage
+from gateway.openai.serving import Admitted, finish, stream_outputs, until_disconnect
+
+logger = logging.getLogger("tenantgate.gateway")
+
+_EXHAUSTED = object()
+
+
+async def _next(iterator: AsyncIterator[RequestOutput]):
+    try:
+        return await anext(iterator)
+    except StopAsyncIteration:
+        return _EXHAUSTED
+
+
+async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
+                       chunks: Callable[[RequestOutput], list[dict]], usage_chunk: dict | None,
+                       opening: dict | None = None) -> StreamingResponse:
+    """Streams `chunks(output)` for each engine delta, then the usage chunk (if asked) and [DONE]."""
+    outputs = stream_outputs(gateway, admitted)
+    first = await until_disconnect(request, _next(outputs))
+
+    async def body() -> AsyncIterator[bytes]:
+        status, outcome = 200, "client_disconnected"
+        try:
+            if opening is not None:
+                yield sse(opening)
+            output = first
+            while output is not _EXHAUSTED:
+                for chunk in chunks(output):
+                    yield sse(chunk)
+                output = await _next(outputs)
+            if usage_chunk is not None:
+                yield sse(usage_chunk | {"usage": usage(admitted)})
+            yield DONE
+            outcome = "completed"
+        except GatewayError as exc:
+            status, outcome = exc.status_code, "error"
+            yield sse(exc.body())
+        except Exception as exc:  # noqa: BLE001 - the stream has started; say so in-band and end it
+            status, outcome = 500, "error"
+            logger.error("stream failed with %s", type(exc).__name__)
+            yield sse(GatewayError("internal error").body())
+        finally:
+            await outputs.aclose()  # aborts the engine request if it is still running
+            finish(gateway, admitted, status=status, outcome=outcome)
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Request-Id": admitted.request_id})

@@ -1,0 +1,196 @@
+"""The gateway's policy engine: one interface, an embedded (regorus) and an OPA backend.
+
+Both return a validated Decision and the policy revision it was judged under. Every
+failure (an evaluation error, a malformed decision, an unreachable OPA) raises a
+PolicyError, and the gateway denies with 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
+from gateway.policy.loader import load_source
+from gateway.policy.opa import DECISION_PATH
+from gateway.policy.schema import Decision, validate_decision
+
+logger = logging.getLogger("tenantgate.policy")
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    decision: Decision
+    revision: str
+
+
+class PolicyEngine(Protocol):
+    async def decide(self, input_document: Mapping) -> Judgement: ...
+    def tenant_known(self, tenant_id: str) -> bool: ...
+    def ready(self) -> bool: ...
+    async def start(self) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+class EmbeddedPolicy:
+    """regorus in-process; reloads when a policy or data file changes.
+
+    Evaluation runs on the event loop thread: regorus holds the GIL while it evaluates,
+    so a worker thread would add a hop and no parallelism. A reload parses the new files
+    off the loop and swaps the evaluator in one assignment; a request already judged keeps
+    the revision it was judged under, and a reload that fails keeps the last good policy.
+    """
+
+    def __init__(self, policy_dir: Path, data_dir: Path | None = None, *,
+                 cache_size: int = 0, reload_interval_s: float = 0.0) -> None:
+        self._policy_dir = Path(policy_dir)
+        self._data_dir = Path(data_dir) if data_dir else self._policy_dir / "data"
+        self._cache_size = cache_size
+        self._reload_interval_s = reload_interval_s
+        self._signature = self._files_signature()
+        self._evaluator = self._load()
+        self._task: asyncio.Task | None = None
+        self.reload_failures = 0
+
+    @property
+    def revision(self) -> str:
+        return self._evaluator.revision
+
+    def _load(self) -> EmbeddedEvaluator:
+        source = load_source(self._policy_dir, self._data_dir)
+        return EmbeddedEvaluator(source=source, cache_size=self._cache_size)
+
+    def _files_signature(self) -> tuple:
+        files = [*self._policy_dir.rglob("*.rego"), *self._data_dir.rglob("*.json")]
+        signature = []
+        for path in sorted(files):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            signature.append((str(path), stat.st_mtime_ns, stat.st_size))
+        return tuple(signature)
+
+    async def decide(self, input_document: Mapping) -> Judgement:
+        evaluator = self._evaluator
+        return Judgement(evaluator.decide(input_document), evaluator.revision)
+
+    def tenant_known(self, tenant_id: str) -> bool:
+        """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
+        tenants = self._evaluator.source.data.get("tenants")
+        return isinstance(tenants, dict) and tenant_id in tenants
+
+    def ready(self) -> bool:
+        return True  # a policy that failed to load never got this far
+
+    async def reload_if_changed(self) -> bool:
+        signature = await asyncio.to_thread(self._files_signature)
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        try:
+            evaluator = await asyncio.to_thread(self._load)
+        except PolicyError as exc:
+            self.reload_failures += 1
+            logger.error("policy reload failed, keeping revision %s: %s", self.revision, exc)
+            return False
+        old, self._evaluator = self._evaluator.revision, evaluator
+        logger.info("policy reloaded: %s -> %s", old, evaluator.revision)
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._reload_interval_s)
+            try:
+                await self.reload_if_changed()
+            except Exception:  # noqa: BLE001 - the watcher must outlive a bad file system moment
+                logger.exception("policy watcher failed once; it keeps watching")
+
+    async def start(self) -> None:
+        if self._reload_interval_s > 0 and self._task is None:
+            self._task = asyncio.create_task(self._watch(), name="tenantgate-policy-watch")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+
+class OpaPolicy:
+    """An OPA server (the production sidecar) over its data API.
+
+    httpx rather than opa-python-client: that client retries 5xx and connection errors
+    with backoff inside the request, which stretches a fail-closed answer into seconds,
+    and it brings a second HTTP stack (aiohttp). Here one bounded timeout decides.
+    """
+
+    def __init__(self, base_url: str, *, timeout_s: float = 1.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
+        self._healthy = False
+        self._tenants: frozenset[str] = frozenset()
+
+    async def decide(self, input_document: Mapping) -> Judgement:
+        try:
+            response = await self._client.post(
+                DECISION_PATH, params={"provenance": "true"}, json={"input": input_document}
+            )
+        except httpx.HTTPError as exc:
+            self._healthy = False
+            raise PolicyEvaluationError(f"OPA is unreachable ({type(exc).__name__})") from None
+        if response.status_code != 200:
+            raise PolicyEvaluationError(f"OPA answered HTTP {response.status_code}")
+        try:
+            body = response.json()
+        except json.JSONDecodeError:
+            raise PolicyEvaluationError("OPA answered with a body that is not JSON") from None
+        if not isinstance(body, dict) or "result" not in body:
+            raise PolicyEvaluationError("OPA returned no decision (is the bundle active?)")
+        self._healthy = True
+        return Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
+
+    def tenant_known(self, tenant_id: str) -> bool:
+        return tenant_id in self._tenants
+
+    def ready(self) -> bool:
+        return self._healthy
+
+    async def probe(self) -> bool:
+        """Readiness: OPA answers /health with its bundles activated; refreshes the tenant list."""
+        try:
+            response = await self._client.get("/health", params={"bundles": "true"})
+            self._healthy = response.status_code == 200
+            tenants = await self._client.get("/v1/data/tenants")
+            result = tenants.json().get("result") if tenants.status_code == 200 else None
+            if isinstance(result, dict):
+                self._tenants = frozenset(result)
+        except (httpx.HTTPError, json.JSONDecodeError, AttributeError):
+            self._healthy = False
+        return self._healthy
+
+    async def start(self) -> None:
+        await self.probe()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _opa_revision(provenance: object) -> str:
+    bundles = provenance.get("bundles") if isinstance(provenance, dict) else None
+    if isinstance(bundles, dict) and bundles:
+        parts = [f"{name}@{info.get('revision', '')}" for name, info in sorted(bundles.items())
+                 if isinstance(info, dict)]
+        return "opa:" + ",".join(parts)
+    return "opa:unversioned"

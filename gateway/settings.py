@@ -1,0 +1,104 @@
+"""Gateway settings, read from TENANTGATE_* environment variables (pydantic-settings).
+
+Development defaults run everything on one machine: the embedded engine on the demo
+model, the embedded policy, and a local token issuer. Outside development the settings
+refuse what would be unsafe in a deployment (the template's `_enforce_non_default_secrets`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+
+DEV_NAMESPACE_SECRET = "tenantgate-development-namespace-secret"
+MIN_SECRET_BYTES = 32
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TENANTGATE_", extra="ignore", frozen=True)
+
+    environment: Literal["development", "production"] = "development"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    region: str = "westeurope"
+
+    # -- the engine -----------------------------------------------------------------
+    engine: Literal["embedded", "null"] = "embedded"  # null: fixed tokens, no model (benchmarks)
+    model: str = "demo"  # "demo" or a Hugging Face checkpoint directory
+    served_model_name: str | None = None  # the name callers use; default: the model's own name
+    device: str = "auto"
+    dtype: str = "auto"
+    kv_cache_memory_bytes: int = Field(256 << 20, gt=0)
+    max_num_seqs: int = Field(64, gt=0)
+    max_model_len: int | None = Field(None, gt=0)
+    record_key: SecretStr = SecretStr("")
+
+    # -- authentication (Microsoft Entra ID) ----------------------------------------
+    authority: str = "https://login.microsoftonline.com"
+    v1_issuer_host: str = "https://sts.windows.net"
+    audiences: Annotated[list[str], NoDecode] = ["api://tenantgate"]
+    token_leeway_s: float = Field(60.0, ge=0, le=600)
+    jwks_ttl_s: float = Field(3600.0, gt=0)
+    jwks_refetch_window_s: float = Field(300.0, gt=0)
+    max_token_bytes: int = Field(16384, gt=0)
+    # Development only: run a local issuer with real RSA keys (`tenantgate token` mints for it).
+    dev_issuer: bool = False
+    dev_issuer_port: int = Field(8401, ge=0, le=65535)
+
+    # -- policy ---------------------------------------------------------------------
+    policy_backend: Literal["embedded", "opa"] = "embedded"
+    policy_dir: Path = DEFAULT_POLICY_DIR
+    policy_data_dir: Path | None = None  # default: policy_dir/data
+    policy_reload_interval_s: float = Field(2.0, ge=0)  # 0: never reload
+    policy_cache_size: int = Field(4096, ge=0)
+    opa_url: str = "http://127.0.0.1:8181"
+    opa_timeout_s: float = Field(1.0, gt=0)
+    default_data_classification: str = "internal"
+
+    # -- what the gateway adds ------------------------------------------------------
+    namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
+    max_body_bytes: int = Field(1 << 20, gt=0)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9100, ge=0, le=65535)  # 0: no metrics listener
+    audit_log: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _csv_lists(cls, values: object) -> object:
+        if isinstance(values, dict) and "audiences" in values:
+            values = {**values, "audiences": _split_csv(values["audiences"])}
+        return values
+
+    @model_validator(mode="after")
+    def _enforce_safe_production(self) -> Self:
+        if not self.audiences:
+            raise ValueError("audiences must name at least one accepted token audience")
+        if len(self.namespace_secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(f"namespace_secret must be at least {MIN_SECRET_BYTES} bytes")
+        if self.environment == "development":
+            return self
+        if self.dev_issuer:
+            raise ValueError("the development token issuer is refused outside development")
+        if self.engine == "null":
+            raise ValueError("the null engine is for benchmarks; it is refused outside development")
+        if self.namespace_secret.get_secret_value() == DEV_NAMESPACE_SECRET:
+            raise ValueError("namespace_secret still has its development value; set TENANTGATE_NAMESPACE_SECRET")
+        if not self.authority.startswith("https://") or not self.v1_issuer_host.startswith("https://"):
+            raise ValueError("authority and v1_issuer_host must be https outside development")
+        return self
+
+    @property
+    def namespace_key(self) -> bytes:
+        return self.namespace_secret.get_secret_value().encode()
