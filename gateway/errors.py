@@ -107,19 +107,35 @@ def error_response(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _field_path(loc: tuple) -> str | None:
+    """A body location as OpenAI names params ("messages.0.content"), without pydantic's union tags."""
+    parts = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            parts.append(str(part))
+        elif isinstance(part, str) and part.isidentifier() and part not in _TYPE_TAGS:
+            parts.append(part)
+        else:
+            break  # a union member's tag ("list[str]", "function-after[...]"): the field ends here
+    return ".".join(parts) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "the request body is invalid", None
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    # pydantic's msg describes the rule ("Input should be a valid integer"), never the input.
-    message = str(first.get("msg", "invalid value"))
-    if first.get("type") == "extra_forbidden":
-        message = "unknown field"
-    elif first.get("type") == "json_invalid":
+    if any(e.get("type") == "json_invalid" for e in errors):
         return "the request body is not valid JSON", None
+    # Of a union's errors, the type mismatches of the other members say least.
+    first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
+    param = _field_path(tuple(first.get("loc", ())))
+    # pydantic's msg describes the rule ("Input should be a valid integer"), never the input.
+    message = "unknown field" if first.get("type") == "extra_forbidden" else str(first.get("msg", "invalid value"))
     return (f"{param}: {message}" if param else message), param
 
 

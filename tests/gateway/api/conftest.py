@@ -1,0 +1,90 @@
+"""An end-to-end gateway: uvicorn on a loopback port, the demo engine, the repository's
+policies with test tenants, and a local Entra-style issuer with real RSA keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.telemetry import ListSink
+from gateway.app import create_app
+from gateway.auth.issuer import LocalIssuer
+from gateway.inference import EngineBackend
+from gateway.settings import Settings
+from tests.utils.server import free_port, serving
+
+DATA_DIR = Path(__file__).parent / "data"
+ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 64, tenant isolation
+BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
+GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4
+DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache, 2 requests/minute
+UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
+AUDIENCE = "api://tenantgate"
+
+
+@dataclass
+class Gateway:
+    base_url: str
+    metrics_url: str
+    issuer: LocalIssuer
+    engine: LLMEngine
+    sink: ListSink
+    app: object
+    clients: list
+
+    def token(self, tenant: str = ALPHA, **options) -> str:
+        return self.issuer.mint(tenant, audience=options.pop("audience", AUDIENCE), **options)
+
+    def client(self, tenant: str = ALPHA, **options) -> openai.OpenAI:
+        """An SDK client with a fresh token; closed when the session's gateway stops."""
+        client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.token(tenant, **options),
+                               max_retries=0, timeout=60)
+        self.clients.append(client)
+        return client
+
+    @property
+    def state(self):
+        return self.app.state.gateway
+
+
+@pytest.fixture(scope="session")
+def local_issuer() -> Iterator[LocalIssuer]:
+    with LocalIssuer(port=0) as issuer:
+        yield issuer
+
+
+@pytest.fixture(scope="session")
+def demo_engine(demo_model_dir: Path) -> tuple[LLMEngine, ListSink]:
+    sink = ListSink()
+    config = EngineConfig(model=str(demo_model_dir), kv_cache_memory_bytes=64 << 20, max_num_seqs=16,
+                          max_model_len=1024)
+    return LLMEngine(config, sinks=[sink]), sink
+
+
+def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:
+    values = dict(
+        authority=issuer.base_url, v1_issuer_host=issuer.base_url, audiences=[AUDIENCE],
+        policy_data_dir=DATA_DIR, served_model_name="demo", metrics_port=free_port(),
+        policy_reload_interval_s=0,
+    )
+    return Settings(**(values | overrides))
+
+
+@pytest.fixture(scope="session")
+def gateway(local_issuer: LocalIssuer, demo_engine) -> Iterator[Gateway]:
+    engine, sink = demo_engine
+    settings = gateway_settings(local_issuer)
+    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"))
+    with serving(app) as base_url:
+        running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", local_issuer, engine,
+                          sink, app, [])
+        yield running
+        for client in running.clients:
+            client.close()
+        app.state.gateway.backend.async_engine.shutdown()

@@ -1,0 +1,138 @@
+"""The gateway end to end: uvicorn on a loopback port, the official openai SDK as the client,
+tokens from a local Entra-style issuer, the repository's Rego with test tenants, the demo engine."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.gateway.api.conftest import ALPHA, BETA, DELTA, GAMMA
+
+CHAT = [{"role": "user", "content": "Explain what a gateway checks before it runs a request."}]
+
+
+def test_chat_completion_returns_text_and_usage(gateway) -> None:
+    completion = gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=12,
+                                                               temperature=0, seed=1)
+    choice = completion.choices[0]
+    assert completion.object == "chat.completion"
+    assert completion.id.startswith("chatcmpl-")
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("length", "stop")
+    assert 1 <= completion.usage.completion_tokens <= 12
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    assert completion.system_fingerprint.startswith("fp_")
+
+
+def test_chat_stream_matches_non_streaming_and_reports_usage(gateway) -> None:
+    client = gateway.client(ALPHA)
+    whole = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=10, temperature=0)
+    chunks = list(client.chat.completions.create(model="demo", messages=CHAT, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_and_non_stream_agree(gateway) -> None:
+    client = gateway.client(ALPHA)
+    prompt = "The policy decides whether"
+    whole = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    streamed = list(client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0,
+                                              stream=True))
+    assert whole.object == "text_completion"
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+    logprobs = whole.choices[0].logprobs
+    assert len(logprobs.tokens) == whole.usage.completion_tokens
+    assert all(len(top) <= 3 and lp <= 0 for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+
+
+def test_chat_logprobs_carry_top_alternatives(gateway) -> None:
+    completion = gateway.client(ALPHA).chat.completions.create(
+        model="demo", messages=CHAT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = completion.choices[0].logprobs.content
+    assert len(content) == completion.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy picks the best
+
+
+def test_tenant_denied_the_model_gets_403_with_the_policy_reason(gateway) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        gateway.client(BETA).chat.completions.create(model="demo", messages=CHAT, max_tokens=4)
+    error = caught.value.body
+    assert error["code"] == "policy_denied"
+    assert "the requested model is not available to this tenant" in error["message"]
+
+
+def test_tenant_with_smaller_max_tokens_is_clamped(gateway) -> None:
+    big = gateway.client(ALPHA).completions.create(model="demo", prompt="Once", max_tokens=20, temperature=0)
+    small = gateway.client(GAMMA).completions.create(model="demo", prompt="Once", max_tokens=20, temperature=0)
+    assert big.usage.completion_tokens > 4
+    assert small.usage.completion_tokens == 4 and small.choices[0].finish_reason == "length"
+
+
+def test_models_lists_only_what_the_tenant_may_use(gateway) -> None:
+    assert [m.id for m in gateway.client(ALPHA).models.list()] == ["demo"]
+    assert [m.id for m in gateway.client(BETA).models.list()] == []
+    with pytest.raises(openai.NotFoundError):
+        gateway.client(BETA).models.retrieve("demo")
+    assert gateway.client(ALPHA).models.retrieve("demo").id == "demo"
+
+
+def test_missing_and_invalid_tokens_are_401_with_a_challenge(gateway) -> None:
+    import httpx
+
+    anonymous = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "demo", "messages": CHAT})
+    assert anonymous.status_code == 401
+    assert anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert anonymous.json()["error"]["type"] == "authentication_error"
+    with openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="not-a-token", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()
+
+
+def test_unknown_model_is_404(gateway) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        gateway.client(ALPHA).chat.completions.create(model="gpt-9", messages=CHAT)
+    assert caught.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"seed": -1}, "seed"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ],
+)
+def test_unsupported_or_out_of_range_fields_are_400(gateway, extra, param) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, **extra)
+    assert caught.value.body["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("tenant", "classification", "expected"),
+    [
+        (ALPHA, "internal", ("tenant", "tenant", False)),
+        (GAMMA, "public", ("shared", "shared", False)),
+        (GAMMA, "internal", ("tenant", "shared", False)),  # policy narrows a shared cache for non-public data
+        (DELTA, "internal", ("none", "exclusive", True)),
+    ],
+)
+def test_the_decision_becomes_the_engines_envelope(gateway, tenant, classification, expected) -> None:
+    """What the tenant's decision says about cache scope, isolation and determinism is what the engine ran."""
+    completion = gateway.client(tenant).chat.completions.create(
+        model="demo", messages=CHAT, max_tokens=3, extra_headers={"X-Data-Classification": classification})
+    (record,) = [r for r in gateway.sink.requests if r.request_id == completion.id]
+    assert (record.cache_scope, record.isolation, record.deterministic) == expected
