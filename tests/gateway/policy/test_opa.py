@@ -15,7 +15,8 @@ from gateway.policy.bundle import build_bundle, read_tarball, write_tarball
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.loader import rego_files
 from gateway.policy.opa import OpaClient
-from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES, wait_http
+from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
+from tests.utils.opa import wait_http
 
 
 def test_opa_check_strict(opa_bin: str) -> None:

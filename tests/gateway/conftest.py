@@ -1,0 +1,34 @@
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.policy.opa import OPA_VERSION, find_opa
+from tests.utils.opa import OpaServer, start_opa, stop_opa
+
+
+@pytest.fixture(scope="session")
+def opa_bin() -> str:
+    """The opa binary. Missing opa skips locally but fails in CI, where these checks must run."""
+    opa = find_opa()
+    if opa is None:
+        message = f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return opa
+
+
+@pytest.fixture
+def opa_server_factory(opa_bin: str, tmp_path: Path) -> Iterator:
+    servers: list[OpaServer] = []
+
+    def start(args: list[str]) -> OpaServer:
+        server = start_opa(opa_bin, args, tmp_path)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        stop_opa(server)
