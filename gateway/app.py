@@ -21,7 +21,7 @@ from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from gateway.limits import InProcessLimiter
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodySizeLimit
+from gateway.middleware import BodySizeLimit, RequestMetrics
 from gateway.openai.serving import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
@@ -62,11 +62,11 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics) -> Inferenc
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None) -> FastAPI:
     settings = settings or Settings()
+    app_metrics = metrics or GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with AsyncExitStack() as stack:
-            app_metrics = metrics or GatewayMetrics()
             app_policy = policy or build_policy(settings)
             if policy is None:
                 stack.push_async_callback(app_policy.aclose)
@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 stack.push_async_callback(app_backend.aclose)
             await app_backend.start()
 
-            if settings.metrics_port and metrics is None:
+            if settings.metrics_port:
                 port = app_metrics.serve(settings.metrics_host, settings.metrics_port)
                 stack.callback(app_metrics.close)
                 logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
@@ -130,4 +130,5 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     app.include_router(completions_router)
     app.include_router(models_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=app_metrics)
     return app

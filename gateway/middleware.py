@@ -8,6 +8,38 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import PayloadTooLarge
 
+# Paths that become metric labels; anything else is "other", so labels stay bounded.
+_ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
+           "/healthz": "healthz", "/readyz": "readyz"}
+
+
+class RequestMetrics:
+    """Counts requests by route, status and decision outcome (which the handlers put in scope state)."""
+
+    def __init__(self, app: ASGIApp, metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def observe(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observe)
+        finally:
+            path = scope.get("path", "")
+            route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
+            decision = scope.get("state", {}).get("decision", "none")
+            self.metrics.requests.labels(route, str(status), decision).inc()
+
 
 class BodySizeLimit:
     """Refuses bodies over `max_bytes` with 413: by Content-Length, or by reading the body first.

@@ -101,7 +101,7 @@ def policy_input(gateway: Gateway, principal: Principal, request: Request, *, ro
     return document
 
 
-async def judge(gateway: Gateway, document: dict) -> Judgement:
+async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement:
     backend = gateway.settings.policy_backend
     started = time.perf_counter()
     try:
@@ -109,9 +109,11 @@ async def judge(gateway: Gateway, document: dict) -> Judgement:
     except PolicyError as exc:
         # The reason goes to the server log (it names a rule or a field, never content).
         logger.error("policy failed closed: %s", exc)
+        request.state.decision = "error"
         raise Unavailable("the policy engine could not decide this request; it is denied") from None
     finally:
         gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
+    request.state.decision = "allow" if judgement.decision.allow else "deny"
     if not judgement.decision.allow:
         raise PolicyDenied(judgement.decision.reasons, judgement.revision)
     return judgement
@@ -158,7 +160,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
     document = policy_input(gateway, principal, request, route=route, model=body.model, stream=body.stream,
                             prompt_tokens=len(token_ids), max_tokens=requested_max_tokens,
                             temperature=body.temperature)
-    judgement = await judge(gateway, document)
+    judgement = await judge(gateway, request, document)
     decision = judgement.decision
     max_tokens = effective_max_tokens(gateway, decision, requested_max_tokens, len(token_ids))
     envelope = envelope_for(gateway, principal, judgement)

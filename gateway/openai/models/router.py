@@ -19,7 +19,7 @@ async def _allowed(gateway: Gateway, principal: Principal, request: Request, mod
     document = policy_input(gateway, principal, request, route="models.list", model=model, stream=False,
                             prompt_tokens=1, max_tokens=1, temperature=None)
     try:
-        await judge(gateway, document)
+        await judge(gateway, request, document)
     except PolicyDenied:
         return False
     return True

@@ -12,10 +12,11 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.telemetry import ListSink
+from engine.telemetry import ListSink, PrometheusSink
 from gateway.app import create_app
 from gateway.auth.issuer import LocalIssuer
 from gateway.inference import EngineBackend
+from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from tests.utils.server import free_port, serving
 
@@ -23,7 +24,8 @@ DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
 GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4
-DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache, 2 requests/minute
+DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
+EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
@@ -80,7 +82,9 @@ def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:
 def gateway(local_issuer: LocalIssuer, demo_engine) -> Iterator[Gateway]:
     engine, sink = demo_engine
     settings = gateway_settings(local_issuer)
-    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"))
+    metrics = GatewayMetrics()
+    engine.sinks.append(PrometheusSink(metrics.registry))
+    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics)
     with serving(app) as base_url:
         running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", local_issuer, engine,
                           sink, app, [])

@@ -1,0 +1,165 @@
+"""Every refusal in OpenAI's error shape with the right status; no 5xx for bad input, no stack trace."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
+from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings
+from tests.utils.server import serving
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def _post(gateway, body, *, tenant: str = ALPHA, **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {gateway.token(tenant)}", **kwargs.pop("headers", {})}
+    return httpx.post(gateway.base_url + "/v1/chat/completions", headers=headers, timeout=30,
+                      **({"json": body} if not isinstance(body, bytes) else {"content": body}), **kwargs)
+
+
+def _assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    return error
+
+
+def test_oversized_body_is_413(gateway) -> None:
+    body = {**CHAT, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    error = _assert_openai_error(_post(gateway, body), 413)
+    assert error["code"] == "payload_too_large"
+
+
+def test_oversized_chunked_body_is_413(gateway) -> None:
+    def chunks():
+        for _ in range(40):
+            yield b"x" * 65536
+
+    response = httpx.post(gateway.base_url + "/v1/chat/completions", content=chunks(), timeout=30,
+                          headers={"Authorization": f"Bearer {gateway.token(ALPHA)}"})
+    _assert_openai_error(response, 413)
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'"text"', b"", json.dumps({**CHAT, "extra": 1}).encode()])
+def test_malformed_bodies_are_400(gateway, body: bytes) -> None:
+    response = _post(gateway, body, headers={"Content-Type": "application/json"})
+    _assert_openai_error(response, 400)
+
+
+def test_context_overflow_is_400_before_the_engine(gateway) -> None:
+    long = {**CHAT, "messages": [{"role": "user", "content": "word " * 3000}]}
+    error = _assert_openai_error(_post(gateway, long), 403)
+    assert "context window" in error["message"]  # the tenant's policy caps the context first
+
+
+def test_unregistered_tenant_is_refused_before_any_key_fetch(gateway) -> None:
+    fetches = gateway.issuer.jwks_requests if hasattr(gateway.issuer, "jwks_requests") else None
+    error = _assert_openai_error(_post(gateway, CHAT, tenant=UNREGISTERED), 401)
+    assert error["type"] == "authentication_error"
+    if fetches is not None:
+        assert gateway.issuer.jwks_requests == fetches
+
+
+def test_rate_limit_is_429_with_retry_after(gateway) -> None:
+    """Epsilon may send 2 requests a minute; a burst of 3 gets at least one 429 with Retry-After."""
+    responses = [_post(gateway, CHAT, tenant=EPSILON) for _ in range(3)]
+    limited = [r for r in responses if r.status_code == 429]
+    assert limited, [r.status_code for r in responses]
+    assert all(r.status_code in (200, 429) for r in responses)
+    error = _assert_openai_error(limited[0], 429)
+    assert error["code"] == "rate_limit_exceeded"
+    assert 1 <= int(limited[0].headers["retry-after"]) <= 60
+
+
+def test_metrics_are_on_their_own_port_only(gateway) -> None:
+    assert httpx.get(gateway.base_url + "/metrics").status_code == 404
+    text = httpx.get(gateway.metrics_url).text
+    assert "tenantgate_requests" in text or "tenantgate_policy_evaluation_seconds" in text
+    assert "gen_ai_server_time_to_first_token" in text  # the engine's metrics, same registry
+    assert ALPHA not in text  # no raw tenant ids in labels
+
+
+def test_health_and_readiness(gateway) -> None:
+    assert httpx.get(gateway.base_url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(gateway.base_url + "/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"engine": True, "policy": True, "signing_keys": True}
+
+
+# -- policy trouble denies with 503 ------------------------------------------------------------
+
+
+def _null_gateway(local_issuer, **settings):
+    return create_app(gateway_settings(local_issuer, metrics_port=0, **settings), backend=NullBackend(model_name="demo"))
+
+
+def test_malformed_decision_is_503(local_issuer, tmp_path: Path) -> None:
+    (tmp_path / "decision.rego").write_text(
+        'package tenantgate\n\ndecision := {"allow": true, "reasons": []}\n')
+    with serving(_null_gateway(local_issuer, policy_dir=tmp_path, policy_data_dir=DATA_DIR)) as base:
+        token = local_issuer.mint(ALPHA, audience="api://tenantgate")
+        response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {token}"})
+    error = _assert_openai_error(response, 503)
+    assert "denied" in error["message"] and "limits" not in error["message"]
+
+
+def test_unreachable_opa_is_503(local_issuer) -> None:
+    from tests.utils.server import free_port
+
+    app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{free_port()}")
+    with serving(app) as base:
+        token = local_issuer.mint(ALPHA, audience="api://tenantgate")
+        # The tenant list comes from OPA too: with OPA down, no tenant is known and auth refuses first.
+        response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code in (401, 503)
+        assert httpx.get(base + "/readyz").status_code == 503
+
+
+def test_opa_backend_serves_and_fails_closed_when_opa_stops(local_issuer, opa_server_factory) -> None:
+    modules = [str(p) for p in rego_files(DEFAULT_POLICY_DIR, include_tests=False)]
+    opa = opa_server_factory([*modules, str(DATA_DIR / "tenants.json")])
+    app = _null_gateway(local_issuer, policy_backend="opa", opa_url=opa.url)
+    with serving(app) as base:
+        headers = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience='api://tenantgate')}"}
+        ok = httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)
+        assert ok.status_code == 200, ok.text
+        assert httpx.get(base + "/readyz").status_code == 200
+        opa.process.terminate()
+        opa.process.wait(10)
+        down = httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)
+        error = _assert_openai_error(down, 503)
+        assert error["code"] == "service_unavailable"
+
+
+def test_embedded_policy_reloads_when_data_changes(local_issuer, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    app = _null_gateway(local_issuer, policy_data_dir=data_dir, policy_reload_interval_s=0.1)
+    with serving(app) as base:
+        headers = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience='api://tenantgate')}"}
+        before = httpx.post(base + "/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=headers)
+        assert before.json()["usage"]["completion_tokens"] == 50
+        revision = app.state.gateway.policy.revision
+        tenants["tenants"][ALPHA]["limits"]["max_tokens"] = 5
+        (data_dir / "tenants.json").write_text(json.dumps(tenants))
+        deadline = time.monotonic() + 10
+        while app.state.gateway.policy.revision == revision and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.gateway.policy.revision != revision
+        after = httpx.post(base + "/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=headers)
+        assert after.json()["usage"]["completion_tokens"] == 5
+        # A broken edit keeps the last good policy serving.
+        (data_dir / "tenants.json").write_text("{broken")
+        time.sleep(0.5)
+        still = httpx.post(base + "/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=headers)
+        assert still.status_code == 200 and still.json()["usage"]["completion_tokens"] == 5
