@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from engine.config import ConfigError, EngineConfig
+from gateway.auth.cli import add_parser as add_token_parser
 from gateway.cli import add_parser as add_serve_parser
 from gateway.policy.cli import add_parser as add_policy_parser
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_policy_parser(sub)
     add_serve_parser(sub)
+    add_token_parser(sub)
     return parser
 
 

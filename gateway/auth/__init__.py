@@ -1,0 +1,19 @@
+"""Authentication: Microsoft Entra ID access tokens in, a verified Principal out."""
+
+from gateway.auth.exceptions import AuthError, AuthUnavailableError
+from gateway.auth.principal import Principal
+
+__all__ = ["AuthError", "AuthUnavailableError", "EntraVerifier", "LocalIssuer", "Principal"]
+
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use so `tenantgate --help` does not pay for httpx.
+    if name == "EntraVerifier":
+        from gateway.auth.entra import EntraVerifier
+
+        return EntraVerifier
+    if name == "LocalIssuer":
+        from gateway.auth.issuer import LocalIssuer
+
+        return LocalIssuer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,139 @@
+"""`tenantgate token`: print an access token for calling the gateway.
+
+By default the token is minted for the development issuer with its key from the dev
+issuer key directory, so a gateway running in development mode accepts it. With
+`--azure` it is a real Microsoft Entra ID token from DefaultAzureCredential.
+Only the token goes to stdout: `curl -H "Authorization: Bearer $(tenantgate token ...)"`.
+
+Exit codes: 0 a token was printed, 1 Azure gave no token, 2 unusable arguments or refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gateway.auth.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer
+from gateway.auth.issuer import dev_issuer_key_dir
+from gateway.auth.principal import canonical_guid
+from gateway.policy.exceptions import PolicyError
+from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+ENVIRONMENT_ENV = "TENANTGATE_ENVIRONMENT"
+AUDIENCE_ENV = "TENANTGATE_AUDIENCE"
+
+
+class _UsageError(Exception):
+    pass
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("token", help="print an access token for calling the gateway", description=__doc__)
+    p.add_argument("--tenant", help="tenant GUID, or a tenant name (or unique prefix of one) from the policy data")
+    p.add_argument("--scope", action="append", default=[], help="delegated scope, repeatable (Inference.Invoke)")
+    p.add_argument("--role", action="append", default=[], help="app role (repeatable): makes an app-only token")
+    p.add_argument("--version", choices=["1", "2"], default="2", help="access token version (default 2)")
+    p.add_argument("--audience", help=f"token audience (default ${AUDIENCE_ENV} or {DEFAULT_AUDIENCE})")
+    p.add_argument("--object-id", help="the caller's object id (default: a stable one per tenant)")
+    p.add_argument("--lifetime", type=int, default=3600, help="seconds until the token expires (default 3600)")
+    p.add_argument("--issuer", help=f"dev issuer base URL (default ${DEV_ISSUER_URL_ENV} or {DEFAULT_DEV_ISSUER_URL})")
+    p.add_argument("--policy-dir", default=str(DEFAULT_POLICY_DIR), help="where tenant names are looked up")
+    p.add_argument("--azure", action="store_true", help="a real Entra ID token from DefaultAzureCredential")
+    p.set_defaults(func=cmd_token)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    try:
+        token = _azure_token(args) if args.azure else _dev_token(args)
+    except _UsageError as exc:
+        print(f"tenantgate token: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if token is None:
+        return EXIT_FAILED
+    print(token)
+    return EXIT_OK
+
+
+def resolve_tenant(value: str, policy_dir: Path = DEFAULT_POLICY_DIR) -> str:
+    """A tenant GUID as given, or the GUID of the one tenant whose name is (or starts with) value."""
+    guid = canonical_guid(value.strip())
+    if guid is not None:
+        return guid
+    try:
+        tenants = load_source(policy_dir).data.get("tenants", {})
+    except PolicyError as exc:
+        raise _UsageError(f"cannot read tenants: {exc}") from None
+    names = {tid: str(tenant.get("name", "")) for tid, tenant in tenants.items() if isinstance(tenant, dict)}
+    wanted = value.strip().lower()
+    matches = [tid for tid, name in names.items() if name.lower() == wanted]
+    if not matches and wanted:
+        matches = [tid for tid, name in names.items() if name.lower().startswith(wanted)]
+    if len(matches) == 1 and canonical_guid(matches[0]):
+        return canonical_guid(matches[0])
+    known = ", ".join(sorted(names.values())) or "none"
+    problem = "matches more than one tenant" if matches else "is neither a tenant GUID nor a tenant name"
+    raise _UsageError(f"--tenant {value!r} {problem} (tenants: {known})")
+
+
+def _audience(args: argparse.Namespace) -> str:
+    return args.audience or os.environ.get(AUDIENCE_ENV) or DEFAULT_AUDIENCE
+
+
+def _dev_token(args: argparse.Namespace) -> str:
+    if os.environ.get(ENVIRONMENT_ENV, "").strip().lower() == "production":
+        raise _UsageError(f"refusing to mint a development token with {ENVIRONMENT_ENV}=production (use --azure)")
+    if not args.tenant:
+        raise _UsageError("--tenant is required")
+    if args.scope and args.role:
+        raise _UsageError("a token has either --scope (delegated) or --role (app-only), not both")
+    if args.object_id is not None and canonical_guid(args.object_id) is None:
+        raise _UsageError("--object-id must be a GUID")
+    if not 0 < args.lifetime <= 86400:
+        raise _UsageError("--lifetime must be 1..86400 seconds")
+    tenant_id = resolve_tenant(args.tenant, Path(args.policy_dir))
+    issuer_url = args.issuer or os.environ.get(DEV_ISSUER_URL_ENV) or DEFAULT_DEV_ISSUER_URL
+    if urlsplit(issuer_url).scheme not in ("http", "https") or not urlsplit(issuer_url).hostname:
+        raise _UsageError(f"the dev issuer URL must be http(s)://host[:port], not {issuer_url!r}")
+    try:
+        issuer = LocalIssuer(issuer_url, key_dir=dev_issuer_key_dir())
+    except (OSError, ValueError) as exc:
+        raise _UsageError(f"cannot use the dev issuer: {exc}") from None
+    return issuer.mint(
+        tenant_id,
+        object_id=args.object_id,
+        scopes=tuple(args.scope) or None,
+        roles=tuple(args.role) or None,
+        app=bool(args.role),
+        version=args.version,
+        audience=_audience(args),
+        lifetime_s=args.lifetime,
+    )
+
+
+def _azure_token(args: argparse.Namespace) -> str | None:
+    if args.role:
+        raise _UsageError("--role is for development tokens; Entra ID assigns app roles")
+    tenant_id = resolve_tenant(args.tenant, Path(args.policy_dir)) if args.tenant else None
+    scopes = args.scope or [f"{_audience(args)}/.default"]
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        print("tenantgate token: --azure needs the azure-identity package", file=sys.stderr)
+        return None
+    options = {"additionally_allowed_tenants": [tenant_id]} if tenant_id else {}
+    credential = None
+    try:
+        credential = DefaultAzureCredential(**options)
+        return credential.get_token(*scopes, tenant_id=tenant_id).token
+    except Exception as exc:
+        # Azure's messages span many lines of hints; the first says what went wrong.
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        print(f"tenantgate token: no Azure token: {reason}", file=sys.stderr)
+        return None
+    finally:
+        if credential is not None:
+            credential.close()

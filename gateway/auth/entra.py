@@ -1,0 +1,227 @@
+"""Verifies Microsoft Entra ID access tokens (v1 and v2) into a Principal.
+
+Everything about a token that can be checked without keys is checked first, on the
+unverified claims, so a token for a tenant policy does not know never makes the gateway
+fetch anything. After the signature is verified the signed claims are checked again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import httpx
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
+
+from gateway.auth.exceptions import AuthError
+from gateway.auth.jwks import KeyCache, b64url_decode
+from gateway.auth.principal import Principal, canonical_guid
+
+log = logging.getLogger("tenantgate.auth")
+
+# Headers that point at or carry a key (or change how the payload is read): never honoured.
+FORBIDDEN_HEADERS = frozenset({"jku", "jwk", "x5u", "x5c", "crit", "b64", "enc", "zip"})
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_MAX_DATE = 1e13  # far beyond any real exp, but small enough that arithmetic stays exact
+
+
+def _safe_base_url(url: str, what: str) -> str:
+    parsed = httpx.URL(url)
+    if parsed.host and (parsed.scheme == "https" or (parsed.scheme == "http" and parsed.host in _LOOPBACK)):
+        return url.rstrip("/")
+    raise ValueError(f"{what} must be an https URL (http is allowed on loopback only)")
+
+
+def _unique_members(pairs: list[tuple[str, object]]) -> dict:
+    # Duplicate members are parsed differently by different libraries; refuse them.
+    document: dict = {}
+    for name, value in pairs:
+        if name in document:
+            raise ValueError("duplicate member")
+        document[name] = value
+    return document
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError("NaN and Infinity are not JSON")
+
+
+def _json_object(segment: bytes) -> dict:
+    try:
+        value = json.loads(
+            b64url_decode(segment), object_pairs_hook=_unique_members, parse_constant=_reject_constant
+        )
+    except (ValueError, RecursionError):
+        raise AuthError("malformed_token") from None
+    if not isinstance(value, dict):
+        raise AuthError("malformed_token")
+    return value
+
+
+def _numeric_date(claims: dict, name: str, *, required: bool) -> float | None:
+    if name not in claims:
+        if required:
+            raise AuthError("missing_claim")
+        return None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < _MAX_DATE:
+        raise AuthError("invalid_claim")
+    return float(value)
+
+
+class EntraVerifier:
+    def __init__(
+        self,
+        *,
+        authority: str,
+        audiences: Sequence[str],
+        tenant_allowed: Callable[[str], bool],
+        v1_issuer_host: str = "https://sts.windows.net",
+        leeway_s: float = 60.0,
+        jwks_ttl_s: float = 3600.0,
+        unknown_kid_window_s: float = 300.0,
+        max_token_bytes: int = 16384,
+        http_timeout_s: float = 5.0,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if isinstance(audiences, str) or not audiences or not all(isinstance(a, str) and a for a in audiences):
+            raise ValueError("audiences must be a non-empty sequence of strings")
+        if not 0 <= leeway_s <= 600 or jwks_ttl_s <= 0 or unknown_kid_window_s < 0:
+            raise ValueError("leeway_s must be 0..600 s, jwks_ttl_s > 0 and unknown_kid_window_s >= 0")
+        if max_token_bytes <= 0 or http_timeout_s <= 0:
+            raise ValueError("max_token_bytes and http_timeout_s must be positive")
+        self._authority = _safe_base_url(authority, "authority")
+        self._v1_issuer_host = _safe_base_url(v1_issuer_host, "v1_issuer_host")
+        self._audiences = frozenset(audiences)
+        self._tenant_allowed = tenant_allowed
+        self._leeway_s = leeway_s
+        self._max_token_bytes = max_token_bytes
+        self._owns_client = http_client is None
+        self._client = http_client or httpx.AsyncClient(timeout=http_timeout_s, follow_redirects=False)
+        self._keys = KeyCache(
+            self._authority,
+            self._client,
+            ttl_s=jwks_ttl_s,
+            unknown_kid_window_s=unknown_kid_window_s,
+            timeout_s=http_timeout_s,
+        )
+
+    @property
+    def jwks_fetch_count(self) -> int:
+        """JWKS documents requested over HTTP, all tenants together."""
+        return self._keys.fetch_count
+
+    @property
+    def jwks_fetches(self) -> Counter[str]:
+        """JWKS documents requested over HTTP, by tenant id."""
+        return self._keys.fetches
+
+    def keys_available(self) -> bool:
+        return self._keys.keys_available()
+
+    async def start(self) -> None:
+        await self._keys.start()
+
+    async def aclose(self) -> None:
+        await self._keys.aclose()
+        if self._owns_client:
+            await self._client.aclose()
+
+    def issuer_for(self, tenant_id: str, version: str) -> str:
+        """The exact `iss` of a token of this version from this tenant."""
+        if version == "2.0":
+            return f"{self._authority}/{tenant_id}/v2.0"
+        return f"{self._v1_issuer_host}/{tenant_id}/"
+
+    async def verify(self, token: str) -> Principal:
+        """The principal of a valid access token; AuthError (never anything else) otherwise."""
+        try:
+            return await self._verify(token)
+        except AuthError as exc:
+            log.info("token refused: code=%s", exc.code)
+            raise
+        except Exception as exc:
+            # Fail closed. The cause is dropped: its text might quote the token.
+            log.warning("token refused: code=invalid_token error=%s", type(exc).__name__)
+            raise AuthError("invalid_token") from None
+
+    async def _verify(self, token: str) -> Principal:
+        if not isinstance(token, str):
+            raise AuthError("malformed_token")
+        if len(token) > self._max_token_bytes:
+            raise AuthError("token_too_large")
+        try:
+            raw = token.encode("ascii")
+        except UnicodeEncodeError:
+            raise AuthError("malformed_token") from None
+        segments = raw.split(b".")
+        if len(segments) != 3:
+            raise AuthError("malformed_token")
+        header, claims = _json_object(segments[0]), _json_object(segments[1])
+        try:
+            signature = b64url_decode(segments[2])
+        except ValueError:
+            raise AuthError("malformed_token") from None
+        kid = self._check_header(header)
+        unverified = self._check_claims(claims)
+        if not signature:
+            raise AuthError("invalid_signature")
+
+        version, tenant_id, issuer = unverified.token_version, unverified.tenant_id, claims["iss"]
+        discovery_issuer, key = await self._keys.signing_key(tenant_id, version, kid)
+        if discovery_issuer.replace("{tenantid}", tenant_id) != issuer:
+            raise AuthError("invalid_issuer")
+        if key.issuer is not None and not self._key_issuer_matches(key.issuer, tenant_id, version, issuer):
+            raise AuthError("invalid_issuer")
+        # Verified here rather than with jwt.decode, so the bytes checked are exactly the bytes parsed
+        # and no library default (other algorithms, header-supplied keys, b64=false) can apply.
+        try:
+            key.public_key.verify(signature, segments[0] + b"." + segments[1], padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            raise AuthError("invalid_signature") from None
+        return self._check_claims(_json_object(segments[1]))
+
+    @staticmethod
+    def _check_header(header: dict) -> str:
+        if header.get("alg") != "RS256":
+            raise AuthError("unsupported_algorithm")
+        if FORBIDDEN_HEADERS.intersection(header):
+            raise AuthError("forbidden_header")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not 0 < len(kid) <= 256:
+            raise AuthError("missing_kid")
+        return kid
+
+    def _check_claims(self, claims: dict) -> Principal:
+        version = claims.get("ver")
+        if version not in ("1.0", "2.0"):
+            raise AuthError("unsupported_token_version")
+        tenant_id = canonical_guid(claims.get("tid"))
+        if tenant_id is None:
+            raise AuthError("invalid_tenant")
+        if self._tenant_allowed(tenant_id) is not True:
+            raise AuthError("tenant_not_allowed")
+        if claims.get("iss") != self.issuer_for(tenant_id, version):
+            raise AuthError("invalid_issuer")
+        audience = claims.get("aud")
+        if not isinstance(audience, str) or audience not in self._audiences:
+            raise AuthError("invalid_audience")
+        now = time.time()
+        expires = _numeric_date(claims, "exp", required=True)
+        not_before = _numeric_date(claims, "nbf", required=False)
+        issued = _numeric_date(claims, "iat", required=True)
+        if now > expires + self._leeway_s:
+            raise AuthError("token_expired")
+        if (not_before is not None and now + self._leeway_s < not_before) or now + self._leeway_s < issued:
+            raise AuthError("token_not_yet_valid")
+        return Principal.from_claims(claims)
+
+    def _key_issuer_matches(self, key_issuer: str, tenant_id: str, version: str, issuer: str) -> bool:
+        effective = key_issuer.replace("{tenantid}", tenant_id)
+        # Entra tags its keys with the v2 issuer; v1 tokens signed by them carry the v1 form.
+        return effective == issuer or (version == "1.0" and effective == self.issuer_for(tenant_id, "2.0"))

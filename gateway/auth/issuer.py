@@ -1,0 +1,337 @@
+"""A local OpenID issuer with Entra ID's URL layout, for development and tests.
+
+It serves discovery and JWKS for v1 and v2 exactly where Entra does, with real RSA keys,
+so the gateway's production verification path runs against it unchanged. With a key
+directory the signing key is kept on disk (0600), so `tenantgate token` in another
+process mints tokens that the running issuer's JWKS verifies.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from gateway.auth.principal import canonical_guid
+
+if TYPE_CHECKING:
+    import uvicorn
+
+CACHE_DIR_ENV = "TENANTGATE_CACHE_DIR"
+DEV_ISSUER_URL_ENV = "TENANTGATE_DEV_ISSUER_URL"
+DEFAULT_DEV_ISSUER_URL = "http://127.0.0.1:8401"
+DEFAULT_AUDIENCE = "api://tenantgate"
+DEV_CLIENT_ID = "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f"
+KEY_FILE = "signing-key.pem"
+_MULTI_TENANT = ("common", "organizations", "consumers")
+
+
+def dev_issuer_key_dir() -> Path:
+    """`$TENANTGATE_CACHE_DIR/dev-issuer`, else `~/.cache/tenantgate/dev-issuer`."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    root = Path(configured).expanduser() if configured else Path.home() / ".cache" / "tenantgate"
+    return root / "dev-issuer"
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _uint(value: int) -> str:
+    return b64url(value.to_bytes((value.bit_length() + 7) // 8, "big"))
+
+
+def kid_of(key: rsa.RSAPrivateKey) -> str:
+    """The RFC 7638 thumbprint of the public key: every process derives the same kid."""
+    numbers = key.public_key().public_numbers()
+    canonical = json.dumps({"e": _uint(numbers.e), "kty": "RSA", "n": _uint(numbers.n)}, separators=(",", ":"))
+    return b64url(hashlib.sha256(canonical.encode()).digest())
+
+
+def sign_rs256(header: dict, claims: dict, key: rsa.RSAPrivateKey) -> str:
+    """A JWS compact token of exactly this header and these claims, signed with RS256."""
+    header_json, claims_json = (json.dumps(part, separators=(",", ":")).encode() for part in (header, claims))
+    signing_input = f"{b64url(header_json)}.{b64url(claims_json)}"
+    signature = key.sign(signing_input.encode("ascii"), padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input}.{b64url(signature)}"
+
+
+def _write_private(path: Path, key: rsa.RSAPrivateKey, *, replace: bool) -> None:
+    """Writes the key with mode 0600; without replace, a file that exists already wins."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as sink:
+        sink.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()))
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # atomic create-if-absent: two processes never both win
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _merged(base: dict, changes: dict | None) -> dict:
+    """base updated with changes, where a change to None removes the member."""
+    for name, value in (changes or {}).items():
+        if value is None:
+            base.pop(name, None)
+        else:
+            base[name] = value
+    return base
+
+
+def load_or_create_key(key_dir: Path) -> rsa.RSAPrivateKey:
+    path = Path(key_dir) / KEY_FILE
+    if not path.exists():
+        _write_private(path, rsa.generate_private_key(65537, 2048), replace=False)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, rsa.RSAPrivateKey) or key.key_size < 2048:
+        raise ValueError(f"{path}: not an RSA private key of at least 2048 bits")
+    return key
+
+
+class LocalIssuer:
+    """Entra-shaped discovery + JWKS on loopback, and a minter for tokens it verifies."""
+
+    def __init__(self, base_url: str | None = None, *, port: int = 0, key_dir: Path | None = None) -> None:
+        self._fixed_base_url = base_url.rstrip("/") if base_url else None
+        self._port = (urlsplit(base_url).port or 0) if base_url else port
+        self._key_dir = Path(key_dir) if key_dir is not None else None
+        key = load_or_create_key(self._key_dir) if self._key_dir else rsa.generate_private_key(65537, 2048)
+        self._lock = threading.Lock()
+        self._keys: dict[str, rsa.RSAPrivateKey] = {kid_of(key): key}
+        self.signing_kid = kid_of(key)
+        self.jwks_requests = 0
+        self.jwks_requests_by_tenant: Counter[str] = Counter()
+        self.discovery_requests = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    @property
+    def kids(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._keys)
+
+    def private_key(self, kid: str | None = None) -> rsa.RSAPrivateKey:
+        with self._lock:
+            return self._keys[kid or self.signing_kid]
+
+    def rotate(self) -> str:
+        """Adds a new key, makes it the signing key (and the persisted one); returns its kid."""
+        key = rsa.generate_private_key(65537, 2048)
+        if self._key_dir is not None:
+            _write_private(self._key_dir / KEY_FILE, key, replace=True)
+        with self._lock:
+            self._keys[kid_of(key)] = key
+            self.signing_kid = kid_of(key)
+        return self.signing_kid
+
+    def remove_key(self, kid: str) -> None:
+        with self._lock:
+            if kid == self.signing_kid or kid not in self._keys:
+                raise ValueError("only a published key other than the signing key can be removed")
+            del self._keys[kid]
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    def issuer_for(self, tenant_id: str, version: str = "2.0") -> str:
+        return f"{self.base_url}/{tenant_id}/v2.0" if _version(version) == "2.0" else f"{self.base_url}/{tenant_id}/"
+
+    def claims(
+        self,
+        tenant_id: str,
+        *,
+        object_id: str | None = None,
+        app_id: str = DEV_CLIENT_ID,
+        scopes: tuple[str, ...] | None = None,
+        roles: tuple[str, ...] | None = None,
+        app: bool = False,
+        version: str = "2.0",
+        audience: str = DEFAULT_AUDIENCE,
+        lifetime_s: float = 3600,
+        extra_claims: dict | None = None,
+    ) -> dict:
+        """Entra-shaped access-token claims; an extra claim set to None is removed."""
+        version, now = _version(version), int(time.time())
+        tid = canonical_guid(tenant_id) or tenant_id
+        oid = object_id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"tenantgate-dev/{tid}/{'app' if app else 'user'}"))
+        claims: dict = {
+            "aud": audience,
+            "iss": self.issuer_for(tid, version),
+            "iat": now,
+            "nbf": now,
+            "exp": now + int(lifetime_s),
+            ("azp" if version == "2.0" else "appid"): app_id,
+            ("azpacr" if version == "2.0" else "appidacr"): "1" if app else "0",
+            "oid": oid,
+            "sub": oid,
+            "tid": tid,
+            "uti": b64url(os.urandom(16)),
+            "ver": version,
+        }
+        if app:
+            claims["idtyp"] = "app"
+            claims["roles"] = list(roles if roles is not None else ("Inference.Invoke.All",))
+        else:
+            scopes = scopes if scopes is not None else ("Inference.Invoke",)
+            if scopes:
+                claims["scp"] = " ".join(scopes)
+            if roles:
+                claims["roles"] = list(roles)
+        return _merged(claims, extra_claims)
+
+    def mint(self, tenant_id: str, *, headers: dict | None = None, kid: str | None = None, **claim_options) -> str:
+        """A signed access token. kid names the signing key; a kid the issuer does not have is
+        put in the header of a token signed with the current key. A header set to None is removed."""
+        with self._lock:
+            key = self._keys.get(kid or self.signing_kid, self._keys[self.signing_kid])
+        header = _merged({"typ": "JWT", "alg": "RS256", "kid": kid or self.signing_kid}, headers)
+        return sign_rs256(header, self.claims(tenant_id, **claim_options), key)
+
+    # -- server -------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        if self._fixed_base_url:
+            return self._fixed_base_url
+        if not self._port:
+            raise RuntimeError("the issuer has no URL until it is started")
+        return f"http://127.0.0.1:{self._port}"
+
+    def start(self, timeout_s: float = 10.0) -> LocalIssuer:
+        import uvicorn
+
+        if self._thread is not None:
+            return self
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self._port))
+        except OSError:
+            sock.close()
+            raise
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._app(), log_config=None, log_level=None, access_log=False, lifespan="off", http="h11", ws="none"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="tenantgate-dev-issuer", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the local issuer did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(10.0)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(5.0)
+
+    def __enter__(self) -> LocalIssuer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _app(self):
+        # Imported here so the CLI, which only mints, does not load the server stack.
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        def endpoint(handler):
+            async def respond(request):
+                tid = request.path_params["tid"]
+                tid = tid if tid in _MULTI_TENANT else canonical_guid(tid)
+                if tid is None:
+                    return JSONResponse({"error": "invalid_tenant", "error_description": "Tenant not found."}, 400)
+                return JSONResponse(handler(tid))
+
+            return respond
+
+        routes = {
+            "/{tid}/v2.0/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "2.0"),
+            "/{tid}/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "1.0"),
+            "/{tid}/discovery/v2.0/keys": lambda tid: self._serve_jwks(tid, "2.0"),
+            "/{tid}/discovery/keys": lambda tid: self._serve_jwks(tid, "1.0"),
+        }
+        return Starlette(routes=[Route(path, endpoint(handler)) for path, handler in routes.items()])
+
+    def _serve_discovery(self, tid: str, version: str) -> dict:
+        self.discovery_requests += 1
+        return self.discovery_document(tid, version)
+
+    def _serve_jwks(self, tid: str, version: str) -> dict:
+        self.jwks_requests += 1
+        self.jwks_requests_by_tenant[tid] += 1
+        return self.jwks_document(version)
+
+    def discovery_document(self, tid: str, version: str = "2.0") -> dict:
+        """The OpenID configuration Entra serves for this tenant path and token version."""
+        version = _version(version)
+        base, v2 = f"{self.base_url}/{tid}", version == "2.0"
+        oauth = f"{base}/oauth2/v2.0" if v2 else f"{base}/oauth2"
+        # Multi-tenant endpoints publish a template, as Entra's /common does.
+        issuer = self.issuer_for("{tenantid}" if tid in _MULTI_TENANT else tid, version)
+        return {
+            "issuer": issuer,
+            "jwks_uri": f"{base}/discovery/v2.0/keys" if v2 else f"{base}/discovery/keys",
+            "authorization_endpoint": f"{oauth}/authorize",
+            "token_endpoint": f"{oauth}/token",
+            "id_token_signing_alg_values_supported": ["RS256"],
+            "response_types_supported": ["code", "id_token", "code id_token", "id_token token"],
+            "subject_types_supported": ["pairwise"],
+        }
+
+    def jwks_document(self, version: str = "2.0") -> dict:
+        """The published keys, as Entra's v1 or v2 keys endpoint serves them."""
+        version = _version(version)
+        with self._lock:
+            keys = list(self._keys.items())
+        jwks = []
+        for kid, key in keys:
+            numbers = key.public_key().public_numbers()
+            jwk = {"kty": "RSA", "use": "sig", "kid": kid, "x5t": kid, "n": _uint(numbers.n), "e": _uint(numbers.e)}
+            # Entra tags its keys with the v2 issuer template; its v1 endpoint does not.
+            if version == "2.0":
+                jwk["issuer"] = self.issuer_for("{tenantid}", "2.0")
+            jwks.append(jwk)
+        return {"keys": jwks}
+
+
+def _version(version: str) -> str:
+    normalized = {"1": "1.0", "1.0": "1.0", "2": "2.0", "2.0": "2.0"}.get(str(version))
+    if normalized is None:
+        raise ValueError("version must be 1 or 2")
+    return normalized

@@ -1,0 +1,103 @@
+"""The local issuer: Entra's URL layout, Entra-shaped claims, a key other processes can share."""
+
+import stat
+
+import httpx
+import pytest
+
+from gateway.auth.issuer import KEY_FILE, LocalIssuer, load_or_create_key
+from tests.utils.issuer import CONTOSO
+
+
+def test_the_persisted_key_is_private_and_shared(tmp_path) -> None:
+    key_dir = tmp_path / "dev-issuer"
+    first = LocalIssuer("http://127.0.0.1:8401", key_dir=key_dir)
+    assert stat.S_IMODE((key_dir / KEY_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_dir.stat().st_mode) == 0o700
+    assert LocalIssuer("http://127.0.0.1:8401", key_dir=key_dir).signing_kid == first.signing_kid
+
+    rotated = first.rotate()
+    assert stat.S_IMODE((key_dir / KEY_FILE).stat().st_mode) == 0o600
+    assert LocalIssuer("http://127.0.0.1:8401", key_dir=key_dir).signing_kid == rotated
+
+
+def test_a_key_file_readable_by_others_is_made_private(tmp_path) -> None:
+    load_or_create_key(tmp_path)
+    (tmp_path / KEY_FILE).chmod(0o644)
+    load_or_create_key(tmp_path)
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+
+
+def test_a_key_file_that_is_not_an_rsa_key_is_refused(tmp_path) -> None:
+    (tmp_path / KEY_FILE).write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(ValueError):
+        LocalIssuer("http://127.0.0.1:8401", key_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("path", "issuer_path", "keys_path"),
+    [
+        (f"/{CONTOSO}/v2.0/.well-known/openid-configuration", f"/{CONTOSO}/v2.0", f"/{CONTOSO}/discovery/v2.0/keys"),
+        (f"/{CONTOSO}/.well-known/openid-configuration", f"/{CONTOSO}/", f"/{CONTOSO}/discovery/keys"),
+        ("/common/v2.0/.well-known/openid-configuration", "/{tenantid}/v2.0", "/common/discovery/v2.0/keys"),
+    ],
+)
+def test_discovery_follows_entra_url_layout(path, issuer_path, keys_path, issuer) -> None:
+    document = httpx.get(issuer.base_url + path).json()
+    assert document["issuer"] == issuer.base_url + issuer_path
+    assert document["jwks_uri"] == issuer.base_url + keys_path
+    assert document["id_token_signing_alg_values_supported"] == ["RS256"]
+
+
+def test_v2_keys_carry_the_issuer_template_and_v1_keys_do_not(issuer) -> None:
+    v2 = httpx.get(f"{issuer.base_url}/{CONTOSO}/discovery/v2.0/keys").json()["keys"]
+    v1 = httpx.get(f"{issuer.base_url}/{CONTOSO}/discovery/keys").json()["keys"]
+    assert [k["kid"] for k in v1] == [k["kid"] for k in v2] == list(issuer.kids)
+    assert {k["issuer"] for k in v2} == {issuer.base_url + "/{tenantid}/v2.0"}
+    assert all("issuer" not in k and k["kty"] == "RSA" and k["use"] == "sig" for k in v1)
+
+
+def test_an_unknown_tenant_path_is_a_400(issuer) -> None:
+    assert httpx.get(f"{issuer.base_url}/contoso.example/discovery/keys").status_code == 400
+
+
+@pytest.mark.parametrize(("version", "app_claim"), [("1.0", "appid"), ("2.0", "azp")])
+def test_claims_are_entra_shaped(version, app_claim, issuer) -> None:
+    user = issuer.claims(CONTOSO, version=version)
+    app = issuer.claims(CONTOSO, version=version, app=True)
+    assert user["ver"] == app["ver"] == version
+    assert user["iss"] == issuer.issuer_for(CONTOSO, version)
+    assert app_claim in user and user["scp"] == "Inference.Invoke" and "roles" not in user and "idtyp" not in user
+    assert app["idtyp"] == "app" and app["roles"] == ["Inference.Invoke.All"] and "scp" not in app
+    assert user["oid"] != app["oid"] and user["exp"] - user["iat"] == 3600
+    assert "exp" not in issuer.claims(CONTOSO, extra_claims={"exp": None})
+
+
+def test_only_a_published_non_signing_key_can_be_removed(issuer) -> None:
+    with pytest.raises(ValueError):
+        issuer.remove_key(issuer.signing_kid)
+    with pytest.raises(ValueError):
+        issuer.remove_key("never-published")
+
+
+def test_the_issuer_restarts_on_the_same_port() -> None:
+    issuer = LocalIssuer(port=0).start()
+    url = f"{issuer.base_url}/{CONTOSO}/discovery/keys"
+    assert httpx.get(url).status_code == 200
+    issuer.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url)
+    with issuer:
+        assert httpx.get(url).status_code == 200
+    issuer.stop()  # stopping twice is harmless
+    assert issuer.jwks_requests == 2
+
+
+def test_an_issuer_on_port_zero_has_no_url_before_it_starts() -> None:
+    with pytest.raises(RuntimeError):
+        LocalIssuer(port=0).base_url
+
+
+def test_a_port_in_use_is_an_error_not_a_leak(issuer) -> None:
+    with pytest.raises(OSError):
+        LocalIssuer(issuer.base_url).start()
