@@ -36,7 +36,7 @@ class Gateway:
     extras: dict = field(default_factory=dict)
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 

@@ -7,10 +7,11 @@ fetch anything. After the signature is verified the signed claims are checked ag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 import httpx
@@ -28,6 +29,7 @@ log = logging.getLogger("tenantgate.auth")
 FORBIDDEN_HEADERS = frozenset({"jku", "jwk", "x5u", "x5c", "crit", "b64", "enc", "zip"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _MAX_DATE = 1e13  # far beyond any real exp, but small enough that arithmetic stays exact
+VERIFIED_CACHE_SIZE = 4096
 
 
 def _safe_base_url(url: str, what: str) -> str:
@@ -103,6 +105,9 @@ class EntraVerifier:
         self._max_token_bytes = max_token_bytes
         self._owns_client = http_client is None
         self._client = http_client or httpx.AsyncClient(timeout=http_timeout_s, follow_redirects=False)
+        # Tokens already verified, by SHA-256 of the token: a client reuses its token for up to
+        # an hour, and parsing plus an RSA verification per request is most of auth's cost.
+        self._verified: OrderedDict[bytes, tuple[Principal, float, str, object]] = OrderedDict()
         self._keys = KeyCache(
             self._authority,
             self._client,
@@ -140,8 +145,14 @@ class EntraVerifier:
 
     async def verify(self, token: str) -> Principal:
         """The principal of a valid access token; AuthError (never anything else) otherwise."""
+        digest = None
+        if isinstance(token, str) and len(token) <= self._max_token_bytes:
+            digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+            principal = self._cached(digest)
+            if principal is not None:
+                return principal
         try:
-            return await self._verify(token)
+            principal, expires, kid, key = await self._verify(token)
         except AuthError as exc:
             log.info("token refused: code=%s", exc.code)
             raise
@@ -149,8 +160,27 @@ class EntraVerifier:
             # Fail closed. The cause is dropped: its text might quote the token.
             log.warning("token refused: code=invalid_token error=%s", type(exc).__name__)
             raise AuthError("invalid_token") from None
+        if digest is not None:
+            self._verified[digest] = (principal, expires, kid, key)
+            if len(self._verified) > VERIFIED_CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return principal
 
-    async def _verify(self, token: str) -> Principal:
+    def _cached(self, digest: bytes) -> Principal | None:
+        """A verified token's principal while everything it was verified against still holds:
+        not expired, its key still in an unexpired key set, its tenant still allowed."""
+        hit = self._verified.get(digest)
+        if hit is None:
+            return None
+        principal, expires, kid, key = hit
+        if (time.time() <= expires + self._leeway_s
+                and self._keys.cached_key(principal.tenant_id, principal.token_version, kid) is key
+                and self._tenant_allowed(principal.tenant_id) is True):
+            return principal
+        del self._verified[digest]
+        return None
+
+    async def _verify(self, token: str) -> tuple[Principal, float, str, object]:
         if not isinstance(token, str):
             raise AuthError("malformed_token")
         if len(token) > self._max_token_bytes:
@@ -184,7 +214,8 @@ class EntraVerifier:
             key.public_key.verify(signature, segments[0] + b"." + segments[1], padding.PKCS1v15(), hashes.SHA256())
         except InvalidSignature:
             raise AuthError("invalid_signature") from None
-        return self._check_claims(_json_object(segments[1]))
+        verified = _json_object(segments[1])
+        return self._check_claims(verified), float(verified["exp"]), kid, key
 
     @staticmethod
     def _check_header(header: dict) -> str:

@@ -147,6 +147,13 @@ class KeyCache:
             raise AuthError("unknown_key")
         return entry.key_set.issuer, key
 
+    def cached_key(self, tenant_id: str, version: str, kid: str) -> SigningKey | None:
+        """The key named kid if it is in a key set that has not expired; never fetches."""
+        entry = self._entries.get((tenant_id, version))
+        if entry is None or entry.key_set is None or time.monotonic() >= entry.expires_at:
+            return None
+        return entry.key_set.keys.get(kid)
+
     def keys_available(self) -> bool:
         return all(entry.key_set is not None for entry in self._entries.values() if entry.attempted)
 
