@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROMPT ?= The gateway checks every request before it
 ARGS ?= --max-tokens 64 --seed 0
 
-.PHONY: run test install install-dev clean
+.PHONY: run generate test install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,19 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# Serve the main job with embedded defaults (today: the engine CLI on the built-in demo model).
+# Serve the gateway with embedded defaults: the demo model, the embedded policy and a local
+# token issuer (development only); it prints how to call it with curl and the openai SDK.
 run: install
+	$(BIN)/tenantgate serve --dev
+
+# Stream one continuation from the engine directly, no gateway.
+generate: install
 	$(BIN)/tenantgate generate --model demo --prompt "$(PROMPT)" $(ARGS)
 
 # Install with test extras and run every test (the policy tests need OPA: built once with Go).
 test: install-dev
 	scripts/install-opa.sh
+	scripts/install-infra-tools.sh
 	PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 
 clean:

@@ -1,0 +1,42 @@
+# The tenantgate gateway image: slim Python, a virtual environment copied from a build stage,
+# non-root (uid 10001, matching the Helm chart's securityContext), no build tools at run time.
+#   docker build -t <registry>/tenantgate:0.1.0 .
+FROM python:3.11-slim-bookworm AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+COPY pyproject.toml README.md ./
+COPY engine ./engine
+COPY gateway ./gateway
+RUN pip install .
+
+FROM python:3.11-slim-bookworm
+
+RUN groupadd --system --gid 10001 tenantgate \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+       --shell /usr/sbin/nologin tenantgate
+
+COPY --from=build /opt/venv /opt/venv
+# The embedded policy backend's library (the OPA backend loads signed bundles instead).
+COPY policies /opt/tenantgate/policies
+
+# The root filesystem is read-only in the cluster: caches and the model go under /tmp.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    TENANTGATE_CACHE_DIR=/tmp/cache/tenantgate \
+    TENANTGATE_POLICY_DIR=/opt/tenantgate/policies
+
+USER 10001:10001
+EXPOSE 8000 9100
+
+HEALTHCHECK --interval=30s --timeout=3s --start-period=120s \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+
+ENTRYPOINT ["tenantgate"]
+CMD ["serve"]

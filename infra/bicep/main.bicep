@@ -1,0 +1,327 @@
+// tenantgate landing zone: one platform resource group (monitoring, private DNS, Front Door,
+// policy bundles) and one deployment stamp per region (hub with Azure Firewall, spoke, AKS,
+// Key Vault, Azure Managed Redis). The same architecture and settings as infra/terraform.
+//
+//   az deployment sub create --location westeurope --template-file main.bicep \
+//     --parameters examples/single-region/main.parameters.json
+targetScope = 'subscription'
+
+// ============== //
+//   Parameters   //
+// ============== //
+
+@description('Required. Short name that prefixes every resource (lowercase letters and digits, 3-10 characters), e.g. `tgprod`.')
+@minLength(3)
+@maxLength(10)
+param name string
+
+@description('Required. Region of the shared resources: the platform resource group, Log Analytics, the Azure Monitor workspace and the bundle storage.')
+param location string
+
+@description('''Required. One deployment stamp per region; two give the active/active option behind one Front Door.
+Each item: `key` (1-4 lowercase letters or digits), `location`, `addressSpace` (a /16 split into hub /18 and spoke /17),
+and optionally `ingress` = { hostName, privateLinkServiceId } once the in-cluster ingress exists (see docs/deploy.md).''')
+@minLength(1)
+@maxLength(2)
+param stamps array
+
+@description('Required. Tags for every resource. Must carry `tenantId`, `costCenter`, `environment` and `owner`: the policy assignments below deny resources without them.')
+param tags object
+
+@description('Required. Object IDs of the Entra ID groups that get `Azure Kubernetes Service RBAC Cluster Admin` on every cluster.')
+@minLength(1)
+param aksAdminGroupObjectIds array
+
+@description('Optional. Whether the AKS API server is private (the default). Set to false to use a public API server limited to `apiServerAuthorizedIpRanges`.')
+param privateClusterEnabled bool = true
+
+@description('Optional. CIDR ranges allowed to reach a public API server; required when `privateClusterEnabled` is false.')
+param apiServerAuthorizedIpRanges array = []
+
+@description('Optional. The system pool: `vmSize`, `minCount`, `maxCount`.')
+param systemNodePool object = {
+  vmSize: 'Standard_D4ds_v5'
+  minCount: 3
+  maxCount: 5
+}
+
+@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, and `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs).')
+param gpuNodePool object = {
+  vmSize: 'Standard_NC24ads_A100_v4'
+  minCount: 1
+  maxCount: 4
+  gpuInstanceProfile: ''
+}
+
+@description('Optional. The Kubernetes service account of the gateway (the Helm chart\'s defaults).')
+param gatewayServiceAccount object = {
+  namespace: 'tenantgate'
+  name: 'tenantgate-gateway'
+}
+
+@description('Optional. Days Log Analytics keeps logs (365-730).')
+@minValue(365)
+@maxValue(730)
+param logRetentionDays int = 365
+
+// ============= //
+//   Variables   //
+// ============= //
+
+var requiredTags = [
+  'tenantId'
+  'costCenter'
+  'environment'
+  'owner'
+]
+
+var stampLocations = [for stamp in stamps: stamp.location]
+
+var platformLocation = [
+  location
+]
+
+var allowedLocations = union(platformLocation, stampLocations)
+
+var aksPrivateDnsZoneNames = [for stamp in stamps: 'privatelink.${stamp.location}.azmk8s.io']
+
+var sharedPrivateDnsZoneNames = [
+  'privatelink.vaultcore.azure.net'
+  'privatelink.redis.azure.net'
+  'privatelink.blob.core.windows.net'
+]
+
+var privateDnsZoneNames = concat(sharedPrivateDnsZoneNames, aksPrivateDnsZoneNames)
+
+var diagnosticResourceTypes = [
+  'Microsoft.ContainerService/managedClusters'
+  'Microsoft.KeyVault/vaults'
+  'Microsoft.Cache/redisEnterprise'
+  'Microsoft.Network/azureFirewalls'
+  'Microsoft.Network/publicIPAddresses'
+  'Microsoft.Network/virtualNetworks'
+  'Microsoft.Network/networkSecurityGroups'
+  'Microsoft.Cdn/profiles'
+  'Microsoft.OperationalInsights/workspaces'
+]
+
+var policyDefinitions = {
+  allowedLocations: '/providers/Microsoft.Authorization/policyDefinitions/e56962a6-4747-49cd-b67b-bf8b01975c4c'
+  requireTag: '/providers/Microsoft.Authorization/policyDefinitions/871b6d14-10aa-478d-b590-94f262ecfa99'
+  keyVaultNoPublicAccess: '/providers/Microsoft.Authorization/policyDefinitions/405c5871-3e91-4644-8a63-58e19d68ff5b'
+  aksPrivateCluster: '/providers/Microsoft.Authorization/policyDefinitions/040732e8-d947-40b8-95d6-854c95024bf8'
+  diagnosticSettingsRequired: '/providers/Microsoft.Authorization/policyDefinitions/7f89b1eb-583c-429a-8828-af049802c1d9'
+}
+
+// ===================== //
+//   Resource groups     //
+// ===================== //
+
+resource platformGroup 'Microsoft.Resources/resourceGroups@2024-03-01' = {
+  name: 'rg-${name}-platform'
+  location: location
+  tags: tags
+}
+
+resource stampGroups 'Microsoft.Resources/resourceGroups@2024-03-01' = [
+  for stamp in stamps: {
+    name: 'rg-${name}-${stamp.key}'
+    location: stamp.location
+    tags: tags
+  }
+]
+
+// ================================ //
+//   Platform: shared by all stamps //
+// ================================ //
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: '${name}-monitoring'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logRetentionDays: logRetentionDays
+    tags: tags
+  }
+}
+
+module privateDns 'modules/private-dns.bicep' = {
+  name: '${name}-private-dns'
+  scope: platformGroup
+  params: {
+    zoneNames: privateDnsZoneNames
+    tags: tags
+  }
+}
+
+module bundles 'modules/bundles.bicep' = {
+  name: '${name}-bundles'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+// ========== //
+//   Stamps   //
+// ========== //
+
+module stampDeployments 'modules/stamp.bicep' = [
+  for (stamp, i) in stamps: {
+    name: '${name}-stamp-${stamp.key}'
+    scope: stampGroups[i]
+    params: {
+      name: name
+      stampKey: stamp.key
+      location: stamp.location
+      addressSpace: stamp.addressSpace
+      privateClusterEnabled: privateClusterEnabled
+      apiServerAuthorizedIpRanges: apiServerAuthorizedIpRanges
+      aksAdminGroupObjectIds: aksAdminGroupObjectIds
+      systemNodePool: systemNodePool
+      gpuNodePool: gpuNodePool
+      gatewayServiceAccount: gatewayServiceAccount
+      logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+      monitorWorkspaceId: monitoring.outputs.monitorWorkspaceId
+      privateDnsResourceGroupName: platformGroup.name
+      bundleStorageAccountId: bundles.outputs.storageAccountId
+      tags: tags
+    }
+    dependsOn: [
+      privateDns
+    ]
+  }
+]
+
+// Every zone is linked to every hub and spoke.
+module privateDnsLinks 'modules/private-dns-links.bicep' = [
+  for (stamp, i) in stamps: {
+    name: '${name}-dns-links-${stamp.key}'
+    scope: platformGroup
+    params: {
+      zoneNames: privateDnsZoneNames
+      virtualNetworkIds: stampDeployments[i].outputs.virtualNetworkIds
+      tags: tags
+    }
+  }
+]
+
+module bundleReaders 'modules/bundle-reader.bicep' = [
+  for (stamp, i) in stamps: {
+    name: '${name}-bundle-reader-${stamp.key}'
+    scope: platformGroup
+    params: {
+      storageAccountName: bundles.outputs.storageAccountName
+      principalId: stampDeployments[i].outputs.gatewayPrincipalId
+    }
+  }
+]
+
+module frontDoor 'modules/front-door.bicep' = {
+  name: '${name}-front-door'
+  scope: platformGroup
+  params: {
+    name: name
+    stamps: stamps
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+// ================= //
+//   Azure Policy    //
+// ================= //
+
+resource allowedLocationsAssignment 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-allowed-locations'
+  properties: {
+    displayName: 'tenantgate: allowed locations'
+    policyDefinitionId: policyDefinitions.allowedLocations
+    parameters: {
+      listOfAllowedLocations: {
+        value: allowedLocations
+      }
+    }
+  }
+}
+
+resource requireTagAssignments 'Microsoft.Authorization/policyAssignments@2024-04-01' = [
+  for tag in requiredTags: {
+    name: '${name}-require-tag-${toLower(tag)}'
+    properties: {
+      displayName: 'tenantgate: require tag ${tag}'
+      policyDefinitionId: policyDefinitions.requireTag
+      parameters: {
+        tagName: {
+          value: tag
+        }
+      }
+    }
+  }
+]
+
+resource keyVaultNoPublicAccessAssignment 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-kv-no-public-access'
+  properties: {
+    displayName: 'tenantgate: Key Vault without public network access'
+    policyDefinitionId: policyDefinitions.keyVaultNoPublicAccess
+    parameters: {
+      effect: {
+        value: 'Deny'
+      }
+    }
+  }
+}
+
+// Only with a private API server: the authorized-ranges option is a public endpoint by design.
+resource aksPrivateClusterAssignment 'Microsoft.Authorization/policyAssignments@2024-04-01' = if (privateClusterEnabled) {
+  name: '${name}-aks-private-cluster'
+  properties: {
+    displayName: 'tenantgate: AKS API server is private'
+    policyDefinitionId: policyDefinitions.aksPrivateCluster
+    parameters: {
+      effect: {
+        value: 'Deny'
+      }
+    }
+  }
+}
+
+resource diagnosticSettingsAssignment 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-diagnostics-required'
+  properties: {
+    displayName: 'tenantgate: diagnostic settings required'
+    policyDefinitionId: policyDefinitions.diagnosticSettingsRequired
+    parameters: {
+      listOfResourceTypes: {
+        value: diagnosticResourceTypes
+      }
+    }
+  }
+}
+
+// =========== //
+//   Outputs   //
+// =========== //
+
+@description('The public host name (Front Door endpoint) that apps call.')
+output frontDoorEndpointHostName string = frontDoor.outputs.endpointHostName
+
+@description('Where `tenantgate policy bundle` output is uploaded; the OPA sidecars download from here.')
+output bundleContainerUrl string = bundles.outputs.containerUrl
+
+@description('Per stamp, what the Helm chart needs.')
+output stamps array = [
+  for (stamp, i) in stamps: {
+    key: stamp.key
+    aksClusterName: stampDeployments[i].outputs.aksClusterName
+    oidcIssuerUrl: stampDeployments[i].outputs.oidcIssuerUrl
+    gatewayClientId: stampDeployments[i].outputs.gatewayClientId
+    keyVaultName: stampDeployments[i].outputs.keyVaultName
+    redisHostName: stampDeployments[i].outputs.redisHostName
+  }
+]

@@ -1,0 +1,134 @@
+// Key Vault: Azure RBAC, purge protection, soft delete, no public access, reached over a private
+// endpoint. Holds the gateway's namespace secret (read by the Secrets Store CSI driver with the
+// gateway's workload identity).
+
+// ============== //
+//   Parameters   //
+// ============== //
+
+@description('Required. Prefix for the stamp\'s resources (`<name>-<stamp>`).')
+param name string
+
+@description('Required. Region of the vault.')
+param location string
+
+@description('Required. The private endpoint subnet.')
+param privateEndpointSubnetId string
+
+@description('Required. The privatelink.vaultcore.azure.net zone.')
+param privateDnsZoneId string
+
+@description('Required. The principal that reads secrets (the gateway identity).')
+param secretReaderPrincipalId string
+
+@description('Required. The Log Analytics workspace for diagnostic settings.')
+param logAnalyticsWorkspaceId string
+
+@description('Optional. Tags for every resource.')
+param tags object = {}
+
+// ============= //
+//   Variables   //
+// ============= //
+
+var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '4633458b-17de-408a-b874-0445c86b69e6')
+
+// ============= //
+//   Resources   //
+// ============= //
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  name: 'kv-${name}'
+  location: location
+  tags: tags
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'premium'
+    }
+    enableRbacAuthorization: true
+    enablePurgeProtection: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 90
+    publicNetworkAccess: 'Disabled'
+    networkAcls: {
+      defaultAction: 'Deny'
+      bypass: 'None'
+    }
+  }
+}
+
+resource secretReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(vault.id, secretReaderPrincipalId, keyVaultSecretsUser)
+  scope: vault
+  properties: {
+    roleDefinitionId: keyVaultSecretsUser
+    principalId: secretReaderPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-kv'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'key-vault'
+        properties: {
+          privateLinkServiceId: vault.id
+          groupIds: [
+            'vault'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource endpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: endpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'vault'
+        properties: {
+          privateDnsZoneId: privateDnsZoneId
+        }
+      }
+    ]
+  }
+}
+
+resource vaultDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: vault
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
+// =========== //
+//   Outputs   //
+// =========== //
+
+@description('The vault name (the chart\'s SecretProviderClass reads from it).')
+output name string = vault.name

@@ -1,0 +1,130 @@
+// Azure Managed Redis for quotas and shared counters: TLS only, access keys disabled so Entra ID
+// is the only way in, no public access, reached over a private endpoint. The cache is disposable:
+// each region keeps its own budgets (see docs/deploy.md, failover).
+
+// ============== //
+//   Parameters   //
+// ============== //
+
+@description('Required. Prefix for the stamp\'s resources (`<name>-<stamp>`).')
+param name string
+
+@description('Required. Region of the cache.')
+param location string
+
+@description('Required. The private endpoint subnet.')
+param privateEndpointSubnetId string
+
+@description('Required. The privatelink.redis.azure.net zone.')
+param privateDnsZoneId string
+
+@description('Required. The Entra ID object that gets the default data access policy (the gateway identity).')
+param userObjectId string
+
+@description('Required. The Log Analytics workspace for diagnostic settings.')
+param logAnalyticsWorkspaceId string
+
+@description('Optional. Tags for every resource.')
+param tags object = {}
+
+// ============= //
+//   Resources   //
+// ============= //
+
+resource cache 'Microsoft.Cache/redisEnterprise@2025-07-01' = {
+  name: 'redis-${name}'
+  location: location
+  tags: tags
+  sku: {
+    name: 'Balanced_B1'
+  }
+  properties: {
+    highAvailability: 'Enabled'
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Disabled'
+  }
+}
+
+resource database 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = {
+  parent: cache
+  name: 'default'
+  properties: {
+    accessKeysAuthentication: 'Disabled'
+    clientProtocol: 'Encrypted'
+    port: 10000
+    // One endpoint for clients; the limiter's keys are hash-tagged, so OSS cluster mode works too.
+    clusteringPolicy: 'EnterpriseCluster'
+    // Quota counters must never be evicted silently.
+    evictionPolicy: 'NoEviction'
+  }
+}
+
+// Entra ID authentication: the gateway's identity gets the default data access policy.
+resource gatewayAccess 'Microsoft.Cache/redisEnterprise/databases/accessPolicyAssignments@2025-07-01' = {
+  parent: database
+  name: 'gateway'
+  properties: {
+    accessPolicyName: 'default'
+    user: {
+      objectId: userObjectId
+    }
+  }
+}
+
+resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-redis'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'redis'
+        properties: {
+          privateLinkServiceId: cache.id
+          groupIds: [
+            'redisEnterprise'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource endpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: endpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'redis'
+        properties: {
+          privateDnsZoneId: privateDnsZoneId
+        }
+      }
+    ]
+  }
+}
+
+resource cacheDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: cache
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
+// =========== //
+//   Outputs   //
+// =========== //
+
+@description('The cache host name (port 10000, TLS).')
+output hostName string = cache.properties.hostName

@@ -1,0 +1,229 @@
+// One deployment stamp (one region): hub and spoke network, AKS, the gateway's workload identity,
+// Key Vault and Azure Managed Redis, each in a module of its own.
+
+// ============== //
+//   Parameters   //
+// ============== //
+
+@description('Required. Short name that prefixes every resource.')
+param name string
+
+@description('Required. The stamp\'s short key (1-4 lowercase letters or digits).')
+@minLength(1)
+@maxLength(4)
+param stampKey string
+
+@description('Required. Region of the stamp.')
+param location string
+
+@description('Required. A /16 split into the hub (/18) and the spoke (/17).')
+param addressSpace string
+
+@description('Required. Whether the AKS API server is private.')
+param privateClusterEnabled bool
+
+@description('Optional. CIDR ranges allowed to reach a public API server.')
+param apiServerAuthorizedIpRanges array = []
+
+@description('Required. Entra ID groups that administer the cluster.')
+param aksAdminGroupObjectIds array
+
+@description('Required. The system pool: `vmSize`, `minCount`, `maxCount`.')
+param systemNodePool object
+
+@description('Required. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile`.')
+param gpuNodePool object
+
+@description('Required. The gateway\'s Kubernetes service account: `namespace`, `name`.')
+param gatewayServiceAccount object
+
+@description('Required. The Log Analytics workspace for logs, Container Insights and Defender.')
+param logAnalyticsWorkspaceId string
+
+@description('Required. The Azure Monitor workspace for managed Prometheus.')
+param monitorWorkspaceId string
+
+@description('Required. The resource group that holds the private DNS zones.')
+param privateDnsResourceGroupName string
+
+@description('Required. The bundle storage account, reached over a private endpoint in this spoke.')
+param bundleStorageAccountId string
+
+@description('Optional. Tags for every resource.')
+param tags object = {}
+
+// ============= //
+//   Variables   //
+// ============= //
+
+var privateDnsZoneIds = {
+  keyVault: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.vaultcore.azure.net')
+  redis: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.redis.azure.net')
+  blob: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+  aks: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.${location}.azmk8s.io')
+}
+
+// ============= //
+//   Modules     //
+// ============= //
+
+module network 'network.bicep' = {
+  name: '${deployment().name}-network'
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    addressSpace: addressSpace
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+// The control plane identity exists, with its roles, before the cluster does.
+resource controlPlaneIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'id-${name}-${stampKey}-aks'
+  location: location
+  tags: tags
+}
+
+module spokeNetworkContributor 'network-contributor.bicep' = {
+  name: '${deployment().name}-aks-network'
+  params: {
+    virtualNetworkName: network.outputs.spokeVirtualNetworkName
+    principalId: controlPlaneIdentity.properties.principalId
+  }
+}
+
+module apiServerZoneContributor 'zone-contributor.bicep' = if (privateClusterEnabled) {
+  name: '${deployment().name}-aks-dns'
+  scope: resourceGroup(privateDnsResourceGroupName)
+  params: {
+    zoneName: 'privatelink.${location}.azmk8s.io'
+    principalId: controlPlaneIdentity.properties.principalId
+  }
+}
+
+module aks 'aks.bicep' = {
+  name: '${deployment().name}-aks'
+  dependsOn: [
+    spokeNetworkContributor
+    apiServerZoneContributor
+  ]
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    controlPlaneIdentityId: controlPlaneIdentity.id
+    subnetId: network.outputs.aksSubnetId
+    privateClusterEnabled: privateClusterEnabled
+    privateDnsZoneId: privateDnsZoneIds.aks
+    apiServerAuthorizedIpRanges: apiServerAuthorizedIpRanges
+    aksAdminGroupObjectIds: aksAdminGroupObjectIds
+    systemNodePool: systemNodePool
+    gpuNodePool: gpuNodePool
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    monitorWorkspaceId: monitorWorkspaceId
+    tags: tags
+  }
+}
+
+module gatewayIdentity 'gateway-identity.bicep' = {
+  name: '${deployment().name}-gateway-identity'
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    oidcIssuerUrl: aks.outputs.oidcIssuerUrl
+    gatewayServiceAccount: gatewayServiceAccount
+    tags: tags
+  }
+}
+
+module keyVault 'key-vault.bicep' = {
+  name: '${deployment().name}-key-vault'
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
+    privateDnsZoneId: privateDnsZoneIds.keyVault
+    secretReaderPrincipalId: gatewayIdentity.outputs.principalId
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+module redis 'redis.bicep' = {
+  name: '${deployment().name}-redis'
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
+    privateDnsZoneId: privateDnsZoneIds.redis
+    userObjectId: gatewayIdentity.outputs.principalId
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+// ============= //
+//   Resources   //
+// ============= //
+
+resource bundlesEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-${stampKey}-bundles'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'bundles'
+        properties: {
+          privateLinkServiceId: bundleStorageAccountId
+          groupIds: [
+            'blob'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource bundlesEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: bundlesEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'blob'
+        properties: {
+          privateDnsZoneId: privateDnsZoneIds.blob
+        }
+      }
+    ]
+  }
+}
+
+// =========== //
+//   Outputs   //
+// =========== //
+
+@description('The hub and spoke virtual networks, for the private DNS zone links.')
+output virtualNetworkIds array = network.outputs.virtualNetworkIds
+
+@description('The gateway identity\'s principal ID (bundle reader).')
+output gatewayPrincipalId string = gatewayIdentity.outputs.principalId
+
+@description('The gateway identity\'s client ID (the service account annotation).')
+output gatewayClientId string = gatewayIdentity.outputs.clientId
+
+@description('The cluster name.')
+output aksClusterName string = aks.outputs.name
+
+@description('The cluster\'s OIDC issuer.')
+output oidcIssuerUrl string = aks.outputs.oidcIssuerUrl
+
+@description('The Key Vault name.')
+output keyVaultName string = keyVault.outputs.name
+
+@description('The Redis host name.')
+output redisHostName string = redis.outputs.hostName

@@ -1,0 +1,43 @@
+# One stamp in West Europe: hub and spoke, a private AKS cluster with a system and a GPU pool.
+terraform {
+  required_version = ">= 1.9, < 2.0"
+
+  required_providers {
+    azurerm = {
+      source  = "hashicorp/azurerm"
+      version = ">= 4.60, < 5.0"
+    }
+  }
+}
+
+provider "azurerm" {
+  features {}
+  storage_use_azuread = true
+}
+
+module "tenantgate" {
+  source = "../../"
+
+  name     = "tgdemo"
+  location = "westeurope"
+
+  stamps = {
+    weu = {
+      location      = "westeurope"
+      address_space = "10.10.0.0/16"
+    }
+  }
+
+  aks_admin_group_object_ids = ["00000000-0000-0000-0000-000000000001"]
+
+  tags = {
+    tenantId    = "platform"
+    costCenter  = "cc-1234"
+    environment = "dev"
+    owner       = "platform-team@example.com"
+  }
+}
+
+output "stamps" {
+  value = module.tenantgate.stamps
+}

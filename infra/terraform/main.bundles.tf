@@ -1,0 +1,91 @@
+# ---------------------------------------------------------------------------------------------
+# Signed policy bundles: one storage account for all stamps (geo-zone-redundant, read-access
+# secondary), Entra ID only (no shared keys, no SAS use), no public access; every spoke reaches
+# it over its own private endpoint. The OPA sidecars download with the gateway's workload
+# identity and verify the bundle signature before activating it.
+# ---------------------------------------------------------------------------------------------
+
+resource "azurerm_storage_account" "bundles" {
+  #checkov:skip=CKV_AZURE_33:no queues in this account; classic queue logging needs shared keys, which are disabled
+  #checkov:skip=CKV2_AZURE_1:holds signed policy bundles (code, not tenant data); Microsoft-managed keys plus infrastructure encryption, a CMK would add a Key Vault dependency to policy loading
+  name                              = "st${var.name}bundles"
+  location                          = azurerm_resource_group.this.location
+  resource_group_name               = azurerm_resource_group.this.name
+  account_kind                      = "StorageV2"
+  account_tier                      = "Standard"
+  account_replication_type          = "RAGZRS"
+  min_tls_version                   = "TLS1_2"
+  https_traffic_only_enabled        = true
+  shared_access_key_enabled         = false
+  default_to_oauth_authentication   = true
+  public_network_access_enabled     = false
+  allow_nested_items_to_be_public   = false
+  cross_tenant_replication_enabled  = false
+  infrastructure_encryption_enabled = true
+  local_user_enabled                = false
+  sftp_enabled                      = false
+  tags                              = var.tags
+
+  network_rules {
+    default_action = "Deny"
+    bypass         = ["AzureServices"]
+  }
+
+  blob_properties {
+    versioning_enabled = true
+
+    delete_retention_policy {
+      days = 30
+    }
+    container_delete_retention_policy {
+      days = 30
+    }
+  }
+
+  sas_policy {
+    expiration_period = "00.01:00:00"
+    expiration_action = "Block"
+  }
+}
+
+resource "azurerm_storage_container" "bundles" {
+  #checkov:skip=CKV2_AZURE_21:blob read logs go to Log Analytics through the diagnostic setting on blobServices/default (azurerm_monitor_diagnostic_setting.bundles), not the classic storage insights this check looks for
+  name                  = "bundles"
+  storage_account_id    = azurerm_storage_account.bundles.id
+  container_access_type = "private"
+}
+
+resource "azurerm_private_endpoint" "bundles" {
+  for_each = var.stamps
+
+  name                = "pe-${var.name}-${each.key}-bundles"
+  location            = each.value.location
+  resource_group_name = azurerm_resource_group.stamp[each.key].name
+  subnet_id           = azurerm_subnet.endpoints[each.key].id
+  tags                = var.tags
+
+  private_service_connection {
+    name                           = "bundles"
+    private_connection_resource_id = azurerm_storage_account.bundles.id
+    subresource_names              = ["blob"]
+    is_manual_connection           = false
+  }
+
+  private_dns_zone_group {
+    name                 = "default"
+    private_dns_zone_ids = [azurerm_private_dns_zone.this["blob"].id]
+  }
+}
+
+resource "azurerm_monitor_diagnostic_setting" "bundles" {
+  name                       = "to-log-analytics"
+  target_resource_id         = "${azurerm_storage_account.bundles.id}/blobServices/default"
+  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
+
+  enabled_log {
+    category_group = "allLogs"
+  }
+  enabled_metric {
+    category = "Transaction"
+  }
+}

@@ -1,0 +1,47 @@
+# ---------------------------------------------------------------------------------------------
+# Key Vault (one per stamp): Azure RBAC, purge protection, soft delete, no public access,
+# reached over a private endpoint. Holds the gateway's namespace secret (read by the Secrets
+# Store CSI driver with the gateway's workload identity).
+# ---------------------------------------------------------------------------------------------
+
+resource "azurerm_key_vault" "this" {
+  for_each = var.stamps
+
+  name                          = "kv-${var.name}-${each.key}"
+  location                      = each.value.location
+  resource_group_name           = azurerm_resource_group.stamp[each.key].name
+  tenant_id                     = data.azurerm_client_config.current.tenant_id
+  sku_name                      = "premium"
+  rbac_authorization_enabled    = true
+  purge_protection_enabled      = true
+  soft_delete_retention_days    = 90
+  public_network_access_enabled = false
+  tags                          = var.tags
+
+  network_acls {
+    default_action = "Deny"
+    bypass         = "None"
+  }
+}
+
+resource "azurerm_private_endpoint" "key_vault" {
+  for_each = var.stamps
+
+  name                = "pe-${var.name}-${each.key}-kv"
+  location            = each.value.location
+  resource_group_name = azurerm_resource_group.stamp[each.key].name
+  subnet_id           = azurerm_subnet.endpoints[each.key].id
+  tags                = var.tags
+
+  private_service_connection {
+    name                           = "key-vault"
+    private_connection_resource_id = azurerm_key_vault.this[each.key].id
+    subresource_names              = ["vault"]
+    is_manual_connection           = false
+  }
+
+  private_dns_zone_group {
+    name                 = "default"
+    private_dns_zone_ids = [azurerm_private_dns_zone.this["key_vault"].id]
+  }
+}

@@ -1,0 +1,175 @@
+variable "name" {
+  type        = string
+  description = "Short name that prefixes every resource (lowercase letters and digits, 3-10 characters), e.g. `tgprod`."
+  nullable    = false
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9]{2,9}$", var.name))
+    error_message = "name must be 3-10 lowercase letters or digits and start with a letter (it ends up in Key Vault and DNS names)."
+  }
+}
+
+variable "location" {
+  type        = string
+  description = "Region of the shared resources: the platform resource group, Log Analytics, the Azure Monitor workspace and the bundle storage."
+  nullable    = false
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9]+$", var.location))
+    error_message = "location must be an Azure region name such as westeurope (lowercase, no spaces)."
+  }
+}
+
+variable "stamps" {
+  type = map(object({
+    location      = string
+    address_space = string
+    ingress = optional(object({
+      host_name               = string
+      private_link_service_id = string
+    }))
+  }))
+  description = <<-EOT
+    One deployment stamp per region, keyed by a short code (1-4 lowercase letters or digits), e.g.
+    `{ weu = { location = "westeurope", address_space = "10.10.0.0/16" } }`. Two stamps give the
+    active/active option: both serve traffic behind one Front Door. Each stamp gets its own hub
+    (Azure Firewall), spoke, AKS cluster, Key Vault and Azure Managed Redis.
+
+    - `location` - Azure region of the stamp.
+    - `address_space` - a /16 split into the hub (/18) and the spoke (/17).
+    - `ingress` - (Optional) the in-cluster ingress, once it exists (see docs/deploy.md): the host
+      name its TLS certificate is for, and the Private Link Service its internal load balancer
+      creates. Front Door gets a private-link origin for the stamp once it is set.
+  EOT
+  nullable    = false
+
+  validation {
+    condition     = length(var.stamps) >= 1 && length(var.stamps) <= 2
+    error_message = "stamps must hold one region, or two for the active/active option."
+  }
+  validation {
+    condition     = alltrue([for key, stamp in var.stamps : can(regex("^[a-z0-9]{1,4}$", key))])
+    error_message = "Each stamp key must be 1-4 lowercase letters or digits (it ends up in Key Vault names)."
+  }
+  validation {
+    condition     = alltrue([for stamp in var.stamps : can(cidrhost(stamp.address_space, 0)) && endswith(stamp.address_space, "/16")])
+    error_message = "Each stamp's address_space must be an IPv4 /16, e.g. 10.10.0.0/16."
+  }
+  validation {
+    condition     = length(distinct([for stamp in var.stamps : stamp.location])) == length(var.stamps)
+    error_message = "Each stamp must be in a different region."
+  }
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Tags for every resource. Must carry `tenantId`, `costCenter`, `environment` and `owner`: the Azure Policy assignments this module makes deny resources without them."
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for tag in ["tenantId", "costCenter", "environment", "owner"] : contains(keys(var.tags), tag)])
+    error_message = "tags must include tenantId, costCenter, environment and owner."
+  }
+}
+
+variable "aks_admin_group_object_ids" {
+  type        = list(string)
+  description = "Object IDs of the Entra ID groups that get `Azure Kubernetes Service RBAC Cluster Admin` on every cluster. Local accounts are disabled, so these groups are the only way in."
+  nullable    = false
+
+  validation {
+    condition     = length(var.aks_admin_group_object_ids) > 0 && alltrue([for id in var.aks_admin_group_object_ids : can(regex("^[0-9a-fA-F-]{36}$", id))])
+    error_message = "aks_admin_group_object_ids must list at least one Entra ID group object ID (a GUID)."
+  }
+}
+
+variable "private_cluster_enabled" {
+  type        = bool
+  description = "Whether the AKS API server is private, reachable only from the VNets (the default). Set to false to use a public API server limited to `api_server_authorized_ip_ranges` instead."
+  default     = true
+  nullable    = false
+}
+
+variable "api_server_authorized_ip_ranges" {
+  type        = list(string)
+  description = "CIDR ranges allowed to reach a public API server. Required when `private_cluster_enabled` is false, ignored otherwise (and the private-cluster policy assignment is then left out)."
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for cidr in var.api_server_authorized_ip_ranges : can(cidrhost(cidr, 0)) && cidr != "0.0.0.0/0"])
+    error_message = "api_server_authorized_ip_ranges must be CIDR ranges, and 0.0.0.0/0 is not a restriction."
+  }
+  validation {
+    condition     = var.private_cluster_enabled || length(var.api_server_authorized_ip_ranges) > 0
+    error_message = "A public API server (private_cluster_enabled = false) needs at least one range in api_server_authorized_ip_ranges."
+  }
+}
+
+variable "system_node_pool" {
+  type = object({
+    vm_size   = optional(string, "Standard_D4ds_v5")
+    min_count = optional(number, 3)
+    max_count = optional(number, 5)
+  })
+  description = "The system pool (critical add-ons only): VM size (with a temp disk large enough for ephemeral OS disks) and autoscaler bounds."
+  default     = {}
+  nullable    = false
+
+  validation {
+    condition     = var.system_node_pool.min_count >= 2 && var.system_node_pool.max_count >= var.system_node_pool.min_count
+    error_message = "system_node_pool needs min_count >= 2 (survives a node loss) and max_count >= min_count."
+  }
+}
+
+variable "gpu_node_pool" {
+  type = object({
+    vm_size      = optional(string, "Standard_NC24ads_A100_v4")
+    min_count    = optional(number, 1)
+    max_count    = optional(number, 4)
+    gpu_instance = optional(string)
+  })
+  description = <<-EOT
+    The GPU pool that runs the engine. Nodes carry the taint `nvidia.com/gpu=present:NoSchedule`.
+    - `gpu_instance` - (Optional) MIG profile (`MIG1g`, `MIG2g`, `MIG3g`, `MIG4g`, `MIG7g`) for
+      A100/H100 sizes; pods then request `nvidia.com/mig-<profile>` slices instead of whole GPUs.
+  EOT
+  default     = {}
+  nullable    = false
+
+  validation {
+    condition     = var.gpu_node_pool.gpu_instance == null || contains(["MIG1g", "MIG2g", "MIG3g", "MIG4g", "MIG7g"], coalesce(var.gpu_node_pool.gpu_instance, "none"))
+    error_message = "gpu_node_pool.gpu_instance must be null or one of MIG1g, MIG2g, MIG3g, MIG4g, MIG7g."
+  }
+  validation {
+    condition     = var.gpu_node_pool.min_count >= 0 && var.gpu_node_pool.max_count >= max(1, var.gpu_node_pool.min_count)
+    error_message = "gpu_node_pool needs min_count >= 0 and max_count >= max(1, min_count)."
+  }
+}
+
+variable "gateway_service_account" {
+  type = object({
+    namespace = optional(string, "tenantgate")
+    name      = optional(string, "tenantgate-gateway")
+  })
+  description = "The Kubernetes service account of the gateway (the Helm chart's defaults). Its federated credential lets it act as the gateway's user-assigned identity."
+  default     = {}
+  nullable    = false
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", var.gateway_service_account.namespace)) && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", var.gateway_service_account.name))
+    error_message = "gateway_service_account namespace and name must be DNS-1123 labels."
+  }
+}
+
+variable "log_retention_days" {
+  type        = number
+  description = "Days Log Analytics keeps logs (365 or more: audit and WAF logs are evidence)."
+  default     = 365
+  nullable    = false
+
+  validation {
+    condition     = var.log_retention_days >= 365 && var.log_retention_days <= 730
+    error_message = "log_retention_days must be between 365 and 730."
+  }
+}

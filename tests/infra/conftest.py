@@ -1,0 +1,163 @@
+"""Fixtures for the static checks of infra/: the tools, and one run of each per session.
+
+The tools live outside the project's .venv (scripts/install-infra-tools.sh puts checkov,
+kubernetes-validate and python-hcl2 in .venv-infra and helm in $(go env GOPATH)/bin). A missing
+tool fails the tests with the command that installs it: `make test` runs that script first, so
+a skip here would only hide an unchecked landing zone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+VENV_INFRA = REPO / ".venv-infra"
+CUSTOM_CHECKS = INFRA / "checkov" / "checks"
+CHART = INFRA / "helm" / "tenantgate"
+KUBERNETES_VERSION = "1.33.0"
+INSTALL_HINT = "run scripts/install-infra-tools.sh (make test does)"
+
+
+@dataclass(frozen=True)
+class Tools:
+    checkov: Path
+    kubernetes_validate: Path
+    python: Path
+    helm: Path
+
+
+def _find_helm() -> Path | None:
+    found = shutil.which("helm")
+    if found:
+        return Path(found)
+    gopath = os.environ.get("GOPATH") or (
+        subprocess.run(["go", "env", "GOPATH"], capture_output=True, text=True, check=False).stdout.strip()
+        if shutil.which("go")
+        else ""
+    )
+    candidate = Path(gopath) / "bin" / "helm" if gopath else None
+    return candidate if candidate and candidate.exists() else None
+
+
+@pytest.fixture(scope="session")
+def tools() -> Tools:
+    missing = [
+        str(path)
+        for path in (
+            VENV_INFRA / "bin" / "checkov",
+            VENV_INFRA / "bin" / "kubernetes-validate",
+            VENV_INFRA / "bin" / "python",
+            VENV_INFRA / "python-hcl2" / "hcl2",
+        )
+        if not path.exists()
+    ]
+    helm = _find_helm()
+    if helm is None:
+        missing.append("helm (on PATH or in $(go env GOPATH)/bin)")
+    if missing:
+        pytest.fail(f"infra tools missing: {', '.join(missing)}; {INSTALL_HINT}", pytrace=False)
+    return Tools(
+        checkov=VENV_INFRA / "bin" / "checkov",
+        kubernetes_validate=VENV_INFRA / "bin" / "kubernetes-validate",
+        python=VENV_INFRA / "bin" / "python",
+        helm=helm,
+    )
+
+
+def run(command: list[str | Path], *, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # checkov must never phone home for guidelines or a platform key: the run is offline.
+    env.pop("BC_API_KEY", None)
+    return subprocess.run(
+        [str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def parse_checkov_output(stdout: str) -> list[dict]:
+    """checkov prints one JSON report per scanned directory (a list, an object, or several)."""
+    decoder = json.JSONDecoder()
+    reports: list[dict] = []
+    position = 0
+    while position < len(stdout):
+        while position < len(stdout) and stdout[position].isspace():
+            position += 1
+        if position >= len(stdout):
+            break
+        document, position = decoder.raw_decode(stdout, position)
+        reports.extend(document if isinstance(document, list) else [document])
+    return reports
+
+
+def checkov(tools: Tools, framework: str, *targets: str | Path) -> list[dict]:
+    """Runs checkov offline with the project's custom checks; returns its JSON reports."""
+    command: list[str | Path] = [tools.checkov, "--framework", framework, "--output", "json", "--compact"]
+    command += ["--skip-download", "--external-checks-dir", CUSTOM_CHECKS]
+    for target in targets:
+        command += ["--file" if Path(target).is_file() else "--directory", target]
+    result = run(command)
+    # Exit 1 means failed checks (reported below); anything else is checkov itself failing.
+    assert result.returncode in (0, 1), f"checkov exited {result.returncode}:\n{result.stderr[-4000:]}"
+    reports = parse_checkov_output(result.stdout)
+    assert reports, f"checkov printed no report:\n{result.stderr[-4000:]}"
+    return reports
+
+
+def render_chart(tools: Tools, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run(
+        [tools.helm, "template", "tg", CHART, "--namespace", "tenantgate", "--kube-version", KUBERNETES_VERSION, *extra]
+    )
+
+
+RENDER_MODES = {
+    "embedded": (),
+    "remote": ("--set", "engine.mode=remote", "--set", "engine.args={serve}"),
+    "mig": ("--set", "engine.gpuResource=nvidia.com/mig-1g.10gb", "--set", "image.digest=sha256:" + "0" * 64),
+}
+
+
+@pytest.fixture(scope="session")
+def rendered_manifests(tools: Tools, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The chart rendered once per engine mode, each into its own file."""
+    directory = tmp_path_factory.mktemp("rendered")
+    files = {}
+    for mode, extra in RENDER_MODES.items():
+        result = render_chart(tools, *extra)
+        assert result.returncode == 0, f"helm template ({mode}) failed:\n{result.stderr}"
+        files[mode] = directory / f"{mode}.yaml"
+        files[mode].write_text(result.stdout, encoding="utf-8")
+    return files
+
+
+@pytest.fixture(scope="session")
+def terraform_reports(tools: Tools) -> list[dict]:
+    # Scanned through the examples, so checkov evaluates the module with real inputs.
+    return checkov(tools, "terraform", *sorted((INFRA / "terraform" / "examples").iterdir()))
+
+
+@pytest.fixture(scope="session")
+def bicep_reports(tools: Tools) -> list[dict]:
+    return checkov(tools, "bicep", INFRA / "bicep")
+
+
+@pytest.fixture(scope="session")
+def manifest_reports(tools: Tools, rendered_manifests: dict[str, Path]) -> list[dict]:
+    return checkov(tools, "kubernetes", next(iter(rendered_manifests.values())).parent)
+
+
+@pytest.fixture(scope="session")
+def dockerfile_reports(tools: Tools) -> list[dict]:
+    return checkov(tools, "dockerfile", REPO / "Dockerfile")
+
+
+def extract_settings(tools: Tools, language: str, directory: Path) -> dict:
+    result = run([tools.python, REPO / "tests" / "infra" / "extract_settings.py", language, directory])
+    assert result.returncode == 0, f"extracting {language} settings failed:\n{result.stderr}"
+    return json.loads(result.stdout)

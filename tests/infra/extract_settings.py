@@ -1,0 +1,566 @@
+"""Reads the landing zone's security settings out of the Terraform or the Bicep source.
+
+Run with the infra tools' interpreter (python-hcl2 and pycep-parser live in .venv-infra, not in
+the project's environment):
+
+    .venv-infra/bin/python tests/infra/extract_settings.py terraform infra/terraform
+    .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
+
+It prints one JSON document with the same keys for both languages, so a test can compare them
+setting by setting. Each extractor knows its language's attribute names and nothing else; a
+setting that cannot be found comes out as null, which never equals the other side's value.
+Exit status 2 on a parse error (the message names the file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+INTERPOLATION = re.compile(r"\$\{[^}]*\}")
+
+# Built-in role definitions the landing zone assigns, by ID (Bicep names roles by ID).
+ROLE_NAMES = {
+    "4d97b98b-1d4f-4787-a291-c67834d212e7": "Network Contributor",
+    "b12aa53e-6015-4669-85d0-8515ebb3ae7f": "Private DNS Zone Contributor",
+    "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
+    "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",
+    "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b": "Azure Kubernetes Service RBAC Cluster Admin",
+}
+
+# What a diagnostic setting is attached to, in both languages' words.
+TERRAFORM_KINDS = {
+    "azurerm_kubernetes_cluster": "aks",
+    "azurerm_key_vault": "key_vault",
+    "azurerm_managed_redis": "redis",
+    "azurerm_firewall": "firewall",
+    "azurerm_public_ip": "public_ip",
+    "azurerm_virtual_network": "virtual_network",
+    "azurerm_network_security_group": "network_security_group",
+    "azurerm_cdn_frontdoor_profile": "front_door",
+    "azurerm_log_analytics_workspace": "log_analytics",
+    "azurerm_storage_account": "storage_blob",
+}
+BICEP_KINDS = {
+    "Microsoft.ContainerService/managedClusters": "aks",
+    "Microsoft.KeyVault/vaults": "key_vault",
+    "Microsoft.Cache/redisEnterprise": "redis",
+    "Microsoft.Network/azureFirewalls": "firewall",
+    "Microsoft.Network/publicIPAddresses": "public_ip",
+    "Microsoft.Network/virtualNetworks": "virtual_network",
+    "Microsoft.Network/networkSecurityGroups": "network_security_group",
+    "Microsoft.Cdn/profiles": "front_door",
+    "Microsoft.OperationalInsights/workspaces": "log_analytics",
+    "Microsoft.Storage/storageAccounts/blobServices": "storage_blob",
+}
+
+
+def template(text: str) -> str:
+    """A string with every interpolation replaced by {} (`a-${x}-b` -> `a-{}-b`)."""
+    return INTERPOLATION.sub("{}", text)
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Terraform (python-hcl2)
+# ------------------------------------------------------------------------------------------
+
+
+def _unquote(value: Any) -> Any:
+    """python-hcl2 keeps string literals quoted ('"Deny"'); expressions come as '${...}'."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    if isinstance(value, list):
+        return [_unquote(item) for item in value]
+    if isinstance(value, dict):
+        return {_unquote(key): _unquote(item) for key, item in value.items() if key != "__is_block__"}
+    return value
+
+
+class Terraform:
+    def __init__(self, root: Path) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / ".venv-infra" / "python-hcl2"))
+        import hcl2  # noqa: PLC0415 - lives in .venv-infra only
+
+        self.resources: dict[str, dict[str, dict]] = {}
+        self.locals: dict[str, Any] = {}
+        self.variables: dict[str, dict] = {}
+        for path in sorted(root.glob("*.tf")):
+            try:
+                with path.open(encoding="utf-8") as handle:
+                    document = _unquote(hcl2.load(handle))
+            except Exception as exc:  # noqa: BLE001 - any parse failure is reported the same way
+                raise SystemExit(f"cannot parse {path}: {exc}") from None
+            for block in document.get("resource", []):
+                for kind, named in block.items():
+                    self.resources.setdefault(kind, {}).update(named)
+            for block in document.get("locals", []):
+                self.locals.update(block)
+            for block in document.get("variable", []):
+                self.variables.update(block)
+
+    def one(self, kind: str, name: str = "this") -> dict:
+        return self.resources.get(kind, {}).get(name, {})
+
+    def all(self, kind: str) -> list[dict]:
+        return list(self.resources.get(kind, {}).values())
+
+    def resolve(self, value: Any) -> Any:
+        """`${var.x}` -> the variable's default; `${local.x}` -> the local; else unchanged."""
+        if isinstance(value, str):
+            match = re.fullmatch(r"\$\{var\.(\w+)\}", value)
+            if match:
+                return self.variables.get(match.group(1), {}).get("default")
+            match = re.fullmatch(r"\$\{local\.([\w.]+)\}", value)
+            if match:
+                node: Any = self.locals
+                for part in match.group(1).split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                return self.resolve(node)
+        return value
+
+
+def _block(body: dict, name: str) -> dict:
+    value = body.get(name)
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return value[0]
+    return {}
+
+
+def _optional_default(type_expression: str, attribute: str) -> str | None:
+    match = re.search(rf'{attribute}\s*=\s*optional\((?:string|number),\s*\\?"?([^,)"\\]+)', type_expression)
+    return match.group(1) if match else None
+
+
+def extract_terraform(root: Path) -> dict[str, Any]:
+    tf = Terraform(root)
+
+    vault = tf.one("azurerm_key_vault")
+    redis = tf.one("azurerm_managed_redis")
+    database = _block(redis, "default_database")
+    aks = tf.one("azurerm_kubernetes_cluster")
+    aad = _block(aks, "azure_active_directory_role_based_access_control")
+    network = _block(aks, "network_profile")
+    system_pool = _block(aks, "default_node_pool")
+    gpu_pool = tf.one("azurerm_kubernetes_cluster_node_pool", "gpu")
+    waf = tf.one("azurerm_cdn_frontdoor_firewall_policy")
+    profile = tf.one("azurerm_cdn_frontdoor_profile")
+    origin_group = tf.one("azurerm_cdn_frontdoor_origin_group")
+    origin = tf.one("azurerm_cdn_frontdoor_origin", "stamp")
+    route = tf.one("azurerm_cdn_frontdoor_route")
+    firewall_policy = tf.one("azurerm_firewall_policy")
+    firewall = tf.one("azurerm_firewall")
+    routes = tf.one("azurerm_route_table", "egress")
+    storage = tf.one("azurerm_storage_account", "bundles")
+    workspace = tf.one("azurerm_log_analytics_workspace")
+    credential = tf.one("azurerm_federated_identity_credential", "gateway")
+
+    definitions = tf.locals.get("policy_definitions", {})
+    assigned = []
+    for assignment in tf.all("azurerm_subscription_policy_assignment"):
+        definition = tf.resolve(assignment.get("policy_definition_id"))
+        assigned.extend(GUID.findall(str(definition)))
+
+    diagnostics = []
+    for setting in tf.all("azurerm_monitor_diagnostic_setting"):
+        target = re.search(r"(azurerm_[a-z_]+)\.", str(setting.get("target_resource_id")))
+        logs = [log.get("category_group") for log in setting.get("enabled_log", [])]
+        metrics = [metric.get("category") for metric in setting.get("enabled_metric", [])]
+        kind = TERRAFORM_KINDS.get(target.group(1)) if target else None
+        diagnostics.append([kind, sorted(logs), sorted(metrics)])
+
+    endpoint_groups = []
+    for endpoint in tf.all("azurerm_private_endpoint"):
+        endpoint_groups.extend(_block(endpoint, "private_service_connection").get("subresource_names", []))
+
+    zones = [template(zone) for zone in tf.locals.get("private_dns_zones", [{}])[0].values()] if isinstance(
+        tf.locals.get("private_dns_zones"), list
+    ) else []
+    zones += [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", json.dumps(tf.locals.get("private_dns_zones")))]
+
+    account = tf.variables.get("gateway_service_account", {}).get("type", "")
+    subject = tf.resolve("${local.gateway_subject}")
+
+    rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
+
+    return {
+        "key_vault": {
+            "rbac_authorization": vault.get("rbac_authorization_enabled"),
+            "purge_protection": vault.get("purge_protection_enabled"),
+            "soft_delete_retention_days": vault.get("soft_delete_retention_days"),
+            "public_network_access": vault.get("public_network_access_enabled"),
+            "network_default_action": _block(vault, "network_acls").get("default_action"),
+            "network_bypass": _block(vault, "network_acls").get("bypass"),
+            "sku": vault.get("sku_name"),
+        },
+        "redis": {
+            "access_keys_authentication": database.get("access_keys_authentication_enabled"),
+            "entra_access_policy_assignments": len(tf.all("azurerm_managed_redis_access_policy_assignment")),
+            "tls_only": database.get("client_protocol") == "Encrypted",
+            "public_network_access": redis.get("public_network_access") != "Disabled",
+            "high_availability": redis.get("high_availability_enabled"),
+            "clustering_policy": database.get("clustering_policy"),
+            "eviction_policy": database.get("eviction_policy"),
+            "sku": redis.get("sku_name"),
+        },
+        "aks": {
+            "local_accounts_disabled": aks.get("local_account_disabled"),
+            "entra_azure_rbac": as_bool(aad.get("azure_rbac_enabled")),
+            "kubernetes_rbac": aks.get("role_based_access_control_enabled"),
+            "workload_identity": aks.get("workload_identity_enabled"),
+            "oidc_issuer": aks.get("oidc_issuer_enabled"),
+            "azure_policy": aks.get("azure_policy_enabled"),
+            "private_cluster_by_default": tf.resolve(aks.get("private_cluster_enabled")),
+            "private_cluster_public_fqdn": aks.get("private_cluster_public_fqdn_enabled"),
+            "defender": bool(_block(aks, "microsoft_defender")),
+            "container_insights_with_entra": as_bool(_block(aks, "oms_agent").get("msi_auth_for_monitoring_enabled")),
+            "managed_prometheus": "monitor_metrics" in aks,
+            "secret_store_rotation": as_bool(_block(aks, "key_vault_secrets_provider").get("secret_rotation_enabled")),
+            "image_cleaner": aks.get("image_cleaner_enabled"),
+            "sku_tier": aks.get("sku_tier"),
+            "upgrade_channel": aks.get("automatic_upgrade_channel"),
+            "node_os_upgrade_channel": aks.get("node_os_upgrade_channel"),
+            "network_plugin": network.get("network_plugin"),
+            "network_plugin_mode": network.get("network_plugin_mode"),
+            "network_dataplane": network.get("network_data_plane"),
+            "network_policy": network.get("network_policy"),
+            "outbound_type": network.get("outbound_type"),
+            "pod_cidr": network.get("pod_cidr"),
+            "service_cidr": network.get("service_cidr"),
+            "system_pool": {
+                "critical_addons_only": system_pool.get("only_critical_addons_enabled"),
+                "os_disk_type": system_pool.get("os_disk_type"),
+                "host_encryption": system_pool.get("host_encryption_enabled"),
+                "max_pods": system_pool.get("max_pods"),
+                "autoscaling": system_pool.get("auto_scaling_enabled"),
+                "zones": system_pool.get("zones"),
+            },
+            "gpu_pool": {
+                "mode": gpu_pool.get("mode"),
+                "taints": gpu_pool.get("node_taints"),
+                "labels": gpu_pool.get("node_labels"),
+                "os_disk_type": gpu_pool.get("os_disk_type"),
+                "host_encryption": gpu_pool.get("host_encryption_enabled"),
+                "max_pods": gpu_pool.get("max_pods"),
+                "autoscaling": gpu_pool.get("auto_scaling_enabled"),
+                "mig_profile_from_input": "gpu_instance" in str(gpu_pool.get("gpu_instance")),
+            },
+        },
+        "waf": {
+            "enabled": waf.get("enabled"),
+            "mode": waf.get("mode"),
+            "request_body_check": waf.get("request_body_check_enabled"),
+            "managed_rule_sets": rule_sets,
+            "sku": waf.get("sku_name"),
+        },
+        "front_door": {
+            "sku": profile.get("sku_name"),
+            "origin_over_private_link": bool(_block(origin, "private_link")),
+            "origin_certificate_name_check": origin.get("certificate_name_check_enabled"),
+            "health_probe": [_block(origin_group, "health_probe").get(key) for key in ("path", "protocol")],
+            "forwarding_protocol": route.get("forwarding_protocol"),
+            "supported_protocols": route.get("supported_protocols"),
+        },
+        "firewall": {
+            "sku_tier": firewall.get("sku_tier"),
+            "policy_sku": firewall_policy.get("sku"),
+            "threat_intel_mode": firewall_policy.get("threat_intelligence_mode"),
+            "idps_mode": _block(firewall_policy, "intrusion_detection").get("mode"),
+            "dns_proxy": _block(firewall_policy, "dns").get("proxy_enabled"),
+            "default_route_next_hop": _block(routes, "route").get("next_hop_type"),
+            "default_route_prefix": _block(routes, "route").get("address_prefix"),
+        },
+        "bundle_storage": {
+            "shared_key_access": storage.get("shared_access_key_enabled"),
+            "public_network_access": storage.get("public_network_access_enabled"),
+            "public_blobs": storage.get("allow_nested_items_to_be_public"),
+            "min_tls": storage.get("min_tls_version"),
+            "replication": storage.get("account_replication_type"),
+            "infrastructure_encryption": storage.get("infrastructure_encryption_enabled"),
+        },
+        "log_analytics": {
+            "local_auth": workspace.get("local_authentication_enabled"),
+        },
+        "private_endpoint_groups": sorted(endpoint_groups),
+        "private_dns_zones": sorted(set(zones)),
+        "diagnostic_settings": sorted(diagnostics, key=json.dumps),
+        "policy_assignments": sorted(assigned),
+        "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
+        "required_tags": sorted(tf.locals.get("required_tags", [])),
+        "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
+        "workload_identity": {
+            "audience": credential.get("audience"),
+            "subject": template(str(subject)),
+            "service_account": [_optional_default(account, "namespace"), _optional_default(account, "name")],
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Bicep (pycep-parser, the parser checkov uses)
+# ------------------------------------------------------------------------------------------
+
+
+def _body(resource: dict) -> dict:
+    """A resource's config, unwrapped from loops and conditions."""
+    config = resource.get("config", {})
+    while isinstance(config, dict) and ("loop_type" in config or "condition" in config) and "config" in config:
+        config = config["config"]
+    return config
+
+
+def _dig(node: Any, *path: str) -> Any:
+    for key in path:
+        if isinstance(node, list) and isinstance(key, int):
+            node = node[key] if len(node) > key else None
+        elif isinstance(node, dict):
+            node = node.get(key)
+        else:
+            return None
+    return node
+
+
+class Bicep:
+    def __init__(self, root: Path) -> None:
+        from pycep import BicepParser  # noqa: PLC0415 - lives in .venv-infra only
+
+        parser = BicepParser()
+        self.files: dict[str, dict] = {}
+        for path in sorted(root.rglob("*.bicep")):
+            try:
+                self.files[path.name] = parser.parse(file_path=path)
+            except Exception as exc:  # noqa: BLE001 - any parse failure is reported the same way
+                raise SystemExit(f"cannot parse {path}: {exc}") from None
+
+    def resources(self, kind: str) -> list[tuple[str, dict, dict]]:
+        """(file name, symbolic name -> resource map of that file, resource) for every `kind`."""
+        found = []
+        for name, document in self.files.items():
+            for resource in document.get("resources", {}).values():
+                # `existing` resources are references to what another file deploys.
+                if resource.get("type") == kind and not resource.get("existing"):
+                    found.append((name, document.get("resources", {}), resource))
+        return found
+
+    def one(self, kind: str) -> dict:
+        matches = self.resources(kind)
+        return _body(matches[0][2]) if matches else {}
+
+    def variable(self, file_name: str, name: str) -> Any:
+        return _dig(self.files.get(file_name, {}), "variables", name, "value")
+
+    def parameter_default(self, name: str) -> Any:
+        return _dig(self.files.get("main.bicep", {}), "parameters", name, "default")
+
+
+def extract_bicep(root: Path) -> dict[str, Any]:
+    bicep = Bicep(root)
+
+    vault = bicep.one("Microsoft.KeyVault/vaults")
+    cache = bicep.one("Microsoft.Cache/redisEnterprise")
+    database = bicep.one("Microsoft.Cache/redisEnterprise/databases")
+    aks = bicep.one("Microsoft.ContainerService/managedClusters")
+    gpu_pool = bicep.one("Microsoft.ContainerService/managedClusters/agentPools")
+    waf = bicep.one("Microsoft.Network/FrontDoorWebApplicationFirewallPolicies")
+    profile = bicep.one("Microsoft.Cdn/profiles")
+    origin_group = bicep.one("Microsoft.Cdn/profiles/originGroups")
+    origin = bicep.one("Microsoft.Cdn/profiles/originGroups/origins")
+    route = bicep.one("Microsoft.Cdn/profiles/afdEndpoints/routes")
+    firewall_policy = bicep.one("Microsoft.Network/firewallPolicies")
+    firewall = bicep.one("Microsoft.Network/azureFirewalls")
+    routes = bicep.one("Microsoft.Network/routeTables")
+    storage = bicep.one("Microsoft.Storage/storageAccounts")
+    workspace = bicep.one("Microsoft.OperationalInsights/workspaces")
+    credential = bicep.one("Microsoft.ManagedIdentity/userAssignedIdentities/federatedIdentityCredentials")
+
+    properties = aks.get("properties", {})
+    system_pool = _dig(properties, "agentPoolProfiles", 0) or {}
+    pool = gpu_pool.get("properties", {})
+    addons = properties.get("addonProfiles", {})
+    network = properties.get("networkProfile", {})
+
+    definitions = bicep.variable("main.bicep", "policyDefinitions") or {}
+    assigned = []
+    for _, _, assignment in bicep.resources("Microsoft.Authorization/policyAssignments"):
+        reference = _dig(_body(assignment), "properties", "policyDefinitionId")
+        # `policyDefinitions.x` comes back as a property accessor on the variable.
+        key = _dig(reference, "operator", "operands", "operand_2")
+        assigned.extend(GUID.findall(str(definitions.get(key, reference))))
+
+    diagnostics = []
+    for _, symbols, setting in bicep.resources("Microsoft.Insights/diagnosticSettings"):
+        body = _body(setting)
+        target = symbols.get(body.get("scope"), {})
+        logs = [log.get("categoryGroup") for log in _dig(body, "properties", "logs") or []]
+        metrics = [metric.get("category") for metric in _dig(body, "properties", "metrics") or []]
+        diagnostics.append([BICEP_KINDS.get(target.get("type")), sorted(logs), sorted(metrics)])
+
+    endpoint_groups = []
+    for _, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints"):
+        endpoint_groups.extend(_dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties", "groupIds") or [])
+
+    zone_sources = json.dumps(
+        [bicep.variable("main.bicep", "sharedPrivateDnsZoneNames"), bicep.variable("main.bicep", "aksPrivateDnsZoneNames")]
+    )
+    zones = [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", zone_sources)]
+
+    roles = []
+    for file_name, _, assignment in bicep.resources("Microsoft.Authorization/roleAssignments"):
+        reference = _dig(_body(assignment), "properties", "roleDefinitionId")
+        for guid in GUID.findall(json.dumps(bicep.variable(file_name, reference) if isinstance(reference, str) else reference)):
+            roles.append(ROLE_NAMES.get(guid, guid))
+
+    account = bicep.parameter_default("gatewayServiceAccount") or {}
+    rule_sets = sorted(
+        [rule.get("ruleSetType"), rule.get("ruleSetVersion"), rule.get("ruleSetAction")]
+        for rule in _dig(waf, "properties", "managedRules", "managedRuleSets") or []
+    )
+    private_cluster = _dig(properties, "apiServerAccessProfile", "enablePrivateCluster")
+    if isinstance(private_cluster, str):  # a parameter passed down from main.bicep
+        private_cluster = bicep.parameter_default(private_cluster)
+    policy_settings = _dig(waf, "properties", "policySettings") or {}
+    probe = _dig(origin_group, "properties", "healthProbeSettings") or {}
+    route_entry = _dig(routes, "properties", "routes", 0, "properties") or {}
+
+    return {
+        "key_vault": {
+            "rbac_authorization": _dig(vault, "properties", "enableRbacAuthorization"),
+            "purge_protection": _dig(vault, "properties", "enablePurgeProtection"),
+            "soft_delete_retention_days": _dig(vault, "properties", "softDeleteRetentionInDays"),
+            "public_network_access": _dig(vault, "properties", "publicNetworkAccess") != "Disabled",
+            "network_default_action": _dig(vault, "properties", "networkAcls", "defaultAction"),
+            "network_bypass": _dig(vault, "properties", "networkAcls", "bypass"),
+            "sku": _dig(vault, "properties", "sku", "name"),
+        },
+        "redis": {
+            "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
+            "entra_access_policy_assignments": len(bicep.resources("Microsoft.Cache/redisEnterprise/databases/accessPolicyAssignments")),
+            "tls_only": _dig(database, "properties", "clientProtocol") == "Encrypted",
+            "public_network_access": _dig(cache, "properties", "publicNetworkAccess") != "Disabled",
+            "high_availability": _dig(cache, "properties", "highAvailability") == "Enabled",
+            "clustering_policy": _dig(database, "properties", "clusteringPolicy"),
+            "eviction_policy": _dig(database, "properties", "evictionPolicy"),
+            "sku": _dig(cache, "sku", "name"),
+        },
+        "aks": {
+            "local_accounts_disabled": properties.get("disableLocalAccounts"),
+            "entra_azure_rbac": _dig(properties, "aadProfile", "enableAzureRBAC") and _dig(properties, "aadProfile", "managed"),
+            "kubernetes_rbac": properties.get("enableRBAC"),
+            "workload_identity": _dig(properties, "securityProfile", "workloadIdentity", "enabled"),
+            "oidc_issuer": _dig(properties, "oidcIssuerProfile", "enabled"),
+            "azure_policy": _dig(addons, "azurepolicy", "enabled"),
+            "private_cluster_by_default": private_cluster,
+            "private_cluster_public_fqdn": _dig(properties, "apiServerAccessProfile", "enablePrivateClusterPublicFQDN"),
+            "defender": bool(_dig(properties, "securityProfile", "defender", "securityMonitoring", "enabled")),
+            "container_insights_with_entra": bool(_dig(addons, "omsagent", "enabled"))
+            and as_bool(_dig(addons, "omsagent", "config", "useAADAuth")),
+            "managed_prometheus": bool(_dig(properties, "azureMonitorProfile", "metrics", "enabled")),
+            "secret_store_rotation": as_bool(_dig(addons, "azureKeyvaultSecretsProvider", "config", "enableSecretRotation")),
+            "image_cleaner": _dig(properties, "securityProfile", "imageCleaner", "enabled"),
+            "sku_tier": _dig(aks, "sku", "tier"),
+            "upgrade_channel": _dig(properties, "autoUpgradeProfile", "upgradeChannel"),
+            "node_os_upgrade_channel": _dig(properties, "autoUpgradeProfile", "nodeOSUpgradeChannel"),
+            "network_plugin": network.get("networkPlugin"),
+            "network_plugin_mode": network.get("networkPluginMode"),
+            "network_dataplane": network.get("networkDataplane"),
+            "network_policy": network.get("networkPolicy"),
+            "outbound_type": network.get("outboundType"),
+            "pod_cidr": network.get("podCidr"),
+            "service_cidr": network.get("serviceCidr"),
+            "system_pool": {
+                "critical_addons_only": "CriticalAddonsOnly=true:NoSchedule" in (system_pool.get("nodeTaints") or []),
+                "os_disk_type": system_pool.get("osDiskType"),
+                "host_encryption": system_pool.get("enableEncryptionAtHost"),
+                "max_pods": system_pool.get("maxPods"),
+                "autoscaling": system_pool.get("enableAutoScaling"),
+                "zones": system_pool.get("availabilityZones"),
+            },
+            "gpu_pool": {
+                "mode": pool.get("mode"),
+                "taints": pool.get("nodeTaints"),
+                # pycep keeps the quotes of quoted keys ('tenantgate.io/pool').
+                "labels": {key.strip("'"): value for key, value in (pool.get("nodeLabels") or {}).items()},
+                "os_disk_type": pool.get("osDiskType"),
+                "host_encryption": pool.get("enableEncryptionAtHost"),
+                "max_pods": pool.get("maxPods"),
+                "autoscaling": pool.get("enableAutoScaling"),
+                "mig_profile_from_input": "gpuInstanceProfile" in json.dumps(pool.get("gpuInstanceProfile")),
+            },
+        },
+        "waf": {
+            "enabled": policy_settings.get("enabledState") == "Enabled",
+            "mode": policy_settings.get("mode"),
+            "request_body_check": policy_settings.get("requestBodyCheck") == "Enabled",
+            "managed_rule_sets": rule_sets,
+            "sku": _dig(waf, "sku", "name"),
+        },
+        "front_door": {
+            "sku": _dig(profile, "sku", "name"),
+            "origin_over_private_link": bool(_dig(origin, "properties", "sharedPrivateLinkResource", "privateLink")),
+            "origin_certificate_name_check": _dig(origin, "properties", "enforceCertificateNameCheck"),
+            "health_probe": [probe.get("probePath"), probe.get("probeProtocol")],
+            "forwarding_protocol": _dig(route, "properties", "forwardingProtocol"),
+            "supported_protocols": _dig(route, "properties", "supportedProtocols"),
+        },
+        "firewall": {
+            "sku_tier": _dig(firewall, "properties", "sku", "tier"),
+            "policy_sku": _dig(firewall_policy, "properties", "sku", "tier"),
+            "threat_intel_mode": _dig(firewall_policy, "properties", "threatIntelMode"),
+            "idps_mode": _dig(firewall_policy, "properties", "intrusionDetection", "mode"),
+            "dns_proxy": _dig(firewall_policy, "properties", "dnsSettings", "enableProxy"),
+            "default_route_next_hop": route_entry.get("nextHopType"),
+            "default_route_prefix": route_entry.get("addressPrefix"),
+        },
+        "bundle_storage": {
+            "shared_key_access": _dig(storage, "properties", "allowSharedKeyAccess"),
+            "public_network_access": _dig(storage, "properties", "publicNetworkAccess") != "Disabled",
+            "public_blobs": _dig(storage, "properties", "allowBlobPublicAccess"),
+            "min_tls": _dig(storage, "properties", "minimumTlsVersion"),
+            "replication": str(_dig(storage, "sku", "name")).removeprefix("Standard_"),
+            "infrastructure_encryption": _dig(storage, "properties", "encryption", "requireInfrastructureEncryption"),
+        },
+        "log_analytics": {
+            "local_auth": not _dig(workspace, "properties", "features", "disableLocalAuth"),
+        },
+        "private_endpoint_groups": sorted(endpoint_groups),
+        "private_dns_zones": sorted(set(zones)),
+        "diagnostic_settings": sorted(diagnostics, key=json.dumps),
+        "policy_assignments": sorted(assigned),
+        "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
+        "required_tags": sorted(bicep.variable("main.bicep", "requiredTags") or []),
+        "role_assignments": sorted(roles),
+        "workload_identity": {
+            "audience": _dig(credential, "properties", "audiences"),
+            "subject": template(str(_dig(credential, "properties", "subject"))),
+            "service_account": [account.get("namespace"), account.get("name")],
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ("terraform", "bicep"):
+        print("usage: extract_settings.py terraform|bicep DIR", file=sys.stderr)
+        return 2
+    extract = extract_terraform if argv[1] == "terraform" else extract_bicep
+    try:
+        settings = extract(Path(argv[2]))
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(json.dumps(settings, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
