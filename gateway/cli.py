@@ -42,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
-        overrides |= {"environment": "development", "dev_issuer": True}
+        overrides["dev_issuer"] = True  # refused by the settings if the environment is production
     settings = load_settings(**overrides)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.dev_issuer:
