@@ -51,6 +51,10 @@ class LimitsDecision(_Strict):
     requests_per_minute: NonNegativeInt
     kv_blocks: NonNegativeInt
     priority: NonNegativeInt
+    principal_requests_per_minute: NonNegativeInt
+    principal_tokens_per_minute: NonNegativeInt
+    concurrent_requests: NonNegativeInt
+    fail_open: bool  # served, unaccounted, when the quota store is unreachable
 
 
 class Decision(_Strict):

@@ -31,6 +31,16 @@ kv_blocks := _limits.kv_blocks
 
 priority := _limits.priority
 
+# Per principal within the tenant; the tenant's own figures unless the tenant sets them.
+principal_requests_per_minute := object.get(_limits, "principal_requests_per_minute", _limits.requests_per_minute)
+
+principal_tokens_per_minute := object.get(_limits, "principal_tokens_per_minute", _limits.tokens_per_minute)
+
+concurrent_requests := object.get(_limits, "concurrent_requests", 64)
+
+# Whether the tenant is served when the quota store is unreachable (unaccounted); off unless set.
+fail_open := object.get(_limits, "fail_open", false)
+
 deny contains "max_tokens must be a positive integer" if {
 	_requested != null
 	not _positive_integer(_requested)

@@ -82,3 +82,29 @@ test_deny_invalid_prompt_tokens if {
 		"prompt_tokens must be a non-negative integer" in _deny({"prompt_tokens": bad, "max_tokens": 8})
 	}
 }
+
+test_allow_principal_limits_default_to_the_tenants if {
+	l := limits with input as {"principal": {"tenant_id": "t1"}, "request": {"prompt_tokens": 10}}
+		with data.tenants as {"t1": {"limits": {
+			"max_tokens": 10, "max_context_tokens": 100, "tokens_per_minute": 1000,
+			"requests_per_minute": 60, "kv_blocks": 8, "priority": 0,
+		}}}
+	l.principal_requests_per_minute == 60
+	l.principal_tokens_per_minute == 1000
+	l.concurrent_requests == 64
+	l.fail_open == false
+}
+
+test_allow_tenant_sets_principal_limits_and_fail_open if {
+	l := limits with input as {"principal": {"tenant_id": "t1"}, "request": {"prompt_tokens": 10}}
+		with data.tenants as {"t1": {"limits": {
+			"max_tokens": 10, "max_context_tokens": 100, "tokens_per_minute": 1000,
+			"requests_per_minute": 60, "kv_blocks": 8, "priority": 0,
+			"principal_requests_per_minute": 6, "principal_tokens_per_minute": 100,
+			"concurrent_requests": 2, "fail_open": true,
+		}}}
+	l.principal_requests_per_minute == 6
+	l.principal_tokens_per_minute == 100
+	l.concurrent_requests == 2
+	l.fail_open == true
+}

@@ -23,8 +23,13 @@ test_allow_redacted_content_when_tenant_opts_in if {
 	l := _logging("t-redacted", "confidential")
 	l.content == "redacted"
 	l.retention_days == 90
-	l.redact == sort(array.concat(_base, ["/request/user"]))
+	l.redact == ["/request/headers/authorization", "/request/user"]
 	l.notes == set()
+}
+
+test_deny_restricted_data_keeps_every_content_pointer if {
+	l := _logging("t-redacted", "restricted")
+	l.redact == sort(array.concat(_base, ["/request/user"]))
 }
 
 test_deny_content_by_default if {
@@ -51,4 +56,5 @@ test_deny_base_redactions_cannot_be_dropped if {
 	every pointer in _base {
 		pointer in _logging("t-none", "public").redact
 	}
+	"/request/headers/authorization" in _logging("t-redacted", "public").redact
 }

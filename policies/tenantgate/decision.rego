@@ -35,6 +35,10 @@ default decision := {
 		"requests_per_minute": 0,
 		"kv_blocks": 0,
 		"priority": 0,
+		"principal_requests_per_minute": 0,
+		"principal_tokens_per_minute": 0,
+		"concurrent_requests": 0,
+		"fail_open": false,
 	},
 }
 
@@ -61,6 +65,10 @@ _allowed := {
 		"requests_per_minute": limits.requests_per_minute,
 		"kv_blocks": limits.kv_blocks,
 		"priority": limits.priority,
+		"principal_requests_per_minute": limits.principal_requests_per_minute,
+		"principal_tokens_per_minute": limits.principal_tokens_per_minute,
+		"concurrent_requests": limits.concurrent_requests,
+		"fail_open": limits.fail_open,
 	},
 }
 
@@ -77,5 +85,9 @@ _denied := {
 		"requests_per_minute": 0,
 		"kv_blocks": 0,
 		"priority": 0,
+		"principal_requests_per_minute": 0,
+		"principal_tokens_per_minute": 0,
+		"concurrent_requests": 0,
+		"fail_open": false,
 	},
 }
