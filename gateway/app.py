@@ -19,7 +19,7 @@ from gateway.audit import AuditLog
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
-from gateway.limits import InProcessLimiter
+from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodySizeLimit, RequestMetrics
 from gateway.openai.serving import ClientGone
@@ -59,8 +59,19 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics) -> Inferenc
     return EngineBackend(engine, model_name=name)
 
 
+def build_limiter(settings: Settings) -> Limiter:
+    url = settings.redis_url.get_secret_value()
+    if not url:
+        return InProcessLimiter()
+    from gateway.limits.redis import RedisLimiter, redis_client
+
+    client = redis_client(url, timeout_s=settings.redis_timeout_s, entra=settings.redis_entra)
+    return RedisLimiter(client, breaker_s=settings.redis_breaker_s, lease_s=settings.concurrency_lease_s)
+
+
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
-               policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None) -> FastAPI:
+               policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
+               limiter: Limiter | None = None) -> FastAPI:
     settings = settings or Settings()
     app_metrics = metrics or GatewayMetrics()
 
@@ -104,9 +115,13 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 stack.callback(app_metrics.close)
                 logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
 
+            app_limiter = limiter or build_limiter(settings)
+            if limiter is None:
+                stack.push_async_callback(app_limiter.aclose)
+
             app.state.gateway = Gateway(
                 settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
-                limiter=InProcessLimiter(), audit=AuditLog(settings.namespace_key, enabled=settings.audit_log),
+                limiter=app_limiter, audit=AuditLog(settings.namespace_key, enabled=settings.audit_log),
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
             yield

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from gateway.audit import AuditLog
     from gateway.auth import EntraVerifier, LocalIssuer
     from gateway.inference import InferenceBackend
-    from gateway.limits import InProcessLimiter
+    from gateway.limits import Limiter
     from gateway.metrics import GatewayMetrics
     from gateway.policy.service import PolicyEngine
     from gateway.settings import Settings
@@ -29,11 +29,12 @@ class Gateway:
     verifier: EntraVerifier
     policy: PolicyEngine
     backend: InferenceBackend
-    limiter: InProcessLimiter
+    limiter: Limiter
     audit: AuditLog
     metrics: GatewayMetrics
     issuer: LocalIssuer | None = None
     extras: dict = field(default_factory=dict)
+    background: set = field(default_factory=set)  # tasks that must outlive their request
 
 
 async def get_gateway(request: Request) -> Gateway:

@@ -87,9 +87,9 @@ class RateLimited(GatewayError):
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, retry_after_s: float, *, code: str | None = None) -> None:
         seconds = max(1, int(retry_after_s + 0.999))
-        super().__init__(message, headers={"Retry-After": str(seconds)})
+        super().__init__(message, code=code, headers={"Retry-After": str(seconds)})
         self.retry_after_s = seconds
 
 

@@ -23,6 +23,8 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
         "policy": policy.ready(),
         "signing_keys": gateway.verifier.keys_available(),
     }
+    if hasattr(gateway.limiter, "ping"):
+        checks["quota_store"] = await gateway.limiter.ping()
     ready = all(checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
                         status_code=200 if ready else 503)

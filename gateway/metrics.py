@@ -18,7 +18,9 @@ class GatewayMetrics:
             ["backend"], registry=self.registry,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.rate_limited = Counter(
-            "tenantgate_rate_limited", "Requests refused by a request or token budget.", registry=self.registry)
+            "tenantgate_quota_rejections", "Quota outcomes other than a plain admit: budget (refused), "
+            "store_unavailable (refused, fail closed), fail_open (served unaccounted).", ["reason"],
+            registry=self.registry)
         self.tokens = Counter(
             "gen_ai_client_token_usage", "Tokens processed, by type (input or output).", ["gen_ai_token_type"],
             registry=self.registry)

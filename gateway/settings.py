@@ -67,6 +67,14 @@ class Settings(BaseSettings):
     opa_timeout_s: float = Field(1.0, gt=0)
     default_data_classification: str = "internal"
 
+    # -- quotas ---------------------------------------------------------------------
+    # Empty: budgets live in this process. Else redis://, rediss:// (TLS), with a password in the URL.
+    redis_url: SecretStr = SecretStr("")
+    redis_entra: bool = False  # authenticate to Azure Managed Redis / Azure Cache with an Entra token
+    redis_timeout_s: float = Field(0.25, gt=0, le=10)
+    redis_breaker_s: float = Field(1.0, ge=0, le=60)
+    concurrency_lease_s: float = Field(600.0, gt=0)
+
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
     max_body_bytes: int = Field(1 << 20, gt=0)

@@ -1,7 +1,10 @@
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.utils.redis import RedisServer, find_redis_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,3 +22,31 @@ def demo_model_dir(tenantgate_cache_dir: Path) -> Path:
     from engine.model.demo import ensure_demo_model
 
     return ensure_demo_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    """redis-server. Missing locally skips; in CI, where `make test` installs it, it fails."""
+    binary = find_redis_server()
+    if binary is None:
+        message = "redis-server not found: run scripts/install-redis.sh (make test does)"
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session (tests use their own keys)."""
+    server = RedisServer(redis_binary, tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis_server(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, for tests that stop and restart it."""
+    server = RedisServer(redis_binary, tmp_path).start()
+    yield server
+    server.stop()

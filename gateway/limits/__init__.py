@@ -1,5 +1,6 @@
-"""Request and token budgets from the decision's limits."""
+"""Request and token budgets from the decision's limits: in-process, or in Redis across replicas."""
 
-from gateway.limits.memory import InProcessLimiter, Reservation
+from gateway.limits.base import Admission, Limiter, QuotaStoreUnavailable, Ticket
+from gateway.limits.memory import InProcessLimiter
 
-__all__ = ["InProcessLimiter", "Reservation"]
+__all__ = ["Admission", "InProcessLimiter", "Limiter", "QuotaStoreUnavailable", "Ticket"]

@@ -1,69 +1,64 @@
-"""An in-process GCRA limiter: requests and tokens per minute, per tenant.
-
-GCRA keeps one number per key, the theoretical arrival time (TAT): each admitted unit
-pushes it forward by 60 s / limit, and a request is admitted while the TAT stays within
-a minute of now, so a tenant may spend its whole minute's budget at once and then
-refills smoothly. Tokens are reserved at admission (prompt plus max_tokens) and the
-unused part is returned when the request ends. One process only; Redis holds the same
-state across replicas.
-"""
+"""The in-process limiter (the embedded default): GCRA budgets and a concurrency count in
+this process's memory, with the same semantics as the Redis limiter. One replica only."""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 from gateway.errors import RateLimited
-
-WINDOW_S = 60.0
-
-
-@dataclass
-class Reservation:
-    key: str
-    tokens: int
-    token_interval_s: float
-    settled: bool = False
+from gateway.limits.base import REFUSED, WINDOW_S, Admission, Ticket, check_admissible
 
 
 class InProcessLimiter:
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
-        self._tat: dict[tuple[str, str], float] = {}
+        self._tat: dict[str, float] = {}  # theoretical arrival time per budget key
+        self._in_flight: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
-    def admit(self, key: str, *, requests_per_minute: int, tokens_per_minute: int, tokens: int) -> Reservation:
-        """Admits one request costing `tokens`, or raises RateLimited with a Retry-After."""
-        if requests_per_minute <= 0 or tokens_per_minute <= 0:
-            raise RateLimited("this tenant's policy allows no requests at present", WINDOW_S)
-        if tokens > tokens_per_minute:
-            raise RateLimited(
-                f"the request reserves {tokens} tokens (prompt plus max_tokens), more than the "
-                f"tenant's {tokens_per_minute} tokens per minute; lower max_tokens", WINDOW_S)
-        request_interval = WINDOW_S / requests_per_minute
-        token_interval = WINDOW_S / tokens_per_minute
-        now = self._clock()
-        with self._lock:
-            request_tat = max(self._tat.get((key, "r"), now), now) + request_interval
-            token_tat = max(self._tat.get((key, "t"), now), now) + tokens * token_interval
-            wait = max(request_tat - now - WINDOW_S, token_tat - now - WINDOW_S)
-            if wait > 0:
-                which = "requests" if request_tat - now - WINDOW_S >= wait else "tokens"
-                raise RateLimited(f"the tenant's {which}-per-minute limit is reached", wait)
-            self._tat[(key, "r")] = request_tat
-            self._tat[(key, "t")] = token_tat
-        return Reservation(key, tokens, token_interval)
+    def _budgets(self, a: Admission) -> list[tuple[str, float]]:
+        """(key, seconds the request pushes that budget's TAT forward), in REFUSED order."""
+        return [
+            (f"{a.tenant}:r", WINDOW_S / a.requests_per_minute),
+            (f"{a.tenant}:t", a.tokens * WINDOW_S / a.tokens_per_minute),
+            (f"{a.tenant}:{a.principal}:r", WINDOW_S / a.principal_requests_per_minute),
+            (f"{a.tenant}:{a.principal}:t", a.tokens * WINDOW_S / a.principal_tokens_per_minute),
+        ]
 
-    def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """Returns the unused part of a reservation (once)."""
-        if reservation.settled:
-            return
-        reservation.settled = True
-        unused = max(0, reservation.tokens - used_tokens)
-        if not unused:
-            return
+    async def admit(self, admission: Admission) -> Ticket:
+        check_admissible(admission)
+        now = self._clock()
+        budgets = self._budgets(admission)
         with self._lock:
-            slot = (reservation.key, "t")
-            if slot in self._tat:
-                self._tat[slot] -= unused * reservation.token_interval_s
+            new_tats = [max(self._tat.get(key, now), now) + cost for key, cost in budgets]
+            waits = [tat - now - WINDOW_S for tat in new_tats]
+            worst = max(range(len(waits)), key=waits.__getitem__)
+            if waits[worst] > 0:
+                raise RateLimited(REFUSED[worst], waits[worst])
+            in_flight = self._in_flight.setdefault(admission.tenant, set())
+            if len(in_flight) >= admission.concurrent_requests:
+                raise RateLimited(REFUSED[4], 1.0)
+            in_flight.add(admission.request_id)
+            for (key, _), tat in zip(budgets, new_tats):
+                self._tat[key] = tat
+        return Ticket(admission)
+
+    async def settle(self, ticket: Ticket, used_tokens: int) -> None:
+        if ticket.settled or not ticket.accounted:
+            return
+        ticket.settled = True
+        a = ticket.admission
+        unused = max(0, a.tokens - used_tokens)
+        with self._lock:
+            self._in_flight.get(a.tenant, set()).discard(a.request_id)
+            for key, limit in ((f"{a.tenant}:t", a.tokens_per_minute),
+                               (f"{a.tenant}:{a.principal}:t", a.principal_tokens_per_minute)):
+                if unused and key in self._tat:
+                    self._tat[key] -= unused * WINDOW_S / limit
+
+    def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass

@@ -24,8 +24,8 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import InvalidRequest, ModelNotFound, PolicyDenied, Unavailable
-from gateway.limits import Reservation
+from gateway.errors import InvalidRequest, ModelNotFound, PolicyDenied, RateLimited, Unavailable
+from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
 from gateway.openai.protocol import SamplingFields
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
@@ -51,7 +51,7 @@ class Admitted:
     envelope: ExecutionEnvelope
     params: SamplingParams
     token_ids: list[int]
-    reservation: Reservation
+    ticket: Ticket
     started: float = field(default_factory=time.perf_counter)
     created: int = field(default_factory=lambda: int(time.time()))
     output_tokens: int = 0
@@ -175,17 +175,39 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
         )
     except SamplingParamsError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
+    ticket = await reserve(gateway, principal, decision, request_id, len(token_ids) + max_tokens)
+    return Admitted(request_id, route, principal, judgement, envelope, params, token_ids, ticket)
+
+
+QUOTA_STORE_RETRY_S = 2.0
+
+
+async def reserve(gateway: Gateway, principal: Principal, decision: Decision, request_id: str,
+                  tokens: int) -> Ticket:
+    """Admits the request against its budgets; fail closed when the quota store is down,
+    unless the tenant's decision allows fail-open (then served, unaccounted)."""
+    limits = decision.limits
+    admission = Admission(
+        tenant=gateway.audit.digest("tenant:" + principal.tenant_id),
+        principal=gateway.audit.digest(f"principal:{principal.tenant_id}:{principal.object_id}"),
+        request_id=request_id, tokens=tokens,
+        requests_per_minute=limits.requests_per_minute, tokens_per_minute=limits.tokens_per_minute,
+        principal_requests_per_minute=limits.principal_requests_per_minute,
+        principal_tokens_per_minute=limits.principal_tokens_per_minute,
+        concurrent_requests=limits.concurrent_requests,
+    )
     try:
-        reservation = gateway.limiter.admit(
-            principal.tenant_id,
-            requests_per_minute=decision.limits.requests_per_minute,
-            tokens_per_minute=decision.limits.tokens_per_minute,
-            tokens=len(token_ids) + max_tokens,
-        )
-    except Exception:
-        gateway.metrics.rate_limited.inc()
+        return await gateway.limiter.admit(admission)
+    except RateLimited:
+        gateway.metrics.rate_limited.labels("budget").inc()
         raise
-    return Admitted(request_id, route, principal, judgement, envelope, params, token_ids, reservation)
+    except QuotaStoreUnavailable:
+        if limits.fail_open:
+            gateway.metrics.rate_limited.labels("fail_open").inc()
+            return Ticket(admission, accounted=False)
+        gateway.metrics.rate_limited.labels("store_unavailable").inc()
+        raise RateLimited("the quota store is unreachable, so this request is refused (fail closed); "
+                          "retry shortly", QUOTA_STORE_RETRY_S, code="quota_store_unavailable") from None
 
 
 async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[RequestOutput]:
@@ -242,7 +264,10 @@ async def collect(gateway: Gateway, admitted: Admitted, request: Request) -> lis
 def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> None:
     """Settles the token budget and writes the audit record (once per request)."""
     used = len(admitted.token_ids) + admitted.output_tokens
-    gateway.limiter.settle(admitted.reservation, used)
+    # A task of its own: settling must happen even when the caller's task is being cancelled.
+    settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
+    gateway.background.add(settle)
+    settle.add_done_callback(gateway.background.discard)
     gateway.metrics.tokens.labels("input").inc(len(admitted.token_ids))
     gateway.metrics.tokens.labels("output").inc(admitted.output_tokens)
     decision = admitted.judgement.decision

@@ -26,6 +26,8 @@ BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
 GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
 EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
+ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90
+ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
@@ -53,12 +55,6 @@ class Gateway:
     @property
     def state(self):
         return self.app.state.gateway
-
-
-@pytest.fixture(scope="session")
-def local_issuer() -> Iterator[LocalIssuer]:
-    with LocalIssuer(port=0) as issuer:
-        yield issuer
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,72 @@
+"""What both limiters share: the admission they judge, the ticket they hand back, the errors.
+
+Budgets are GCRA per key (requests and tokens per minute, for the tenant and for the
+principal within it) plus a count of the tenant's requests in flight. Tokens are
+reserved at admission (prompt plus max_tokens) and the unused part is returned when the
+request ends. A limit of 0 admits nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.errors import RateLimited
+
+WINDOW_S = 60.0  # the budgets are per minute, and a whole minute's budget may be spent at once
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    tenant: str  # a digest, never the raw tenant id (it becomes part of store keys)
+    principal: str  # a digest of (tenant id, object id)
+    request_id: str
+    tokens: int  # reserved: prompt plus max_tokens
+    requests_per_minute: int
+    tokens_per_minute: int
+    principal_requests_per_minute: int
+    principal_tokens_per_minute: int
+    concurrent_requests: int
+
+
+@dataclass(slots=True)
+class Ticket:
+    admission: Admission
+    accounted: bool = True  # False when admitted fail-open without the store
+    settled: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class QuotaStoreUnavailable(Exception):
+    """The quota store did not answer in time; the caller decides between fail-closed and fail-open."""
+
+
+class Limiter(Protocol):
+    async def admit(self, admission: Admission) -> Ticket: ...
+    async def settle(self, ticket: Ticket, used_tokens: int) -> None: ...
+    def ready(self) -> bool: ...
+    async def aclose(self) -> None: ...
+
+
+def check_admissible(admission: Admission) -> None:
+    """Refusals that need no state: a zero limit, or a reservation no budget can ever hold."""
+    a = admission
+    limits = (a.requests_per_minute, a.tokens_per_minute, a.principal_requests_per_minute,
+              a.principal_tokens_per_minute, a.concurrent_requests)
+    if min(limits) <= 0:
+        raise RateLimited("this tenant's policy allows no requests at present", WINDOW_S)
+    budget = min(a.tokens_per_minute, a.principal_tokens_per_minute)
+    if a.tokens > budget:
+        raise RateLimited(
+            f"the request reserves {a.tokens} tokens (prompt plus max_tokens), more than the "
+            f"{budget} tokens per minute this caller may use; lower max_tokens", WINDOW_S)
+
+
+# Which budget refused, by the index the limiters report.
+REFUSED = (
+    "the tenant's requests-per-minute limit is reached",
+    "the tenant's tokens-per-minute limit is reached",
+    "the caller's requests-per-minute limit is reached",
+    "the caller's tokens-per-minute limit is reached",
+    "the tenant's limit of concurrent requests is reached",
+)
