@@ -9,8 +9,8 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter(
-            "tenantgate_requests", "Requests by route, HTTP status and decision outcome.",
-            ["route", "status", "decision"], registry=self.registry)
+            "tenantgate_requests", "Requests by route, HTTP status, decision outcome and tenant (a keyed "
+            "digest, never the tenant id).", ["route", "status", "decision", "tenant"], registry=self.registry)
         self.auth_failures = Counter(
             "tenantgate_auth_failures", "Rejected bearer tokens by reason code.", ["code"], registry=self.registry)
         self.policy_latency = Histogram(
@@ -22,8 +22,8 @@ class GatewayMetrics:
             "store_unavailable (refused, fail closed), fail_open (served unaccounted).", ["reason"],
             registry=self.registry)
         self.tokens = Counter(
-            "gen_ai_client_token_usage", "Tokens processed, by type (input or output).", ["gen_ai_token_type"],
-            registry=self.registry)
+            "gen_ai_client_token_usage", "Tokens processed, by type (input or output) and tenant (digest).",
+            ["gen_ai_token_type", "tenant"], registry=self.registry)
         self._server = None
 
     def serve(self, host: str, port: int) -> int:

@@ -37,8 +37,9 @@ class RequestMetrics:
         finally:
             path = scope.get("path", "")
             route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
-            decision = scope.get("state", {}).get("decision", "none")
-            self.metrics.requests.labels(route, str(status), decision).inc()
+            state = scope.get("state", {})
+            self.metrics.requests.labels(route, str(status), state.get("decision", "none"),
+                                         state.get("tenant_tag", "none")).inc()
 
 
 class BodySizeLimit:

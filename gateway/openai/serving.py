@@ -268,8 +268,9 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
     settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
     gateway.background.add(settle)
     settle.add_done_callback(gateway.background.discard)
-    gateway.metrics.tokens.labels("input").inc(len(admitted.token_ids))
-    gateway.metrics.tokens.labels("output").inc(admitted.output_tokens)
+    tenant_tag = admitted.ticket.admission.tenant[:12]
+    gateway.metrics.tokens.labels("input", tenant_tag).inc(len(admitted.token_ids))
+    gateway.metrics.tokens.labels("output", tenant_tag).inc(admitted.output_tokens)
     decision = admitted.judgement.decision
     audit = gateway.audit
     audit.record(
