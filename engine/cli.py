@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from engine.config import ConfigError, EngineConfig
+from gateway.audit.cli import add_parser as add_audit_parser
 from gateway.auth.cli import add_parser as add_token_parser
 from gateway.cli import add_parser as add_serve_parser
 from gateway.policy.cli import add_parser as add_policy_parser
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    add_audit_parser(sub)
     add_policy_parser(sub)
     add_serve_parser(sub)
     add_token_parser(sub)

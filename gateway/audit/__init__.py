@@ -1,5 +1,30 @@
-"""One audit record per request: digests and numbers, never content."""
+"""One audit record per request: digests and numbers, never content.
 
+`AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints and writes
+it to sinks (stdout, a rotating file, a Redis Stream); `verify` finds the first
+altered, deleted or reordered entry.
+"""
+
+from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
 from gateway.audit.log import AuditLog
+from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
+from gateway.audit.trail import AuditSink, AuditTrail, load_or_create_signing_key, public_key_pem
 
-__all__ = ["AuditLog"]
+__all__ = [
+    "AuditLog",
+    "AuditSink",
+    "AuditTrail",
+    "RedisStreamSink",
+    "RotatingFileSink",
+    "StreamSink",
+    "VerifyReport",
+    "canonical_json",
+    "key_id",
+    "load_or_create_signing_key",
+    "load_public_key",
+    "public_key_pem",
+    "read_stream",
+    "rotated_files",
+    "verify",
+    "verify_files",
+]

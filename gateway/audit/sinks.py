@@ -1,0 +1,224 @@
+"""Where audit entries go: stdout, a rotating file, a Redis Stream.
+
+Each sink takes whole entries (`write(line)`, no newline), is told to make them
+durable after each checkpoint (`flush()`), and is written by one AuditTrail, which
+serialises the calls. None of them logs an entry's text.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import itertools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger("tenantgate.audit")
+
+
+class StreamSink:
+    """JSON lines on a text stream (stdout by default), for a log collector to pick up."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout  # looked up now, so a redirect counts
+
+    def write(self, line: str) -> None:
+        self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.flush()  # never closes stdout
+
+
+class RotatingFileSink:
+    """Appends to `path`; past `max_bytes` it becomes `path.1` (older ones `path.2` …).
+
+    The chain runs on across files: verify `rotated_files(path)`, oldest first. Every
+    write reaches the OS at once (a crash of the process loses nothing); fsync runs at
+    checkpoints and before a file is rotated away.
+    """
+
+    def __init__(self, path: str | Path, max_bytes: int = 100 << 20, backup_count: int = 10) -> None:
+        if max_bytes < 1 or backup_count < 1:
+            raise ValueError("max_bytes and backup_count must be at least 1")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backup_count = backup_count
+        self._file = self._open()
+
+    def _open(self) -> IO[bytes]:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        self._size = os.fstat(fd).st_size
+        return open(fd, "ab")
+
+    def write(self, line: str) -> None:
+        data = line.encode("utf-8") + b"\n"
+        if self._size and self._size + len(data) > self.max_bytes:
+            self._rotate()
+        self._file.write(data)
+        self._file.flush()
+        self._size += len(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
+            self._file.close()
+
+    def _rotate(self) -> None:
+        self.close()
+        for index in range(self.backup_count - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self._file = self._open()
+
+
+def rotated_files(path: str | Path) -> list[Path]:
+    """`path.N` … `path.1`, then `path`: a rotated log oldest first, as verify wants it."""
+    path = Path(path)
+    backups = []
+    for candidate in path.parent.glob(glob.escape(path.name) + ".*"):
+        suffix = candidate.name[len(path.name) + 1 :]
+        if suffix.isdigit():
+            backups.append((int(suffix), candidate))
+    return [p for _, p in sorted(backups, reverse=True)] + ([path] if path.exists() else [])
+
+
+class RedisStreamSink:
+    """XADDs entries to a Redis Stream from a background thread.
+
+    `write` only queues, so a slow or unreachable Redis never holds up a request. While
+    Redis is down, up to `buffer_size` entries wait and are retried with backoff; beyond
+    that new entries are dropped and counted in `dropped` (the file sink still has
+    them). `healthy` says whether the last attempt reached Redis. Give the client socket
+    timeouts: a hung connection otherwise holds the sender thread forever.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        stream: str = "tenantgate:audit",
+        maxlen: int = 1_000_000,
+        *,
+        buffer_size: int = 10_000,
+        batch_size: int = 256,
+        retry_initial_s: float = 0.05,
+        retry_max_s: float = 5.0,
+    ) -> None:
+        from redis.exceptions import RedisError
+
+        if buffer_size < 1 or batch_size < 1:
+            raise ValueError("buffer_size and batch_size must be at least 1")
+        self.client, self.stream, self.maxlen = client, stream, maxlen
+        self.buffer_size, self.batch_size = buffer_size, batch_size
+        self.retry_initial_s, self.retry_max_s = retry_initial_s, retry_max_s
+        self.dropped = 0
+        self.healthy = True
+        self._errors = (RedisError, OSError)
+        self._pending: collections.deque[str] = collections.deque()  # sent ones leave only once acknowledged
+        self._cond = threading.Condition()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="audit-redis", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def write(self, line: str) -> None:
+        with self._cond:
+            if len(self._pending) >= self.buffer_size:
+                self.dropped += 1
+                return
+            self._pending.append(line)
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Does not wait for Redis (a checkpoint happens on a request's path); see drain()."""
+
+    def drain(self, timeout: float) -> bool:
+        """Waits until every queued entry is in Redis; False if that took longer than timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending, timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Gives Redis `timeout` seconds for what is queued; what is left counts as dropped."""
+        self.drain(timeout)
+        self._closing.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        with self._cond:
+            if self._pending:
+                logger.warning("%d audit entries were not delivered to Redis", len(self._pending))
+                self.dropped += len(self._pending)
+                self._pending.clear()
+
+    def _run(self) -> None:
+        delay = self.retry_initial_s
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closing.is_set())
+                if self._closing.is_set():
+                    return
+                batch = list(itertools.islice(self._pending, self.batch_size))
+            try:
+                # MULTI/EXEC: a failed batch left nothing behind, so resending it is safe.
+                pipe = self.client.pipeline(transaction=True)
+                for line in batch:
+                    pipe.xadd(self.stream, {"entry": line}, maxlen=self.maxlen, approximate=True)
+                pipe.execute()
+            except self._errors as exc:
+                if self.healthy:
+                    logger.warning("audit stream unreachable (%s); %d entries queued", type(exc).__name__, self.pending)
+                self.healthy = False
+                if self._closing.wait(delay):
+                    return
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            with self._cond:
+                for _ in range(min(len(batch), len(self._pending))):  # close() may have given up on them
+                    self._pending.popleft()
+                self._cond.notify_all()
+            if not self.healthy:
+                logger.warning("audit stream reachable again")
+            self.healthy = True
+            delay = self.retry_initial_s
+
+
+def read_stream(client: Any, stream: str = "tenantgate:audit", *, batch: int = 1000) -> Iterator[bytes]:
+    """The entries of a Redis Stream in stream order, as lines for `verify`.
+
+    A batch whose EXEC reply was lost may have been written twice; an exact repeat of a
+    recent line carries nothing new, so it is skipped rather than reported as reordering.
+    """
+    recent: collections.deque[bytes] = collections.deque()
+    seen: set[bytes] = set()
+    last = "-"
+    while rows := client.xrange(stream, min=last, max="+", count=batch):
+        for entry_id, fields in rows:
+            value = fields.get(b"entry", fields.get("entry", b""))
+            raw = value if isinstance(value, bytes) else value.encode("utf-8")
+            digest = hashlib.sha256(raw).digest()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            recent.append(digest)
+            if len(recent) > 10_000:
+                seen.discard(recent.popleft())
+            yield raw  # verify decodes it, and calls bytes that are not UTF-8 what they are
+        last_id = rows[-1][0]
+        last = "(" + (last_id.decode() if isinstance(last_id, bytes) else last_id)

@@ -1,0 +1,210 @@
+"""The audit trail: chains each record to the one before it and signs the chain.
+
+`AuditTrail.append` gives a record its place (`chain`, `seq`, `prev`) and writes the
+same line to every sink, under one lock, so every sink sees one order. Every
+`checkpoint_every` records, when the oldest unsigned record is `checkpoint_interval_s`
+seconds old, and at `close()`, the trail writes a checkpoint signed with Ed25519 and asks
+the sinks to make what they hold durable.
+
+A failing sink does not fail the request that is being recorded: its copy of the chain
+gets a gap, which `tenantgate audit verify` reports as a deleted record, and the error
+is logged by seq number and sink type (never the record).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gateway.audit.chain import CHECKPOINT, RECORD, RESERVED_FIELDS, canonical_json, genesis_digest, key_id
+from gateway.audit.chain import line_digest, signed_body
+
+logger = logging.getLogger("tenantgate.audit")
+
+
+class AuditSink(Protocol):
+    def write(self, line: str) -> None: ...  # one entry, without the newline
+    def flush(self) -> None: ...  # called after each checkpoint: make the entries so far durable
+    def close(self) -> None: ...
+
+
+def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
+    """Reads an Ed25519 private key (PEM), or creates one readable by its owner only."""
+    path = Path(path)
+    if not path.exists():
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        # Written aside and linked into place: another process never reads half a key,
+        # and two processes racing to create it end up sharing one.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".audit-key-")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(pem)
+                file.flush()
+                os.fsync(file.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} is not an Ed25519 private key")
+    return key
+
+
+def public_key_pem(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+class AuditTrail:
+    def __init__(
+        self,
+        sinks: Sequence[AuditSink],
+        signer: Ed25519PrivateKey | None,
+        *,
+        checkpoint_every: int = 100,
+        checkpoint_interval_s: float = 10.0,
+        chain_id: str | None = None,
+    ) -> None:
+        if checkpoint_every < 1 or checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_every must be >= 1 and checkpoint_interval_s > 0")
+        if chain_id is not None and not chain_id:
+            raise ValueError("chain_id must not be empty")
+        self.sinks = list(sinks)
+        self.chain_id = chain_id or uuid.uuid4().hex[:16]
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.sink_errors = 0
+        self._signer = signer
+        self._key_id = key_id(signer.public_key()) if signer is not None else None
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._head = genesis_digest(self.chain_id)
+        self._records = 0
+        self._unsigned = 0  # records since the last checkpoint
+        self._unsigned_since = 0.0  # when the oldest of them was written (monotonic)
+        self._closed = False
+        self._stop = threading.Event()
+        self._timer = None
+        if signer is not None:
+            # Signs a quiet trail's last records within the interval, not at the next request.
+            self._timer = threading.Thread(target=self._tick, name="audit-checkpoint", daemon=True)
+            self._timer.start()
+
+    @property
+    def seq(self) -> int:
+        """The seq the next entry will get."""
+        return self._seq
+
+    def append(self, record: dict) -> dict:
+        """Chains and writes one record; returns the entry as written."""
+        if not isinstance(record, dict):
+            raise TypeError("an audit record is a dict")
+        if RESERVED_FIELDS & record.keys():
+            raise ValueError(f"an audit record must not set {sorted(RESERVED_FIELDS & record.keys())}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the audit trail is closed")
+            entry = {**record, "type": RECORD, "chain": self.chain_id, "seq": self._seq, "prev": self._head}
+            try:
+                line = canonical_json(entry)
+            except (TypeError, ValueError):
+                raise ValueError(f"audit record {self._seq} is not plain JSON (or holds NaN)") from None
+            self._write(line)
+            self._records += 1
+            self._unsigned += 1
+            if self._unsigned == 1:
+                self._unsigned_since = time.monotonic()
+            if self._unsigned >= self.checkpoint_every or self._overdue():
+                self._checkpoint()
+        return entry
+
+    def checkpoint(self) -> dict | None:
+        """Signs the chain now; None when there is no signer or nothing new to sign."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the audit trail is closed")
+            return self._checkpoint()
+
+    def close(self) -> None:
+        """Signs what is unsigned, then flushes and closes every sink. Idempotent."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
+        with self._lock:
+            if self._closed:
+                return
+            self._checkpoint()
+            self._closed = True
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                logger.error("audit sink %s failed to close (%s)", _name(sink), _name(exc))
+
+    def __enter__(self) -> AuditTrail:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _write(self, line: str) -> None:
+        for sink in self.sinks:
+            try:
+                sink.write(line)
+            except Exception as exc:
+                # Names the seq and types only: a sink's exception message may quote the line.
+                self.sink_errors += 1
+                logger.error("audit sink %s failed to write seq %d (%s)", _name(sink), self._seq, _name(exc))
+        self._head = line_digest(line)
+        self._seq += 1
+
+    def _checkpoint(self) -> dict | None:
+        if self._signer is None or self._unsigned == 0:
+            return None
+        checkpoint = {
+            "type": CHECKPOINT,
+            "chain": self.chain_id,
+            "seq": self._seq,
+            "head": self._head,
+            "count": self._records,
+            "time": round(time.time(), 3),
+            "key_id": self._key_id,
+        }
+        checkpoint["sig"] = base64.b64encode(self._signer.sign(signed_body(checkpoint))).decode("ascii")
+        self._write(canonical_json(checkpoint))
+        self._unsigned = 0
+        for sink in self.sinks:
+            try:
+                sink.flush()
+            except Exception as exc:
+                self.sink_errors += 1
+                logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), checkpoint["seq"], _name(exc))
+        return checkpoint
+
+    def _overdue(self) -> bool:
+        return self._unsigned > 0 and time.monotonic() - self._unsigned_since >= self.checkpoint_interval_s
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.checkpoint_interval_s / 4):
+            with self._lock:
+                if not self._closed and self._overdue():
+                    self._checkpoint()
+
+
+def _name(obj: object) -> str:
+    return type(obj).__name__

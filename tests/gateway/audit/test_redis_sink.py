@@ -1,0 +1,116 @@
+"""The Redis Stream sink against a real redis-server: delivery, outages, read-back."""
+
+import os
+import signal
+import statistics
+import time
+
+from gateway.audit.chain import verify
+from gateway.audit.sinks import RedisStreamSink, read_stream
+from gateway.audit.trail import AuditTrail
+from tests.gateway.audit.chains import record
+from tests.utils.opa import free_port
+
+
+def wait_for(condition, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def append_timed(trail: AuditTrail, start: int, count: int) -> list[float]:
+    latencies = []
+    for i in range(start, start + count):
+        began = time.perf_counter()
+        trail.append(record(i))
+        latencies.append(time.perf_counter() - began)
+    return latencies
+
+
+def test_entries_reach_the_stream_and_verify(redis_server, signing_key):
+    client = redis_server.client()
+    sink = RedisStreamSink(client, stream="audit:test")
+    with AuditTrail([sink], signing_key, checkpoint_every=100) as trail:
+        append_timed(trail, 0, 1000)
+    assert sink.dropped == 0 and sink.pending == 0 and sink.healthy
+    assert client.xlen("audit:test") == 1010
+    report = verify(read_stream(client, "audit:test", batch=300), signing_key.public_key())
+    assert report.ok and report.reason == "intact" and (report.records, report.checkpoints) == (1000, 10)
+    client.close()
+
+
+def test_an_outage_does_not_block_appends_and_loses_nothing_within_the_buffer(redis_server, signing_key):
+    client = redis_server.client()
+    sink = RedisStreamSink(client, stream="audit:test", buffer_size=5000, retry_max_s=0.2)
+    trail = AuditTrail([sink], signing_key, checkpoint_every=100)
+    append_timed(trail, 0, 300)
+    assert sink.drain(10)
+
+    redis_server.stop(save=True)
+    latencies = append_timed(trail, 300, 1000)
+    assert wait_for(lambda: not sink.healthy)
+    assert max(latencies) < 0.1 and statistics.median(latencies) < 0.005
+    assert sink.pending > 1000 - sink.batch_size
+
+    redis_server.start()
+    assert sink.drain(20) and sink.healthy and sink.dropped == 0
+    trail.close()
+    report = verify(read_stream(client, "audit:test"), signing_key.public_key())
+    assert report.ok and report.reason == "intact" and report.records == 1300
+    client.close()
+
+
+def test_a_hung_redis_does_not_block_appends(redis_server, signing_key):
+    client = redis_server.client(socket_timeout=0.5)
+    sink = RedisStreamSink(client, stream="audit:test", retry_max_s=0.2)
+    trail = AuditTrail([sink], signing_key, checkpoint_every=50)
+    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    try:
+        latencies = append_timed(trail, 0, 300)
+        assert max(latencies) < 0.1
+        assert wait_for(lambda: not sink.healthy)
+    finally:
+        os.kill(redis_server.process.pid, signal.SIGCONT)
+    assert sink.drain(20) and sink.dropped == 0
+    trail.close()
+    assert verify(read_stream(client, "audit:test"), signing_key.public_key()).reason == "intact"
+    client.close()
+
+
+def test_entries_beyond_the_buffer_are_dropped_and_counted(redis_server, signing_key):
+    unreachable = redis_server.client(port=free_port())
+    sink = RedisStreamSink(unreachable, buffer_size=10, retry_max_s=0.05)
+    for i in range(25):
+        sink.write(f'{{"n":{i}}}')
+    assert sink.dropped == 15 and sink.pending == 10
+    assert wait_for(lambda: not sink.healthy)
+    sink.close(timeout=0.1)
+    assert sink.dropped == 25 and sink.pending == 0
+    unreachable.close()
+
+
+def test_a_gap_in_the_central_copy_is_reported(redis_server, signing_key):
+    client = redis_server.client()
+    sink = RedisStreamSink(client, stream="audit:test")
+    with AuditTrail([sink], signing_key, checkpoint_every=10) as trail:
+        append_timed(trail, 0, 30)
+    victim = client.xrange("audit:test", count=6)[-1][0]
+    client.xdel("audit:test", victim)
+    report = verify(read_stream(client, "audit:test"), signing_key.public_key())
+    assert (report.ok, report.first_bad_seq, report.reason) == (False, 5, "record 5 is missing (deleted)")
+    client.close()
+
+
+def test_read_stream_skips_an_exact_repeat_of_a_recent_entry(redis_server, signing_key):
+    client = redis_server.client(decode_responses=True)
+    with AuditTrail([sink := RedisStreamSink(client, stream="s")], signing_key, checkpoint_every=5) as trail:
+        append_timed(trail, 0, 12)
+    lines = list(read_stream(client, "s"))
+    for line in lines[8:11]:  # as if an EXEC reply was lost and the batch sent again
+        client.xadd("s", {"entry": line})
+    assert list(read_stream(client, "s")) == lines and sink.dropped == 0
+    assert verify(read_stream(client, "s"), signing_key.public_key()).reason == "intact"
+    client.close()

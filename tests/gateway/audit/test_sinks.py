@@ -1,0 +1,114 @@
+import io
+import json
+import os
+import stat
+
+import pytest
+
+from gateway.audit.chain import verify, verify_files
+from gateway.audit.sinks import RotatingFileSink, StreamSink, rotated_files
+from gateway.audit.trail import AuditTrail
+from tests.gateway.audit.chains import record
+
+
+def write_rotating(tmp_path, key, records, *, max_bytes=20_000, backup_count=50, every=25):
+    sink = RotatingFileSink(tmp_path / "audit.jsonl", max_bytes=max_bytes, backup_count=backup_count)
+    with AuditTrail([sink], key, checkpoint_every=every, chain_id="gw") as trail:
+        for i in range(records):
+            trail.append(record(i))
+    return rotated_files(tmp_path / "audit.jsonl")
+
+
+def test_stream_sink_writes_json_lines():
+    out = io.StringIO()
+    sink = StreamSink(out)
+    sink.write('{"a":1}')
+    sink.close()
+    assert out.getvalue() == '{"a":1}\n'
+
+
+def test_stream_sink_defaults_to_stdout(capsys, signing_key):
+    with AuditTrail([StreamSink()], signing_key) as trail:
+        trail.append(record(0))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and verify(lines, signing_key.public_key()).reason == "intact"
+
+
+def test_rotation_keeps_files_under_the_size_and_verifies_as_one_chain(tmp_path, signing_key):
+    files = write_rotating(tmp_path, signing_key, 400)
+    assert len(files) > 3
+    assert files[-1].name == "audit.jsonl" and files[0].name == f"audit.jsonl.{len(files) - 1}"
+    assert all(f.stat().st_size <= 20_000 for f in files)
+    report = verify_files(files, signing_key.public_key())
+    assert report.ok and report.reason == "intact" and report.records == 400
+
+
+def test_rotated_files_given_in_the_wrong_order_are_not_one_chain(tmp_path, signing_key):
+    files = write_rotating(tmp_path, signing_key, 400)
+    report = verify_files(list(reversed(files)), signing_key.public_key())
+    assert not report.ok
+
+
+def test_a_file_beginning_mid_chain_verifies_from_its_first_entry(tmp_path, signing_key):
+    files = write_rotating(tmp_path, signing_key, 400)
+    first_seq = json.loads(files[1].read_text().splitlines()[0])["seq"]
+    report = verify_files(files[1:], signing_key.public_key())
+    assert report.ok and report.first_bad_seq is None
+    assert report.warnings == [f"chain gw starts at seq {first_seq}"]
+    # A middle file alone: its end is signed only by a checkpoint in the next file.
+    one = verify_files([files[-2]], signing_key.public_key())
+    assert one.ok and one.warnings[0].startswith("no checkpoint covers records after seq")
+    assert one.warnings[1].startswith("chain gw starts at seq")
+
+
+def test_a_record_deleted_inside_a_rotated_file_is_tampering(tmp_path, signing_key):
+    files = write_rotating(tmp_path, signing_key, 400)
+    lines = files[1].read_text().splitlines(keepends=True)
+    gone = json.loads(lines[5])["seq"]
+    files[1].write_text("".join(lines[:5] + lines[6:]))
+    report = verify_files(files, signing_key.public_key())
+    assert (report.ok, report.first_bad_seq) == (False, gone)
+    assert report.reason == f"record {gone} is missing (deleted)"  # said of a checkpoint too: its kind is gone with it
+
+
+def test_a_broken_line_names_its_file_and_line(tmp_path, signing_key):
+    files = write_rotating(tmp_path, signing_key, 100)
+    with open(files[0], "ab") as file:
+        file.write(b"\xff\xfe not utf-8\n")
+    report = verify_files(files, signing_key.public_key())
+    assert not report.ok and report.reason.startswith(f"{files[0]}:") and report.reason.endswith("is not an audit entry")
+
+
+def test_the_file_sink_appends_across_restarts_as_separate_chains(tmp_path, signing_key):
+    path = tmp_path / "audit.jsonl"
+    for chain_id in ("first-run", "second-run"):
+        with AuditTrail([RotatingFileSink(path)], signing_key, chain_id=chain_id) as trail:
+            for i in range(10):
+                trail.append(record(i))
+    report = verify_files([path], signing_key.public_key())
+    assert report.ok and report.chains == 2 and report.records == 20 and report.reason == "intact"
+
+
+def test_the_file_is_not_world_readable_and_fsyncs_at_checkpoints(tmp_path, signing_key, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    path = tmp_path / "audit.jsonl"
+    with AuditTrail([RotatingFileSink(path)], signing_key, checkpoint_every=10) as trail:
+        for i in range(20):
+            trail.append(record(i))
+        assert len(synced) == 2
+    assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0
+
+
+def test_rotated_files_orders_backups_numerically(tmp_path):
+    for name in ("a.log", "a.log.1", "a.log.2", "a.log.10", "a.log.bak", "b.log.3"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in rotated_files(tmp_path / "a.log")] == ["a.log.10", "a.log.2", "a.log.1", "a.log"]
+
+
+def test_invalid_rotation_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError):
+        RotatingFileSink(tmp_path / "x", max_bytes=0)
+    with pytest.raises(ValueError):
+        RotatingFileSink(tmp_path / "x", backup_count=0)
