@@ -5,8 +5,9 @@ Both servers run the same way (uvicorn, one process each, FastAPI, httptools), a
 measured in the same run, alternating, from a client in this process:
 
 - gateway: Entra token verification (RS256, JWKS from a local issuer), Rego decision
-  (embedded regorus, decision cache on), clamp and envelope, GCRA limits, the null
-  engine (16 fixed tokens, no model), usage and an audit record written to a log file;
+  (embedded regorus, decision cache on), clamp and envelope, GCRA limits (in-process),
+  the null engine (16 fixed tokens, no model), usage, and a record in the hash-chained,
+  signed audit trail (a file);
 - bare: POST /v1/chat/completions reads the body and returns the gateway's response bytes.
 
 Printed: at concurrency 1, p50/p99 latency of each and the difference (target: added
@@ -62,21 +63,15 @@ def bench_data(directory: Path) -> Path:
 
 
 def serve_gateway(port: int, issuer_url: str, data_dir: str, audit_file: str) -> None:
-    import logging
-
     import uvicorn
 
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    handler = logging.FileHandler(audit_file)
-    audit = logging.getLogger("tenantgate.audit")
-    audit.addHandler(handler)
-    audit.setLevel(logging.INFO)
-    audit.propagate = False
     settings = Settings(engine="null", served_model_name="demo", authority=issuer_url, v1_issuer_host=issuer_url,
                         audiences=[AUDIENCE], policy_data_dir=Path(data_dir), metrics_port=0,
-                        policy_reload_interval_s=0)
+                        policy_reload_interval_s=0, audit_stdout=False, audit_file=Path(audit_file),
+                        audit_signing_key=Path(audit_file).with_name("audit-signing.pem"))
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -276,8 +271,9 @@ def main() -> int:
                 stop_server(bare)
         finally:
             stop_server(gateway)
-        audit_lines = sum(1 for _ in (tmp_path / "audit.log").open())
-        print(f"\naudit records written by the gateway: {audit_lines}")
+        entries = [json.loads(line) for line in (tmp_path / "audit.log").open()]
+        records = sum(1 for e in entries if e.get("type") == "record")
+        print(f"\naudit trail written by the gateway: {records} records, {len(entries) - records} signed checkpoints")
         if profile is not None and profile.exists():
             print_profile(profile)
             if os.environ.get("KEEP_PROFILE"):

@@ -15,7 +15,8 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from gateway.audit import AuditLog
+from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
+from gateway.audit import load_or_create_signing_key
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
@@ -69,6 +70,33 @@ def build_limiter(settings: Settings) -> Limiter:
     return RedisLimiter(client, breaker_s=settings.redis_breaker_s, lease_s=settings.concurrency_lease_s)
 
 
+def build_audit(settings: Settings) -> AuditRecorder:
+    import os
+    import socket
+
+    from gateway.redaction import Redactor
+
+    sinks = []
+    if settings.audit_stdout:
+        sinks.append(StreamSink())
+    if settings.audit_file is not None:
+        sinks.append(RotatingFileSink(settings.audit_file, settings.audit_file_max_bytes, settings.audit_file_backups))
+    if settings.audit_redis_stream:
+        import redis
+
+        client = redis.Redis.from_url(settings.redis_url.get_secret_value(), socket_timeout=settings.redis_timeout_s,
+                                      socket_connect_timeout=settings.redis_timeout_s)
+        sinks.append(RedisStreamSink(client, settings.audit_redis_stream))
+    key_path = settings.audit_signing_key or cache_dir() / "audit-signing.pem"
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    trail = AuditTrail(sinks, load_or_create_signing_key(key_path),
+                       checkpoint_every=settings.audit_checkpoint_every,
+                       checkpoint_interval_s=settings.audit_checkpoint_interval_s,
+                       chain_id=settings.audit_chain_id or f"{socket.gethostname()}-{os.getpid()}")
+    key = settings.namespace_key
+    return AuditRecorder(trail, key, Redactor(key + b":redaction"))
+
+
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
                limiter: Limiter | None = None) -> FastAPI:
@@ -119,9 +147,13 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             if limiter is None:
                 stack.push_async_callback(app_limiter.aclose)
 
+            app_audit = build_audit(settings)
+            stack.callback(app_audit.close)
+            stack.push_async_callback(app_audit.drain)  # runs first: pending records, then the close
+
             app.state.gateway = Gateway(
                 settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
-                limiter=app_limiter, audit=AuditLog(settings.namespace_key, enabled=settings.audit_log),
+                limiter=app_limiter, audit=app_audit,
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
             yield

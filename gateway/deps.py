@@ -12,7 +12,7 @@ from gateway.auth.principal import Principal
 from gateway.errors import MissingCredentials, Unauthenticated
 
 if TYPE_CHECKING:
-    from gateway.audit import AuditLog
+    from gateway.audit import AuditRecorder
     from gateway.auth import EntraVerifier, LocalIssuer
     from gateway.inference import InferenceBackend
     from gateway.limits import Limiter
@@ -30,7 +30,7 @@ class Gateway:
     policy: PolicyEngine
     backend: InferenceBackend
     limiter: Limiter
-    audit: AuditLog
+    audit: AuditRecorder
     metrics: GatewayMetrics
     issuer: LocalIssuer | None = None
     extras: dict = field(default_factory=dict)

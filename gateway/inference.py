@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -23,15 +25,40 @@ class InferenceBackend(Protocol):
     model_name: str  # the name callers use in "model"
     fingerprint: str
     max_model_len: int
+    expects_records: bool  # whether engine_record() will see an x-record for each request
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
     def render_chat(self, messages: list[dict]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
     def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...
+    def engine_record(self, request_id: str): ...  # the engine's x-record once the request ended, once
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
+
+
+class PendingRecords:
+    """An engine record sink that holds x-records until the gateway's audit picks them up."""
+
+    LIMIT = 10_000  # records nobody asked for (requests that never reached an audit) age out
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def request(self, record) -> None:
+        with self._lock:
+            self._records[record.request_id] = record
+            if len(self._records) > self.LIMIT:
+                self._records.popitem(last=False)
+
+    def step(self, record) -> None:
+        pass
+
+    def pop(self, request_id: str):
+        with self._lock:
+            return self._records.pop(request_id, None)
 
 
 class EngineBackend:
@@ -46,6 +73,12 @@ class EngineBackend:
         self.fingerprint = engine.fingerprint
         self.max_model_len = engine.max_model_len
         self._tokenizer = engine.tokenizer
+        self.expects_records = True
+        self._records = PendingRecords()
+        engine.sinks.append(self._records)
+
+    def engine_record(self, request_id: str):
+        return self._records.pop(request_id)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -78,7 +111,11 @@ class NullBackend:
         self.model_name = model_name
         self.fingerprint = "null"
         self.max_model_len = max_model_len
+        self.expects_records = False
         self._running = False
+
+    def engine_record(self, request_id: str):
+        return None
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         # One token per four bytes, like a typical BPE on English text.

@@ -80,7 +80,17 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, gt=0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9100, ge=0, le=65535)  # 0: no metrics listener
-    audit_log: bool = True
+    # The audit trail: JSON lines to stdout, a rotating file and/or a Redis Stream (on redis_url).
+    audit_stdout: bool = True
+    audit_file: Path | None = None
+    audit_file_max_bytes: int = Field(100 << 20, gt=0)
+    audit_file_backups: int = Field(10, gt=0)
+    audit_redis_stream: str = ""  # e.g. tenantgate:audit
+    # Ed25519 key that signs the chain's checkpoints; development creates one in the cache.
+    audit_signing_key: Path | None = None
+    audit_checkpoint_every: int = Field(100, gt=0)
+    audit_checkpoint_interval_s: float = Field(10.0, gt=0)
+    audit_chain_id: str = ""  # default: host name and process id
 
     @model_validator(mode="before")
     @classmethod
@@ -103,6 +113,10 @@ class Settings(BaseSettings):
             raise ValueError("the null engine is for benchmarks; it is refused outside development")
         if self.namespace_secret.get_secret_value() == DEV_NAMESPACE_SECRET:
             raise ValueError("namespace_secret still has its development value; set TENANTGATE_NAMESPACE_SECRET")
+        if self.audit_signing_key is None:
+            raise ValueError("audit_signing_key must name the Ed25519 key that signs the audit trail")
+        if self.audit_redis_stream and not self.redis_url.get_secret_value():
+            raise ValueError("audit_redis_stream needs redis_url")
         if not self.authority.startswith("https://") or not self.v1_issuer_host.startswith("https://"):
             raise ValueError("authority and v1_issuer_host must be https outside development")
         return self

@@ -6,12 +6,12 @@ altered, deleted or reordered entry.
 """
 
 from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
-from gateway.audit.log import AuditLog
+from gateway.audit.recorder import AuditRecorder
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail, load_or_create_signing_key, public_key_pem
 
 __all__ = [
-    "AuditLog",
+    "AuditRecorder",
     "AuditSink",
     "AuditTrail",
     "RedisStreamSink",

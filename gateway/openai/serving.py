@@ -24,7 +24,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import InvalidRequest, ModelNotFound, PolicyDenied, RateLimited, Unavailable
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PolicyDenied, RateLimited, Unavailable
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
 from gateway.openai.protocol import SamplingFields
 from gateway.policy.exceptions import PolicyError
@@ -52,11 +52,17 @@ class Admitted:
     params: SamplingParams
     token_ids: list[int]
     ticket: Ticket
+    request_body: dict = field(default_factory=dict)  # for a record only when the decision allows content
     started: float = field(default_factory=time.perf_counter)
     created: int = field(default_factory=lambda: int(time.time()))
     output_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
+
+    @property
+    def keeps_content(self) -> bool:
+        return self.judgement.decision.logging.content == "redacted"
 
 
 def new_request_id(prefix: str) -> str:
@@ -115,7 +121,9 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
         gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
     request.state.decision = "allow" if judgement.decision.allow else "deny"
     if not judgement.decision.allow:
-        raise PolicyDenied(judgement.decision.reasons, judgement.revision)
+        denied = PolicyDenied(judgement.decision.reasons, judgement.revision)
+        denied.judgement = judgement  # for the audit record
+        raise denied
     return judgement
 
 
@@ -160,23 +168,52 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
     document = policy_input(gateway, principal, request, route=route, model=body.model, stream=body.stream,
                             prompt_tokens=len(token_ids), max_tokens=requested_max_tokens,
                             temperature=body.temperature)
-    judgement = await judge(gateway, request, document)
-    decision = judgement.decision
-    max_tokens = effective_max_tokens(gateway, decision, requested_max_tokens, len(token_ids))
-    envelope = envelope_for(gateway, principal, judgement)
+    judgement = None
     try:
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            seed=body.seed,
-            stop=body.stop_list(),
-            logprobs=logprobs,
-        )
-    except SamplingParamsError as exc:
-        raise InvalidRequest(str(exc), param=exc.param) from None
-    ticket = await reserve(gateway, principal, decision, request_id, len(token_ids) + max_tokens)
-    return Admitted(request_id, route, principal, judgement, envelope, params, token_ids, ticket)
+        judgement = await judge(gateway, request, document)
+        decision = judgement.decision
+        max_tokens = effective_max_tokens(gateway, decision, requested_max_tokens, len(token_ids))
+        envelope = envelope_for(gateway, principal, judgement)
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                seed=body.seed,
+                stop=body.stop_list(),
+                logprobs=logprobs,
+            )
+        except SamplingParamsError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
+        ticket = await reserve(gateway, principal, decision, request_id, len(token_ids) + max_tokens)
+    except GatewayError as exc:
+        judgement = judgement or getattr(exc, "judgement", None)
+        audit_refusal(gateway, request_id, route, principal, judgement, len(token_ids), exc)
+        raise
+    admitted = Admitted(request_id, route, principal, judgement, envelope, params, token_ids, ticket)
+    if admitted.keeps_content:
+        admitted.request_body = body.model_dump(mode="json", exclude_none=True)
+        admitted.texts = []
+    return admitted
+
+
+def _decision_summary(decision: Decision) -> dict:
+    return {"allow": decision.allow, "reasons": decision.reasons, "cache_scope": decision.cache.scope,
+            "isolation": decision.batching.isolation, "deterministic": decision.batching.deterministic,
+            "logging": decision.logging.content, "max_tokens": decision.limits.max_tokens}
+
+
+def audit_refusal(gateway: Gateway, request_id: str, route: str, principal: Principal,
+                  judgement: Judgement | None, prompt_tokens: int, error: GatewayError) -> None:
+    """A judged request that never reached the engine still leaves its record."""
+    gateway.audit.write({
+        "request_id": request_id, "route": route, **gateway.audit.principal_digests(principal),
+        "policy_revision": judgement.revision if judgement else None,
+        "decision": _decision_summary(judgement.decision) if judgement else None,
+        "model_fingerprint": gateway.backend.fingerprint,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0},
+        "status": error.status_code, "outcome": error.code or error.type,
+    })
 
 
 QUOTA_STORE_RETRY_S = 2.0
@@ -217,6 +254,8 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
         async for output in outputs:
             admitted.output_tokens = output.num_output_tokens
             admitted.cached_tokens = output.num_cached_tokens
+            if admitted.texts is not None:
+                admitted.texts.append(output.new_text)
             if output.finished:
                 admitted.finish_reason = output.finish_reason
             yield output
@@ -272,21 +311,22 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
     gateway.metrics.tokens.labels("input", tenant_tag).inc(len(admitted.token_ids))
     gateway.metrics.tokens.labels("output", tenant_tag).inc(admitted.output_tokens)
     decision = admitted.judgement.decision
-    audit = gateway.audit
-    audit.record(
-        request_id=admitted.request_id,
-        route=admitted.route,
-        tenant=audit.digest("tenant:" + admitted.principal.tenant_id),
-        principal=audit.digest(f"principal:{admitted.principal.tenant_id}:{admitted.principal.object_id}"),
-        policy_revision=admitted.judgement.revision,
-        decision={"allow": decision.allow, "cache_scope": decision.cache.scope,
-                  "isolation": decision.batching.isolation, "deterministic": decision.batching.deterministic,
-                  "max_tokens": admitted.params.max_tokens, "logging": decision.logging.content},
-        model_fingerprint=gateway.backend.fingerprint,
-        usage={"prompt_tokens": len(admitted.token_ids), "completion_tokens": admitted.output_tokens,
-               "cached_tokens": admitted.cached_tokens},
-        finish_reason=admitted.finish_reason,
-        latency_ms=round((time.perf_counter() - admitted.started) * 1000, 3),
-        status=status,
-        outcome=outcome,
-    )
+    record = {
+        "request_id": admitted.request_id,
+        "route": admitted.route,
+        **gateway.audit.principal_digests(admitted.principal),
+        "policy_revision": admitted.judgement.revision,
+        "decision": _decision_summary(decision) | {"max_tokens": admitted.params.max_tokens},
+        "model_fingerprint": gateway.backend.fingerprint,
+        "usage": {"prompt_tokens": len(admitted.token_ids), "completion_tokens": admitted.output_tokens,
+                  "cached_tokens": admitted.cached_tokens},
+        "finish_reason": admitted.finish_reason,
+        "latency_ms": round((time.perf_counter() - admitted.started) * 1000, 3),
+        "status": status,
+        "outcome": outcome,
+    }
+    if admitted.keeps_content:
+        content = gateway.audit.content(decision, admitted.request_body, "".join(admitted.texts or ()))
+        if content is not None:
+            record["content"] = content
+    gateway.audit.write_after_engine(gateway.backend, admitted.request_id, record)

@@ -41,6 +41,12 @@ class Gateway:
     sink: ListSink
     app: object
     clients: list
+    audit_file: Path
+
+    def audit_records(self) -> list[dict]:
+        import json
+
+        return [e for e in map(json.loads, self.audit_file.read_text().splitlines()) if e["type"] == "record"]
 
     def token(self, tenant: str = ALPHA, **options) -> str:
         return self.issuer.mint(tenant, audience=options.pop("audience", AUDIENCE), **options)
@@ -69,21 +75,23 @@ def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:
     values = dict(
         authority=issuer.base_url, v1_issuer_host=issuer.base_url, audiences=[AUDIENCE],
         policy_data_dir=DATA_DIR, served_model_name="demo", metrics_port=free_port(),
-        policy_reload_interval_s=0,
+        policy_reload_interval_s=0, audit_stdout=False,
     )
     return Settings(**(values | overrides))
 
 
 @pytest.fixture(scope="session")
-def gateway(local_issuer: LocalIssuer, demo_engine) -> Iterator[Gateway]:
+def gateway(local_issuer: LocalIssuer, demo_engine, tmp_path_factory) -> Iterator[Gateway]:
     engine, sink = demo_engine
-    settings = gateway_settings(local_issuer)
+    audit_dir = tmp_path_factory.mktemp("audit")
+    settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
+                                audit_signing_key=audit_dir / "audit-signing.pem")
     metrics = GatewayMetrics()
     engine.sinks.append(PrometheusSink(metrics.registry))
     app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics)
     with serving(app) as base_url:
         running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", local_issuer, engine,
-                          sink, app, [])
+                          sink, app, [], settings.audit_file)
         yield running
         for client in running.clients:
             client.close()

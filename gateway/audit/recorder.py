@@ -1,0 +1,80 @@
+"""The gateway's side of the audit trail: one record per judged request.
+
+A record says who asked (keyed digests of tenant and principal, never the ids), under
+which policy revision, what was decided, what ran (the engine's x-record: digests and
+numbers), usage, latency and outcome. Content appears only when the tenant's decision
+says `redacted`, and then only after the decision's JSON pointers are removed and the
+detectors have replaced secrets and PII. Bearer tokens are never part of a record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+
+from gateway.audit.trail import AuditTrail
+
+logger = logging.getLogger("tenantgate.audit")
+
+# How long a finished request waits for the engine's x-record (an abort is recorded by the
+# engine thread a moment after the caller has gone).
+ENGINE_RECORD_WAIT_S = 2.0
+
+
+class AuditRecorder:
+    def __init__(self, trail: AuditTrail | None, key: bytes, redactor=None) -> None:
+        self.trail = trail
+        self._key = key
+        self.redactor = redactor
+        self.pending: set[asyncio.Task] = set()
+
+    def digest(self, value: str) -> str:
+        return hmac.new(self._key, b"audit:" + value.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def principal_digests(self, principal) -> dict:
+        return {"tenant": self.digest("tenant:" + principal.tenant_id),
+                "principal": self.digest(f"principal:{principal.tenant_id}:{principal.object_id}")}
+
+    def write(self, record: dict) -> dict | None:
+        if self.trail is None:
+            return None
+        return self.trail.append({"decision_id": str(uuid.uuid4()), "time": round(time.time(), 3), **record})
+
+    def content(self, decision, request_body: dict, response_text: str | None) -> dict | None:
+        """The request and response as the decision allows them in a record: None unless the
+        logging content is "redacted", then with its pointers removed and detectors applied."""
+        if decision.logging.content != "redacted" or self.redactor is None:
+            return None
+        document = {"request": request_body,
+                    "response": {"choices": [{"text": response_text}]} if response_text is not None else {}}
+        return self.redactor.redact(document, decision.logging.redact)
+
+    def write_after_engine(self, backend, request_id: str, record: dict) -> None:
+        """Writes the record once the engine's x-record for the request is in (or a moment has passed)."""
+
+        async def join() -> None:
+            deadline = time.monotonic() + ENGINE_RECORD_WAIT_S
+            engine_record = backend.engine_record(request_id)
+            while engine_record is None and backend.expects_records and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                engine_record = backend.engine_record(request_id)
+            if engine_record is not None:
+                record["engine"] = {k: v for k, v in dataclasses.asdict(engine_record).items() if k != "request_id"}
+            self.write(record)
+
+        task = asyncio.get_running_loop().create_task(join())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def drain(self) -> None:
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+    def close(self) -> None:
+        if self.trail is not None:
+            self.trail.close()

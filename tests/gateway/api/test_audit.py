@@ -1,0 +1,52 @@
+"""Every judged request leaves one record in the hash-chained trail: who (digests), under
+which policy, what ran (the engine's x-record), usage and outcome; refusals too."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+from gateway.audit import verify_files
+from tests.gateway.api.conftest import ALPHA, BETA
+
+CHAT = [{"role": "user", "content": "Which revision judged this request?"}]
+
+
+def _record(gateway, request_id: str, timeout_s: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for record in gateway.audit_records():
+            if record["request_id"] == request_id:
+                return record
+        time.sleep(0.02)
+    raise AssertionError(f"no audit record for {request_id}")
+
+
+def test_a_completed_request_is_recorded_with_the_engines_x_record(gateway) -> None:
+    completion = gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=3)
+    record = _record(gateway, completion.id)
+    assert record["policy_revision"] == gateway.state.policy.revision
+    assert record["decision"]["allow"] is True and record["decision"]["cache_scope"] == "tenant"
+    assert record["usage"]["completion_tokens"] == completion.usage.completion_tokens
+    assert record["engine"]["output_tokens"] == completion.usage.completion_tokens
+    assert record["engine"]["model_fingerprint"] == gateway.engine.fingerprint
+    assert record["status"] == 200 and record["outcome"] == "completed"
+    assert ALPHA not in str(record)  # digests, never the tenant id
+    assert "content" not in record  # Alpha's policy logs no content
+
+
+def test_a_denied_request_is_recorded_with_its_reasons(gateway) -> None:
+    with pytest.raises(openai.PermissionDeniedError):
+        gateway.client(BETA).chat.completions.create(model="demo", messages=CHAT, max_tokens=3)
+    denied = [r for r in gateway.audit_records() if r["status"] == 403]
+    assert denied and denied[-1]["decision"]["allow"] is False
+    assert "the requested model is not available to this tenant" in denied[-1]["decision"]["reasons"]
+
+
+def test_the_trail_verifies(gateway) -> None:
+    gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    report = verify_files([gateway.audit_file], None)
+    assert report.ok, report.reason
+    assert report.records >= 2
