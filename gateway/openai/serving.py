@@ -71,7 +71,8 @@ def new_request_id(prefix: str) -> str:
 
 def check_model(gateway: Gateway, model: str) -> None:
     if model != gateway.backend.model_name:
-        raise ModelNotFound(f"the model {model!r} is not served here", param="model")
+        # The name is the caller's text; it is not echoed back.
+        raise ModelNotFound("the requested model is not served here", param="model")
 
 
 def unsupported(body: SamplingFields) -> None:
