@@ -54,7 +54,8 @@ MAX_TOKENS = 16
 def bench_data(directory: Path) -> Path:
     tenants = json.loads((DEFAULT_POLICY_DIR / "data" / "tenants.example.json").read_text())
     limits = tenants["tenants"][TENANT]["limits"]
-    limits.update(requests_per_minute=10**9, tokens_per_minute=10**12, max_tokens=1024, max_context_tokens=32768)
+    limits.update(requests_per_minute=10**9, tokens_per_minute=10**12, max_tokens=1024, max_context_tokens=32768,
+                  principal_requests_per_minute=10**9, principal_tokens_per_minute=10**12, concurrent_requests=10**6)
     (directory / "tenants.json").write_text(json.dumps(tenants))
     return directory
 
