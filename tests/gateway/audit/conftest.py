@@ -1,13 +1,13 @@
 """Signing keys and a real redis-server for the audit tests.
 
-`redis_server` is local until tests/conftest.py has a shared one; this one can be
-stopped and started again on the same port and directory, for outage tests.
+`redis_server` here is one per test (it overrides the session-wide one): the Redis sink
+tests stop it (optionally saving its data), freeze it, and start it again on the same
+port and directory.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -79,13 +79,8 @@ class RedisProcess:
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if not os.path.exists(binary):
-        message = "redis-server not found"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+def redis_server(redis_binary: str, tmp_path: Path) -> Iterator[RedisProcess]:
+    binary = redis_binary
     workdir = tmp_path / "redis"
     workdir.mkdir()
     server = RedisProcess(binary, workdir)
