@@ -70,13 +70,13 @@ def build_limiter(settings: Settings) -> Limiter:
     return RedisLimiter(client, breaker_s=settings.redis_breaker_s, lease_s=settings.concurrency_lease_s)
 
 
-def build_audit(settings: Settings) -> AuditRecorder:
+def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     import os
     import socket
 
     from gateway.redaction import Redactor
 
-    sinks = []
+    sinks, redis_sink = [], None
     if settings.audit_stdout:
         sinks.append(StreamSink())
     if settings.audit_file is not None:
@@ -86,13 +86,15 @@ def build_audit(settings: Settings) -> AuditRecorder:
 
         client = redis.Redis.from_url(settings.redis_url.get_secret_value(), socket_timeout=settings.redis_timeout_s,
                                       socket_connect_timeout=settings.redis_timeout_s)
-        sinks.append(RedisStreamSink(client, settings.audit_redis_stream))
+        redis_sink = RedisStreamSink(client, settings.audit_redis_stream)
+        sinks.append(redis_sink)
     key_path = settings.audit_signing_key or cache_dir() / "audit-signing.pem"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     trail = AuditTrail(sinks, load_or_create_signing_key(key_path),
                        checkpoint_every=settings.audit_checkpoint_every,
                        checkpoint_interval_s=settings.audit_checkpoint_interval_s,
                        chain_id=settings.audit_chain_id or f"{socket.gethostname()}-{os.getpid()}")
+    metrics.watch_audit(trail, redis_sink)
     key = settings.namespace_key
     return AuditRecorder(trail, key, Redactor(key + b":redaction"))
 
@@ -147,7 +149,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             if limiter is None:
                 stack.push_async_callback(app_limiter.aclose)
 
-            app_audit = build_audit(settings)
+            app_audit = build_audit(settings, app_metrics)
             stack.callback(app_audit.close)
             stack.push_async_callback(app_audit.drain)  # runs first: pending records, then the close
 

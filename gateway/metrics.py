@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class GatewayMetrics:
@@ -26,6 +26,16 @@ class GatewayMetrics:
             ["gen_ai_token_type", "tenant"], registry=self.registry)
         self._server = None
 
+    def watch_audit(self, trail, redis_sink=None) -> None:
+        """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
+        Gauge("tenantgate_audit_sink_errors", "Audit entries a sink failed to write (a gap in that copy).",
+              registry=self.registry).set_function(lambda: trail.sink_errors)
+        if redis_sink is not None:
+            Gauge("tenantgate_audit_stream_pending", "Audit entries waiting for the Redis Stream.",
+                  registry=self.registry).set_function(lambda: redis_sink.pending)
+            Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
+                  registry=self.registry).set_function(lambda: redis_sink.dropped)
+
     def serve(self, host: str, port: int) -> int:
         """Starts the metrics listener; returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
@@ -37,3 +47,13 @@ class GatewayMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def watch_audit(self, trail, redis_sink=None) -> None:
+        """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
+        Gauge("tenantgate_audit_sink_errors", "Audit entries a sink failed to write (a gap in that copy).",
+              registry=self.registry).set_function(lambda: trail.sink_errors)
+        if redis_sink is not None:
+            Gauge("tenantgate_audit_stream_pending", "Audit entries waiting for the Redis Stream.",
+                  registry=self.registry).set_function(lambda: redis_sink.pending)
+            Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
+                  registry=self.registry).set_function(lambda: redis_sink.dropped)
