@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
-from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask
+from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
-from engine.model.invariant import KEY_PAD, ROW_TILE
+from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.loader import load_weights
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
@@ -87,8 +87,10 @@ class ModelRunner:
             logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
-        # KV blocks per key padding unit of the batch-invariant path (1 if they do not divide).
-        self._blocks_per_key_pad = KEY_PAD // config.block_size if KEY_PAD % config.block_size == 0 else 1
+        self._group = model_config.num_attention_heads // model_config.num_key_value_heads
+        self._max_num_seqs = config.max_num_seqs
+        self._row_sizes: tuple[int, ...] | None = None  # of the invariant path, chosen at its first step
+        self._logit_row_sizes: tuple[int, ...] | None = None
         prev_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -113,12 +115,30 @@ class ModelRunner:
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if sample_rows:
             rows = hidden[torch.tensor(sample_rows, device=self.device)]
-            logits = self.model.compute_logits(rows, meta.row_tile)
+            logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
             seqs = [batch.seqs[i] for i in sampling]
             samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
             for i, sample in zip(sampling, samples):
                 results[i] = sample
         return results
+
+    def invariant_row_sizes(self) -> tuple[int, ...]:
+        """The row counts the invariant path calls row-wise work with: ROW_SIZES if this model's kernels
+        give a row the same bits in all of them, else the fixed ROW_TILE, which needs no such check."""
+        if self._row_sizes is None:
+            # Logits are taken for at most one row per sequence: check the lm_head (the widest
+            # matmul) only up to the first size that holds max_num_seqs rows.
+            logit_sizes = ROW_SIZES[: next((i + 1 for i, s in enumerate(ROW_SIZES) if s >= self._max_num_seqs), None)]
+            hidden = self.model.config.hidden_size
+            with torch.inference_mode():
+                ok = rows_are_invariant(self.model.row_functions(), ROW_SIZES, self.dtype, self.device)
+                ok = ok and rows_are_invariant([(self.model.lm_head, hidden)], logit_sizes, self.dtype, self.device)
+            if not ok:
+                logger.warning("row-wise kernels are not invariant across call sizes here; "
+                               "the deterministic lane falls back to %d-row tiles", ROW_TILE)
+            self._row_sizes = ROW_SIZES if ok else (ROW_TILE,)
+            self._logit_row_sizes = logit_sizes if ok else (ROW_TILE,)
+        return self._row_sizes
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
@@ -152,10 +172,12 @@ class ModelRunner:
                 if not invariant and (start > 0 or (self.sliding_window is not None and end > self.sliding_window)):
                     mask = build_mask(torch.arange(start, end), torch.arange(end), self.sliding_window).to(dev)
                 blocks = table[: -(-end // bs)]
-                if invariant:  # whole padding units, so attention needs no padded copy (extra blocks are masked)
-                    blocks = blocks + [0] * (-len(blocks) % self._blocks_per_key_pad)
+                key_groups = None
+                if invariant:  # blocks for the longest key length (the extra ones are masked)
+                    blocks = blocks + [0] * (-(-key_length(end - 1) // bs) - len(blocks))
+                    key_groups = self._chunk_keys(row, start, end)
                 blocks = torch.tensor(blocks, device=dev)
-                prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask))
+                prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask, key_groups))
             if end == seq.num_tokens:
                 sample_rows.append(row + num_new - 1)
                 sampling.append(i)
@@ -166,13 +188,12 @@ class ModelRunner:
             decode_block_tables=None,
             decode_mask=None,
             prefills=prefills,
-            row_tile=ROW_TILE if invariant else None,
-            sliding_window=self.sliding_window,
+            row_sizes=self.invariant_row_sizes() if invariant else None,
         )
-        if decode_rows:
+        if decode_rows and invariant:
+            meta.decode_groups = self._decode_keys(decode_rows, decode_tables, decode_lens)
+        elif decode_rows:
             max_blocks = max(-(-n // bs) for n in decode_lens)
-            if invariant:
-                max_blocks += -max_blocks % self._blocks_per_key_pad
             tables = torch.zeros(len(decode_rows), max_blocks, dtype=torch.long)
             for j, (table, n) in enumerate(zip(decode_tables, decode_lens)):
                 used = -(-n // bs)
@@ -185,7 +206,6 @@ class ModelRunner:
             meta.decode_rows = torch.tensor(decode_rows, device=dev)
             meta.decode_block_tables = tables.to(dev)
             meta.decode_mask = mask[:, None, None, :].to(dev)
-            meta.decode_lengths = lengths.to(dev)
         return (
             torch.tensor(input_ids, device=dev),
             torch.tensor(positions, device=dev),
@@ -193,3 +213,38 @@ class ModelRunner:
             sample_rows,
             sampling,
         )
+
+    def _tile_mask(self, positions: list[int] | range, num_keys: int) -> torch.Tensor:
+        return tile_mask(torch.tensor(positions), self._group, num_keys, self.sliding_window, self.dtype).to(self.device)
+
+    def _chunk_keys(self, row: int, start: int, end: int) -> list[ChunkKeys]:
+        """The chunk of positions [start, end) at step rows from `row`, split where the key length changes."""
+        groups = []
+        first = start
+        while first < end:
+            num_keys = key_length(first)
+            last = min(end, num_keys)
+            mask = self._tile_mask(range(first, last), num_keys)
+            groups.append(ChunkKeys(row + first - start, row + last - start, num_keys, mask))
+            first = last
+        return groups
+
+    def _decode_keys(self, rows: list[int], tables: list[list[int]], lengths: list[int]) -> list[DecodeKeys]:
+        """The decodes grouped by the key length of their position."""
+        by_keys: dict[int, list[int]] = {}
+        for j, n in enumerate(lengths):
+            by_keys.setdefault(key_length(n - 1), []).append(j)
+        groups = []
+        for num_keys, members in sorted(by_keys.items()):
+            num_blocks = -(-num_keys // self.block_size)
+            block_tables = torch.zeros(len(members), num_blocks, dtype=torch.long)
+            for i, j in enumerate(members):
+                used = -(-lengths[j] // self.block_size)
+                block_tables[i, :used] = torch.tensor(tables[j][:used])
+            groups.append(DecodeKeys(
+                torch.tensor([rows[j] for j in members], device=self.device),
+                block_tables.to(self.device),
+                num_keys,
+                self._tile_mask([lengths[j] - 1 for j in members], num_keys),
+            ))
+        return groups

@@ -14,7 +14,27 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model.invariant import decode_attention, sequence_attention
+from engine.model import invariant
+
+
+@dataclass
+class ChunkKeys:
+    """Rows [start, end) of a prefill chunk whose queries all see num_keys keys (invariant.key_length)."""
+
+    start: int
+    end: int
+    num_keys: int
+    mask: torch.Tensor  # invariant.tile_mask()
+
+
+@dataclass
+class DecodeKeys:
+    """The decodes whose queries all see num_keys keys (invariant.key_length)."""
+
+    rows: torch.Tensor  # [n] their rows of the step
+    block_tables: torch.Tensor  # [n, blocks covering num_keys], padded with block 0
+    num_keys: int
+    mask: torch.Tensor  # invariant.tile_mask()
 
 
 @dataclass
@@ -24,6 +44,7 @@ class PrefillSpan:
     context_len: int
     block_table: torch.Tensor  # [blocks covering the context]
     mask: torch.Tensor | None  # [q_len, context_len] bool, None = plain causal from position 0
+    key_groups: list[ChunkKeys] | None = None  # the invariant path's: the chunk by key length
 
 
 @dataclass
@@ -35,11 +56,10 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
     prefills: list[PrefillSpan]
-    decode_lengths: torch.Tensor | None = None  # [num_decodes] context length of each decode
     # Set for steps that hold a deterministic request: every row goes through the
-    # batch-invariant path (engine/model/invariant.py).
-    row_tile: int | None = None
-    sliding_window: int | None = None
+    # batch-invariant path (engine/model/invariant.py), row-wise work on calls of these sizes.
+    row_sizes: tuple[int, ...] | None = None
+    decode_groups: list[DecodeKeys] | None = None  # the invariant path's decodes, by key length
 
 
 def build_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
@@ -67,6 +87,9 @@ def paged_attention(
     enable_gqa = q.shape[1] != num_kv_heads
 
     out = torch.empty_like(q)
+    if meta.row_sizes is not None:
+        _invariant_attention(q, k_cache, v_cache, meta, scale, out)
+        return out
     if meta.decode_rows is not None:
         # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
         # faster than gathering single slots.
@@ -74,24 +97,14 @@ def paged_attention(
         qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, H, 1, D]
         kd = _gather(k_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
         vd = _gather(v_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        if meta.row_tile is not None:
-            od = decode_attention(
-                qd.squeeze(2), kd.transpose(1, 2), vd.transpose(1, 2), meta.decode_lengths, scale, meta.sliding_window
-            )
-        else:
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa
-            ).squeeze(2)
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa
+        ).squeeze(2)
         out.index_copy_(0, meta.decode_rows, od)
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)
         vp = _gather(v_cache, span.block_table).view(-1, num_kv_heads, head_dim)
-        if meta.row_tile is not None:
-            out[span.start : span.end] = sequence_attention(
-                q[span.start : span.end], kp, vp, span.context_len, scale, meta.sliding_window
-            )
-            continue
         kp = kp[: span.context_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
         vp = vp[: span.context_len]
         vp = vp.transpose(0, 1).unsqueeze(0)
@@ -100,6 +113,24 @@ def paged_attention(
         )
         out[span.start : span.end] = op.squeeze(0).transpose(0, 1)
     return out
+
+
+def _invariant_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    """Each query over exactly invariant.key_length(position) keys, one call per key length."""
+    kv_shape = k_cache.shape[2:]
+    for group in meta.decode_groups or ():
+        n = group.block_tables.shape[0]
+        kd = _gather(k_cache, group.block_tables).view(n, -1, *kv_shape)[:, : group.num_keys]
+        vd = _gather(v_cache, group.block_tables).view(n, -1, *kv_shape)[:, : group.num_keys]
+        od = invariant.attention(q.index_select(0, group.rows), kd, vd, group.mask, scale)
+        out.index_copy_(0, group.rows, od)
+    for span in meta.prefills:
+        kp = _gather(k_cache, span.block_table).view(1, -1, *kv_shape)
+        vp = _gather(v_cache, span.block_table).view(1, -1, *kv_shape)
+        for chunk in span.key_groups:
+            out[chunk.start : chunk.end] = invariant.attention(
+                q[chunk.start : chunk.end], kp[:, : chunk.num_keys], vp[:, : chunk.num_keys], chunk.mask, scale
+            )
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

@@ -3,18 +3,24 @@
 A row's result must not depend on what else is in the step, on how its prompt was
 chunked, or on whether its prefix KV came from the cache. Kernels pick their blocking
 (and so their summation order) from the shapes they are given, so every reduction here
-runs on fixed shapes:
+runs on a few known shapes:
 
-- Row-wise work (norms, projections, the MLP, logits) runs on tiles of exactly
-  ROW_TILE rows, zero-padded; a row's value then depends only on that row.
-- Attention runs on tiles of exactly QUERY_TILE query positions (a decode is a tile of
-  one real query and copies of it) against keys padded to a multiple of KEY_PAD with
-  the padding masked. PyTorch's CPU attention kernel splits keys into blocks of 512 once
-  there are at least 512, and runs its online softmax block by block in order; blocks
-  past a row's context are fully masked and leave its result untouched (the running max
-  does not move, the rescale factor is exactly 1, the added weights are exactly 0). With
-  the query tile fixed too, a token gets the same attention in a whole prefill, a chunk
-  of one, or a decode step, alone or beside any batch.
+- Row-wise work (norms, projections, the MLP, logits) runs on calls of exactly one of
+  ROW_SIZES rows, zero-padded; inputs longer than the largest are split into calls of
+  that size. Within a call a row's value depends only on that row; that it is also the
+  same in a call of any other size is checked once per model when the lane is first
+  used (rows_are_invariant: every row position of every size against fixed ROW_TILE
+  tiles). If the check fails, every call uses tiles of exactly ROW_TILE rows, which
+  needs no such assumption.
+- Attention runs on tiles of exactly QUERY_TILE query rows, each tile one token's query
+  heads that share a KV head (grouped-query attention; copies of the last head fill a
+  tile the group leaves short), against exactly key_length(position) keys: the context
+  rounded up to a multiple of KEY_UNIT, the rest masked. Every shape the kernel sees is
+  then a function of the token's position alone, so its blocking (PyTorch's CPU kernel
+  splits keys into blocks of up to 512 and runs its online softmax block by block) and
+  its summation order are too: a token gets the same attention in a whole prefill, a
+  chunk of one, or a decode step, alone or beside any batch. Queries with the same key
+  length run in one call.
 
 These are measured properties of the kernels this engine runs (CPU, MKL, PyTorch
 2.13), proven end to end by tests/engine/test_deterministic.py: 50 random requests
@@ -24,84 +30,98 @@ its deterministic lane can be trusted.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
 ROW_TILE = 64
+ROW_SIZES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 QUERY_TILE = 4
-KEY_PAD = 512
+KEY_UNIT = 64
+
+RowFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def apply_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int | None) -> torch.Tensor:
-    """fn(x), computed on fixed tiles of `tile` rows when tile is set."""
-    if tile is None:
+def apply_rows(fn: RowFn, x: torch.Tensor, sizes: tuple[int, ...] | None) -> torch.Tensor:
+    """fn(x), computed on calls of exactly one of `sizes` rows (ascending) when sizes is set."""
+    if sizes is None:
         return fn(x)
-    n = x.shape[0]
-    pad = -n % tile
-    if pad:
-        x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
-    return torch.cat([fn(chunk) for chunk in x.split(tile)])[:n]
+    n, largest = x.shape[0], sizes[-1]
+    outs = []
+    for start in range(0, n, largest):
+        chunk = x[start : start + largest]
+        rows = chunk.shape[0]
+        size = next(s for s in sizes if s >= rows)
+        if size > rows:
+            chunk = torch.cat([chunk, chunk.new_zeros(size - rows, *chunk.shape[1:])])
+        outs.append(fn(chunk)[:rows])
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _pad_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad dim -3 (positions) of [..., L, Hkv, D] to a multiple of KEY_PAD (callers usually gather whole chunks)."""
-    pad = -k.shape[-3] % KEY_PAD
-    if pad:
-        shape = (*k.shape[:-3], pad, *k.shape[-2:])
-        k = torch.cat([k, k.new_zeros(shape)], dim=-3)
-        v = torch.cat([v, v.new_zeros(shape)], dim=-3)
-    return k, v
+def rows_are_invariant(fns: Iterable[tuple[RowFn, int]], sizes: tuple[int, ...], dtype: torch.dtype, device) -> bool:
+    """Whether each (fn, width) gives a row the same bits at any position of a call of any of `sizes` rows.
+
+    Every position of every size is compared with the same row in ROW_TILE tiles.
+    Kernels choose their summation order from shapes and positions, not from values, so
+    one random row per (size, position) exposes a size or position that differs.
+    """
+    generator = torch.Generator().manual_seed(0)
+    for fn, width in fns:
+        x = torch.randn(sizes[-1], width, generator=generator).to(device=device, dtype=dtype)
+        reference = apply_rows(fn, x, (ROW_TILE,))
+        for size in sizes:
+            if not torch.equal(fn(x[:size]), reference[:size]):
+                return False
+    return True
 
 
-def _attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None):
-    """q [N, H, QUERY_TILE, D] at positions q_pos [N, QUERY_TILE]; k, v [N, Hkv, Lp, D]."""
-    k_pos = torch.arange(k.shape[2], device=q.device)[None, None, :]
-    rows = q_pos[:, :, None]
-    visible = k_pos <= rows
-    if window is not None:
-        visible &= rows - k_pos < window
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=visible[:, None], scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+def key_length(position: int) -> int:
+    """How many keys a query at `position` attends over (the keys past it are masked)."""
+    return (position // KEY_UNIT + 1) * KEY_UNIT
 
 
-def sequence_attention(
-    q: torch.Tensor,  # [n, H, D] one sequence's queries at positions [L - n, L)
-    k: torch.Tensor,  # [>= L, Hkv, D] its context, oldest first (anything past L is masked)
-    v: torch.Tensor,
-    context_len: int,
-    scale: float,
+def tile_mask(
+    positions: torch.Tensor,  # [n] the positions of n queries that all see key_length() keys
+    group: int,  # query heads per KV head
+    num_keys: int,
     sliding_window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The additive mask [n * tiles per token, 1, 1, num_keys] of attention()'s query tiles."""
+    rows = positions.repeat_interleave(-(-group // QUERY_TILE))[:, None]
+    keys = torch.arange(num_keys, device=positions.device)
+    visible = keys <= rows
+    if sliding_window is not None:
+        visible &= rows - keys < sliding_window
+    mask = torch.zeros(visible.shape, dtype=dtype, device=positions.device)
+    return mask.masked_fill_(~visible, float("-inf"))[:, None, None]
+
+
+def attention(
+    q: torch.Tensor,  # [n, H, D] n queries
+    k: torch.Tensor,  # [1 or n, key_length, Hkv, D] their context (one shared, or one each), oldest first
+    v: torch.Tensor,
+    mask: torch.Tensor,  # tile_mask() of the queries' positions
+    scale: float,
 ) -> torch.Tensor:
     n, num_heads, head_dim = q.shape
-    positions = torch.arange(context_len - n, context_len, device=q.device)
-    pad = -n % QUERY_TILE
-    if pad:  # pad with copies of the last query: valid rows, dropped below
-        q = torch.cat([q, q[-1:].expand(pad, -1, -1)])
-        positions = torch.cat([positions, positions[-1:].expand(pad)])
-    tiles = q.view(-1, QUERY_TILE, num_heads, head_dim).transpose(1, 2)  # [t, H, T, D]
-    k, v = _pad_keys(k, v)
-    num_tiles = tiles.shape[0]
-    k = k.transpose(0, 1)[None].expand(num_tiles, -1, -1, -1)
-    v = v.transpose(0, 1)[None].expand(num_tiles, -1, -1, -1)
-    out = _attend(tiles, positions.view(num_tiles, QUERY_TILE), k, v, scale, sliding_window)
-    return out.transpose(1, 2).reshape(-1, num_heads, head_dim)[:n]
-
-
-def decode_attention(
-    q: torch.Tensor,  # [B, H, D] one query per sequence, at position lengths[i] - 1
-    k: torch.Tensor,  # [B, L, Hkv, D] each sequence's context, padded to a common length
-    v: torch.Tensor,
-    lengths: torch.Tensor,  # [B]
-    scale: float,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    num_seqs, num_heads, head_dim = q.shape
-    # A decode is a tile of one real query and copies: the shape of a prefill tile.
-    tiles = q[:, :, None].expand(num_seqs, num_heads, QUERY_TILE, head_dim).contiguous()
-    q_pos = (lengths - 1)[:, None].expand(num_seqs, QUERY_TILE)
-    k, v = _pad_keys(k, v)
-    out = _attend(tiles, q_pos, k.transpose(1, 2), v.transpose(1, 2), scale, sliding_window)
-    return out[:, :, 0]
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    # A token's tiles hold its query heads, a KV head's group per tile row block; copies
+    # of its last head pad the group to whole tiles and are dropped below.
+    rows = q.view(n, num_kv_heads, group, head_dim)
+    pad = -group % QUERY_TILE
+    if pad:
+        rows = torch.cat([rows, rows[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
+    per_token = rows.shape[2] // QUERY_TILE
+    tiles = rows.view(n, num_kv_heads, per_token, QUERY_TILE, head_dim).transpose(1, 2)
+    tiles = tiles.reshape(n * per_token, num_kv_heads, QUERY_TILE, head_dim)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    if k.shape[0] == 1:
+        k, v = k.expand(n * per_token, -1, -1, -1), v.expand(n * per_token, -1, -1, -1)
+    elif per_token > 1:
+        k, v = k.repeat_interleave(per_token, dim=0), v.repeat_interleave(per_token, dim=0)
+    out = F.scaled_dot_product_attention(tiles, k, v, attn_mask=mask, scale=scale)
+    out = out.view(n, per_token, num_kv_heads, QUERY_TILE, head_dim).transpose(1, 2)
+    return out.reshape(n, num_kv_heads, -1, head_dim)[:, :, :group].reshape(n, num_heads, head_dim)

@@ -12,7 +12,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model.attention import AttentionMetadata, paged_attention
-from engine.model.invariant import apply_rows
+from engine.model.invariant import RowFn, apply_rows
 from engine.model.rope import RotaryEmbedding
 
 
@@ -51,14 +51,14 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = apply_rows(self.qkv_proj, x, meta.row_tile)
+        qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_tile)
+        return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_sizes)
 
 
 class MLP(nn.Module):
@@ -82,8 +82,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_tile), positions, meta, kv_cache)
-        return x + apply_rows(self._mlp_block, x, meta.row_tile)
+        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_sizes), positions, meta, kv_cache)
+        return x + apply_rows(self._mlp_block, x, meta.row_sizes)
 
     def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(x))
@@ -111,10 +111,21 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, meta, kv_cache)
-        return apply_rows(self.norm, x, meta.row_tile)
+        return apply_rows(self.norm, x, meta.row_sizes)
 
-    def compute_logits(self, hidden: torch.Tensor, row_tile: int | None = None) -> torch.Tensor:
-        return apply_rows(self.lm_head, hidden, row_tile).float()
+    def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
+        return apply_rows(self.lm_head, hidden, row_sizes).float()
+
+    def row_functions(self) -> list[tuple[RowFn, int]]:
+        """Each row-wise function forward() runs, with its input width (every layer has the same shapes)."""
+        layer, cfg = self.layers[0], self.config
+        return [
+            (layer.input_layernorm, cfg.hidden_size),
+            (layer.self_attn.qkv_proj, cfg.hidden_size),
+            (layer.self_attn.o_proj, layer.self_attn.q_size),
+            (layer._mlp_block, cfg.hidden_size),
+            (self.norm, cfg.hidden_size),
+        ]
 
     def checkpoint_tensors(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """HF tensor name -> (parameter, first row, row count) it fills (fused weights take slices)."""
