@@ -47,13 +47,3 @@ class GatewayMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-    def watch_audit(self, trail, redis_sink=None) -> None:
-        """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
-        Gauge("tenantgate_audit_sink_errors", "Audit entries a sink failed to write (a gap in that copy).",
-              registry=self.registry).set_function(lambda: trail.sink_errors)
-        if redis_sink is not None:
-            Gauge("tenantgate_audit_stream_pending", "Audit entries waiting for the Redis Stream.",
-                  registry=self.registry).set_function(lambda: redis_sink.pending)
-            Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
-                  registry=self.registry).set_function(lambda: redis_sink.dropped)

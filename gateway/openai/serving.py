@@ -12,7 +12,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -299,6 +300,19 @@ async def collect(gateway: Gateway, admitted: Admitted, request: Request) -> lis
         return [output async for output in stream_outputs(gateway, admitted)]
 
     return await until_disconnect(request, run())
+
+
+@contextmanager
+def accounted(gateway: Gateway, admitted: Admitted) -> Iterator[None]:
+    """Finishes an admitted request that fails before its response is handed over."""
+    try:
+        yield
+    except GatewayError as exc:
+        finish(gateway, admitted, status=exc.status_code, outcome="error")
+        raise
+    except BaseException:
+        finish(gateway, admitted, status=499, outcome="client_disconnected")
+        raise
 
 
 def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> None:

@@ -8,10 +8,10 @@ from fastapi.responses import JSONResponse, Response
 from engine.tokenizer import TokenizerError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import InvalidRequest
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
-from gateway.openai.serving import admit, collect, finish, new_request_id
+from gateway.openai.serving import accounted, admit, collect, finish, new_request_id
 from gateway.openai.stream import sse_response
 
 ROUTE = "chat.completions"
@@ -37,7 +37,7 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                            token_ids=token_ids, requested_max_tokens=body.requested_max_tokens, logprobs=logprobs)
     base = {"id": request_id, "object": "chat.completion.chunk", "created": admitted.created,
             "model": body.model, "system_fingerprint": system_fingerprint(gateway.backend.fingerprint)}
-    try:
+    with accounted(gateway, admitted):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             if include_usage:
@@ -73,9 +73,3 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                     "system_fingerprint": base["system_fingerprint"], "choices": [choice], "usage": usage(admitted)}
         finish(gateway, admitted, status=200, outcome="completed")
         return JSONResponse(body_out, headers={"X-Request-Id": request_id})
-    except GatewayError as exc:
-        finish(gateway, admitted, status=exc.status_code, outcome="error")
-        raise
-    except BaseException:
-        finish(gateway, admitted, status=499, outcome="client_disconnected")
-        raise

@@ -7,10 +7,10 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import InvalidRequest
 from gateway.openai.completions.protocol import CompletionRequest
 from gateway.openai.responses import completion_logprobs, finish_reason, joined, system_fingerprint, usage
-from gateway.openai.serving import admit, collect, finish, new_request_id
+from gateway.openai.serving import accounted, admit, collect, finish, new_request_id
 from gateway.openai.stream import sse_response
 
 ROUTE = "completions"
@@ -34,7 +34,7 @@ async def create_completion(gateway: Gateway, principal: Principal, body: Comple
     fingerprint = system_fingerprint(gateway.backend.fingerprint)
     base = {"id": request_id, "object": "text_completion", "created": admitted.created, "model": body.model,
             "system_fingerprint": fingerprint}
-    try:
+    with accounted(gateway, admitted):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             if include_usage:
@@ -62,9 +62,3 @@ async def create_completion(gateway: Gateway, principal: Principal, body: Comple
         finish(gateway, admitted, status=200, outcome="completed")
         return JSONResponse(base | {"choices": [choice], "usage": usage(admitted)},
                             headers={"X-Request-Id": request_id})
-    except GatewayError as exc:
-        finish(gateway, admitted, status=exc.status_code, outcome="error")
-        raise
-    except BaseException:
-        finish(gateway, admitted, status=499, outcome="client_disconnected")
-        raise
