@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,9 +21,8 @@ import httpx
 import redis
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA
-from tests.utils.server import free_port
+from tests.utils.server import TENANTGATE, free_port, gateway_env, wait_ready
 
-TENANTGATE = str(Path(sys.executable).with_name("tenantgate"))
 ORDINARY = "Please summarise the quarterly report for the board by Friday"
 
 
@@ -56,14 +53,13 @@ class Canaries:
 
 
 def _env(issuer_url: str, redis_url: str, audit_file: Path, key: Path) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TENANTGATE_")} | {
-        "TENANTGATE_CACHE_DIR": os.environ["TENANTGATE_CACHE_DIR"],
+    return gateway_env(**{
         "TENANTGATE_MODEL": "demo", "TENANTGATE_KV_CACHE_MEMORY_BYTES": str(32 << 20),
         "TENANTGATE_AUTHORITY": issuer_url, "TENANTGATE_V1_ISSUER_HOST": issuer_url, "TENANTGATE_AUDIENCES": AUDIENCE,
         "TENANTGATE_POLICY_DATA_DIR": str(DATA_DIR), "TENANTGATE_REDIS_URL": redis_url,
         "TENANTGATE_AUDIT_FILE": str(audit_file), "TENANTGATE_AUDIT_SIGNING_KEY": str(key),
         "TENANTGATE_AUDIT_REDIS_STREAM": "canary:audit", "TENANTGATE_AUDIT_STDOUT": "true",
-    }
+    })
 
 
 def _send_everything(base: str, token: str, c: Canaries, bad_token: str) -> list[str]:
@@ -105,15 +101,7 @@ def test_no_canary_reaches_a_sink_the_policy_forbids(local_issuer, redis_server,
                                   env=env, stdout=out, stderr=err)
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert server.poll() is None and time.monotonic() < deadline, stderr.read_text()[-2000:]
-                time.sleep(0.2)
+            wait_ready(base, server, output=stderr.read_text)
             errors, bad_tokens = [], []
             for tenant, canaries in ((ALPHA, none_mode), (THETA, redacted_mode)):
                 bad = local_issuer.mint(tenant, audience=AUDIENCE, extra_claims={"name": canaries["badtoken"]},

@@ -3,24 +3,13 @@ and a call with the openai SDK; and the same command refused in production."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 
-from tests.utils.server import free_port
-
-TENANTGATE = str(Path(sys.executable).with_name("tenantgate"))
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENANTGATE_")}
-    env["TENANTGATE_CACHE_DIR"] = os.environ["TENANTGATE_CACHE_DIR"]
-    return env | extra
+from tests.utils.server import TENANTGATE, free_port, wait_ready
+from tests.utils.server import gateway_env as _env
 
 
 def test_dev_serve_then_token_then_openai_sdk(demo_model_dir: Path) -> None:
@@ -30,16 +19,7 @@ def test_dev_serve_then_token_then_openai_sdk(demo_model_dir: Path) -> None:
     server = subprocess.Popen([TENANTGATE, "serve", "--dev", "--port", str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, server.stdout.read()
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}", server, output=lambda: server.stdout.read() if server.poll() is not None else "")
         token = subprocess.run(
             [TENANTGATE, "token", "--tenant", "northwind", "--issuer", f"http://127.0.0.1:{issuer_port}"],
             env=env, capture_output=True, text=True, check=True).stdout.strip()

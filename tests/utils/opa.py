@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.utils.server import free_port
 
 
 def wait_http(url: str, *, timeout: float = 15.0, expect: int = 200) -> bool:

@@ -4,11 +4,8 @@ Redis outage that denies clearly (no 5xx), serves fail-open tenants, and heals o
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,9 +13,8 @@ import pytest
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import AUDIENCE, DATA_DIR, ETA, GAMMA, ZETA, gateway_settings
-from tests.utils.server import free_port, serving
+from tests.utils.server import TENANTGATE, free_port, gateway_env, serving, wait_ready
 
-TENANTGATE = str(Path(sys.executable).with_name("tenantgate"))
 TPM = 3000  # Zeta's tokens per minute
 
 
@@ -28,35 +24,22 @@ def _chat(max_tokens: int) -> dict:
 
 def _start_replica(issuer_url: str, redis_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENANTGATE_")} | {
-        "TENANTGATE_CACHE_DIR": os.environ["TENANTGATE_CACHE_DIR"],
-        "TENANTGATE_ENGINE": "null", "TENANTGATE_SERVED_MODEL_NAME": "demo",
-        "TENANTGATE_AUTHORITY": issuer_url, "TENANTGATE_V1_ISSUER_HOST": issuer_url,
-        "TENANTGATE_AUDIENCES": AUDIENCE, "TENANTGATE_POLICY_DATA_DIR": str(DATA_DIR),
-        "TENANTGATE_REDIS_URL": redis_url, "TENANTGATE_METRICS_PORT": "0",
-    }
+    env = gateway_env(
+        TENANTGATE_ENGINE="null", TENANTGATE_SERVED_MODEL_NAME="demo",
+        TENANTGATE_AUTHORITY=issuer_url, TENANTGATE_V1_ISSUER_HOST=issuer_url,
+        TENANTGATE_AUDIENCES=AUDIENCE, TENANTGATE_POLICY_DATA_DIR=str(DATA_DIR),
+        TENANTGATE_REDIS_URL=redis_url, TENANTGATE_METRICS_PORT="0",
+    )
     process = subprocess.Popen([TENANTGATE, "serve", "--port", str(port), "--log-level", "warning"], env=env)
     return process, f"http://127.0.0.1:{port}"
 
-
-def _wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "a replica exited during start-up"
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("a replica did not become ready")
 
 
 def test_three_replicas_never_admit_more_than_the_budget_plus_one_reservation(local_issuer, redis_server) -> None:
     replicas = [_start_replica(local_issuer.base_url, redis_server.url) for _ in range(3)]
     try:
         for process, url in replicas:
-            _wait_ready(url, process)
+            wait_ready(url, process)
         token = local_issuer.mint(ZETA, audience=AUDIENCE)
 
         async def hit() -> tuple[list[httpx.Response], float]:
