@@ -63,7 +63,7 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
         raise Unauthenticated(exc.message, code=exc.code) from None
     request.state.principal = principal
     # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
-    request.state.tenant_tag = gateway.audit.digest("tenant:" + principal.tenant_id)[:12]
+    request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
     return principal
 
 

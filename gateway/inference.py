@@ -7,8 +7,6 @@ the whole gateway in front of it to measure what the gateway itself costs.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -17,9 +15,6 @@ from typing import Protocol
 from engine.envelope import ExecutionEnvelope
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-
-logger = logging.getLogger("tenantgate.gateway")
-
 
 class InferenceBackend(Protocol):
     model_name: str  # the name callers use in "model"
@@ -128,9 +123,7 @@ class NullBackend:
         return self.TOKEN_TEXT
 
     async def generate(self, token_ids, params, envelope, request_id) -> AsyncIterator[RequestOutput]:
-        count = itertools.count(1)
-        for _ in range(params.max_tokens):
-            n = next(count)
+        for n in range(1, params.max_tokens + 1):
             last = n == params.max_tokens
             yield RequestOutput(
                 request_id=request_id, new_token_ids=[7], new_text=self.TOKEN_TEXT,

@@ -13,13 +13,10 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
-import logging
 import time
 import uuid
 
 from gateway.audit.trail import AuditTrail
-
-logger = logging.getLogger("tenantgate.audit")
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the
 # engine thread a moment after the caller has gone).
@@ -36,8 +33,12 @@ class AuditRecorder:
     def digest(self, value: str) -> str:
         return hmac.new(self._key, b"audit:" + value.encode(), hashlib.sha256).hexdigest()[:32]
 
+    def tenant_digest(self, tenant_id: str) -> str:
+        return self.digest("tenant:" + tenant_id)
+
     def principal_digests(self, principal) -> dict:
-        return {"tenant": self.digest("tenant:" + principal.tenant_id),
+        """The tenant's and the principal's digest: audit records, quota keys and metric labels use these."""
+        return {"tenant": self.tenant_digest(principal.tenant_id),
                 "principal": self.digest(f"principal:{principal.tenant_id}:{principal.object_id}")}
 
     def write(self, record: dict) -> dict | None:

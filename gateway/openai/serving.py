@@ -227,8 +227,7 @@ async def reserve(gateway: Gateway, principal: Principal, decision: Decision, re
     unless the tenant's decision allows fail-open (then served, unaccounted)."""
     limits = decision.limits
     admission = Admission(
-        tenant=gateway.audit.digest("tenant:" + principal.tenant_id),
-        principal=gateway.audit.digest(f"principal:{principal.tenant_id}:{principal.object_id}"),
+        **gateway.audit.principal_digests(principal),
         request_id=request_id, tokens=tokens,
         requests_per_minute=limits.requests_per_minute, tokens_per_minute=limits.tokens_per_minute,
         principal_requests_per_minute=limits.principal_requests_per_minute,

@@ -2,13 +2,12 @@
 
 from fastapi import APIRouter, Request
 
+from gateway.auth.principal import Principal
 from gateway.deps import Gateway, GatewayDep, PrincipalDep
-from gateway.errors import ModelNotFound
+from gateway.errors import ModelNotFound, PolicyDenied
 from gateway.openai.protocol import Model, ModelList
 from gateway.openai.routes import ERROR_RESPONSES
 from gateway.openai.serving import judge, policy_input
-from gateway.auth.principal import Principal
-from gateway.errors import PolicyDenied
 
 router = APIRouter()
 
