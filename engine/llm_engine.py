@@ -15,7 +15,7 @@ from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
 from engine.fingerprint import model_fingerprint
-from engine.model.demo import resolve_model_path
+from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
 from engine.outputs import CompletedRequest, RequestOutput
@@ -50,12 +50,16 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         mc = self.model_config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         block_bytes = kv_bytes_per_block(mc, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        if config.max_model_len is None and num_blocks * config.block_size < self.max_model_len:
+            # Nobody asked for the model's whole context: serve what the KV cache holds rather than refuse.
+            self.max_model_len = num_blocks * config.block_size
+            logger.info("max_model_len %d: what the KV cache holds (the model allows %d)",
+                        self.max_model_len, mc.max_position_embeddings)
         if num_blocks * config.block_size < self.max_model_len:
             raise ConfigError(
                 f"the KV cache holds {num_blocks * config.block_size} tokens ({num_blocks} blocks of "

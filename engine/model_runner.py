@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 from pathlib import Path
 
@@ -39,8 +40,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # bfloat16 matmuls are emulated on most CPUs and two orders of magnitude slower.
-    return torch.float32
+    # bfloat16 matmuls are 3-3.6x faster than float32 where the CPU has bf16 instructions,
+    # and emulated (two orders of magnitude slower) where it has not.
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+# The CPU flags (x86: /proc/cpuinfo "flags"; Arm: "Features") that mean bf16 dot products in hardware.
+_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU reports bf16 instructions; False where it does not say (macOS, no /proc)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return not _BF16_CPU_FLAGS.isdisjoint(value.split())
+    return False
 
 
 _M_TRIM_THRESHOLD = -1

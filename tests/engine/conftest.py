@@ -16,6 +16,7 @@ def make_engine():
 
     def factory(**kwargs) -> LLMEngine:
         kwargs.setdefault("kv_cache_memory_bytes", 16 << 20)
+        kwargs.setdefault("dtype", "float32")  # the HF oracles run in float32; "auto" may pick bfloat16 here
         engine = LLMEngine(EngineConfig(**kwargs))
         step = engine.step
 

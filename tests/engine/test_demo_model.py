@@ -14,8 +14,8 @@ from engine.model.demo import (
     ModelNotFoundError,
     default_cache_dir,
     ensure_demo_model,
-    resolve_model_path,
 )
+from engine.model.catalog import resolve_model_path
 from engine.tokenizer import Tokenizer
 
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

@@ -27,6 +27,7 @@ def edit_config(path: Path, **changes) -> None:
 
 
 def engine_for(path: Path, **kwargs) -> LLMEngine:
+    kwargs.setdefault("dtype", "float32")  # the HF oracle runs in float32
     return LLMEngine(EngineConfig(model=str(path), kv_cache_memory_bytes=16 << 20, **kwargs))
 
 
