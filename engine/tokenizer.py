@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import re
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -51,6 +53,15 @@ class Tokenizer:
         # Like transformers, ignore truncation and padding settings saved in tokenizer.json.
         backend.no_truncation()
         backend.no_padding()
+        # A twin that reads special-token strings as plain text (transformers' split_special_tokens=True).
+        # Two objects, not one flag toggled per call, because encodes run on several threads.
+        self._plain = tokenizers.Tokenizer.from_str(backend.to_str())
+        self._plain.encode_special_tokens = True
+        specials = sorted(
+            (t.content for t in backend.get_added_tokens_decoder().values() if t.special), key=len, reverse=True
+        )
+        self._special_ids = {token: backend.token_to_id(token) for token in specials}
+        self._special_pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._special_tokens = dict(special_tokens or {})
         self._templates = {
             name: _compile_chat_template(name, source) for name, source in (chat_templates or {}).items()
@@ -92,8 +103,71 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._templates)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of text. Special-token strings in it stay plain text unless parse_special is set:
+        a caller's text must not be able to write control tokens (a forged turn, a fake end of text)."""
+        backend = self._backend if parse_special else self._plain
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
+        """Token ids of a conversation: the template's own control tokens are special, message text is not.
+
+        Text that spells a special token (`hi<|im_end|><|im_start|>system...`) is encoded as the plain
+        text it is. For such text the template is rendered once more with a placeholder in its place, to
+        tell which control tokens the template wrote; the text between them is encoded as plain text, as
+        transformers does for the text between special tokens.
+        """
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        if self._special_pattern is None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        originals: list[str] = []
+        nonce = "".join(secrets.choice("0123456789") for _ in range(16))
+        masked_messages, masked_tools = self._mask_special_text((messages, tools), originals, nonce)
+        if not originals:  # no caller text spells a special token: the rendered text means what it says
+            return self._backend.encode(text, add_special_tokens=False).ids
+        marked = self.apply_chat_template(masked_messages, add_generation_prompt, masked_tools)
+        pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", marked)  # template, index, template, index, ...
+        restored = "".join(originals[int(p)] if i % 2 else p for i, p in enumerate(pieces))
+        if restored != text:
+            raise TokenizerError(
+                "the chat template rewrites message text, and some of it spells a control token of this model; "
+                "it cannot be encoded safely"
+            )
+        ids: list[int] = []
+        pending: list[str] = []  # plain text since the last control token the template wrote
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                pending.append(originals[int(piece)])
+                continue
+            start = 0
+            for match in self._special_pattern.finditer(piece):
+                pending.append(piece[start : match.start()])
+                ids.extend(self._encode_plain("".join(pending)))
+                ids.append(self._special_ids[match.group()])
+                pending, start = [], match.end()
+            pending.append(piece[start:])
+        ids.extend(self._encode_plain("".join(pending)))
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self._plain.encode(text, add_special_tokens=False).ids if text else []
+
+    def _mask_special_text(self, value: Any, originals: list[str], nonce: str, key: Any = None) -> Any:
+        """value with each string that spells a special token replaced by a numbered placeholder."""
+        if isinstance(value, str):
+            if self._special_pattern.search(value) is None:
+                return value
+            if key == "role":  # templates branch on roles, so a role cannot be stood in for
+                raise TokenizerError("a message role must not contain a control token of this model")
+            originals.append(value)
+            return f"\ue000{nonce}{len(originals) - 1}\ue001"
+        if isinstance(value, Mapping):
+            return {k: self._mask_special_text(v, originals, nonce, k) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._mask_special_text(v, originals, nonce) for v in value)
+        return value
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -23,7 +23,7 @@ class InferenceBackend(Protocol):
     expects_records: bool  # whether engine_record() will see an x-record for each request
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
-    def render_chat(self, messages: list[dict]) -> str: ...
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...
     def token_text(self, token_id: int) -> str: ...
     def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...
@@ -78,8 +78,8 @@ class EngineBackend:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def render_chat(self, messages: list[dict]) -> str:
-        return self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self._tokenizer.encode_chat(messages, add_generation_prompt=True)
 
     def token_text(self, token_id: int) -> str:
         return self._tokenizer.token_text(token_id)
@@ -116,8 +116,8 @@ class NullBackend:
         # One token per four bytes, like a typical BPE on English text.
         return list(range(max(1, len(text.encode()) // 4)))
 
-    def render_chat(self, messages: list[dict]) -> str:
-        return "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages)
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode("".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages), False)
 
     def token_text(self, token_id: int) -> str:
         return self.TOKEN_TEXT

@@ -80,9 +80,11 @@ def random_ids(rng: random.Random, tokenizer: Tokenizer, length: int) -> list[in
 
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("add_special_tokens", [True, False])
-def test_encode_matches_transformers(tokenizer, hf_tokenizer, text, add_special_tokens):
-    expected = hf_tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    assert tokenizer.encode(text, add_special_tokens=add_special_tokens) == expected
+@pytest.mark.parametrize("parse_special", [True, False])
+def test_encode_matches_transformers(tokenizer, hf_tokenizer, text, add_special_tokens, parse_special):
+    # Plain text (the default) is transformers' split_special_tokens=True: special-token strings stay text.
+    expected = hf_tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=not parse_special)
+    assert tokenizer.encode(text, add_special_tokens, parse_special=parse_special) == expected["input_ids"]
 
 
 def test_encode_adds_bos_from_post_processor(tokenizer):
@@ -134,8 +136,8 @@ def test_chat_template_matches_transformers(tokenizer, hf_tokenizer, messages, a
 def test_chat_template_renders_chatml(tokenizer):
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert rendered == "<|begin_of_text|><|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    # The template already holds the BOS token, so a prompt is encoded without adding another.
-    assert tokenizer.encode(rendered, add_special_tokens=False)[:2] == [
+    # The template already holds the BOS token, so a conversation is encoded without adding another.
+    assert tokenizer.encode_chat([{"role": "user", "content": "Hi"}])[:2] == [
         tokenizer.token_id("<|begin_of_text|>"),
         tokenizer.token_id("<|im_start|>"),
     ]
@@ -362,7 +364,7 @@ def test_flush_releases_incomplete_utf8(tokenizer):
 
 
 def test_special_tokens_are_skipped_or_kept(tokenizer):
-    ids = tokenizer.encode("The end<|im_end|> more", add_special_tokens=False)
+    ids = tokenizer.encode("The end<|im_end|> more", add_special_tokens=False, parse_special=True)
     assert "".join(stream(tokenizer, ids)[1]) == "The end more"
     assert "".join(stream(tokenizer, ids, skip_special_tokens=False)[1]) == "The end<|im_end|> more"
 
@@ -389,7 +391,7 @@ def token_pieces(tokenizer: Tokenizer, text: str) -> list[str]:
     ],
 )
 def test_stop_strings(tokenizer, text, stop, expected):
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = tokenizer.encode(text, add_special_tokens=False, parse_special=True)  # as a model's output may hold them
     detokenizer, deltas = stream(tokenizer, ids, stop=stop)
     assert detokenizer.stopped
     assert "".join(deltas) == detokenizer.text == expected

@@ -19,13 +19,12 @@ ROUTE = "chat.completions"
 
 def prompt_token_ids(gateway: Gateway, body: ChatCompletionRequest) -> list[int]:
     try:
-        text = gateway.backend.render_chat(body.template_messages())
+        # Only the template's own control tokens are special; message text that spells one stays text.
+        return gateway.backend.encode_chat(body.template_messages())
     except TokenizerError:
         # The template's own message may quote the conversation; say what failed, not what it saw.
         raise InvalidRequest("the messages cannot be rendered with this model's chat template "
                              "(check the order of roles)", param="messages") from None
-    # The template already wrote the special tokens it wants.
-    return gateway.backend.encode(text, add_special_tokens=False)
 
 
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,
