@@ -68,42 +68,44 @@ async def test_requests_settled_while_redis_was_down_free_their_slots_after_a_re
         await limiter.aclose()
 
 
-async def test_a_settle_on_a_connection_redis_dropped_still_frees_the_slot(own_redis_server) -> None:
-    tenant = uuid.uuid4().hex
+@pytest.fixture
+async def own_limiter(own_redis_server):
     limiter = _limiter(own_redis_server)
-    admin = redis.Redis.from_url(own_redis_server.url)
-    try:
-        ticket = await limiter.admit(admission(tenant, concurrent=1))
-        # The server closes the pooled connection (a restart, a failover, an idle timeout would too).
-        assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
-        await limiter.settle(ticket, 5)
-        following, refusal = await _admit_within(limiter, lambda: admission(tenant, concurrent=1), 5)
-        assert following is not None, f"the slot stayed taken: {refusal}"
-    finally:
-        admin.close()
-        await limiter.aclose()
+    yield limiter
+    await limiter.aclose()
 
 
-async def test_an_admission_refused_during_a_hang_takes_no_slot_when_redis_wakes(own_redis_server) -> None:
+@pytest.fixture
+def admin(own_redis_server):
+    client = redis.Redis.from_url(own_redis_server.url)
+    yield client
+    client.close()
+
+
+async def test_a_settle_on_a_connection_redis_dropped_still_frees_the_slot(own_limiter, admin) -> None:
     tenant = uuid.uuid4().hex
-    limiter = _limiter(own_redis_server)
-    admin = redis.Redis.from_url(own_redis_server.url)
-    try:
-        await limiter.settle(await limiter.admit(admission(tenant, concurrent=1)), 5)  # the scripts are loaded
-        refused = admission(tenant, concurrent=1)
-        with own_redis_server.hung():
-            with pytest.raises(QuotaStoreUnavailable):  # the caller is refused after the timeout ...
-                await limiter.admit(refused)
-            await asyncio.sleep(0.3)
-        assert admin.ping()  # ... and Redis has run what was queued, that admission included
+    ticket = await own_limiter.admit(admission(tenant, concurrent=1))
+    # The server closes the pooled connection (a restart, a failover, an idle timeout would too).
+    assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+    await own_limiter.settle(ticket, 5)
+    following, refusal = await _admit_within(own_limiter, lambda: admission(tenant, concurrent=1), 5)
+    assert following is not None, f"the slot stayed taken: {refusal}"
 
-        following, refusal = await _admit_within(limiter, lambda: admission(tenant, concurrent=1), 5)
-        assert following is not None, f"the refused request holds the slot: {refusal}"
-        members = admin.zrange(keys(refused)[4], 0, -1)
-        assert members == [following.admission.request_id.encode()]
-    finally:
-        admin.close()
-        await limiter.aclose()
+
+async def test_an_admission_refused_during_a_hang_takes_no_slot_when_redis_wakes(own_redis_server, own_limiter,
+                                                                               admin) -> None:
+    tenant = uuid.uuid4().hex
+    await own_limiter.settle(await own_limiter.admit(admission(tenant, concurrent=1)), 5)  # the scripts are loaded
+    refused = admission(tenant, concurrent=1)
+    with own_redis_server.hung():
+        with pytest.raises(QuotaStoreUnavailable):  # the caller is refused after the timeout ...
+            await own_limiter.admit(refused)
+        await asyncio.sleep(0.3)
+    assert admin.ping()  # ... and Redis has run what was queued, that admission included
+
+    following, refusal = await _admit_within(own_limiter, lambda: admission(tenant, concurrent=1), 5)
+    assert following is not None, f"the refused request holds the slot: {refusal}"
+    assert admin.zrange(keys(refused)[4], 0, -1) == [following.admission.request_id.encode()]
 
 
 async def test_running_requests_keep_their_leases_and_abandoned_ones_expire(redis_server) -> None:
