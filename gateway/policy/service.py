@@ -66,7 +66,9 @@ class EmbeddedPolicy:
 
     def _load(self) -> EmbeddedEvaluator:
         source = load_source(self._policy_dir, self._data_dir)
-        return EmbeddedEvaluator(source=source, cache_size=self._cache_size)
+        evaluator = EmbeddedEvaluator(source=source, cache_size=self._cache_size)
+        evaluator.release_engine()  # on the thread that built it (a reload's worker)
+        return evaluator
 
     def _files_signature(self) -> tuple:
         files = [*self._policy_dir.rglob("*.rego"), *self._data_dir.rglob("*.json")]
