@@ -1,4 +1,6 @@
-"""The embedded policy service across reloads: reloading does not leak a regorus engine each time."""
+"""The embedded policy service across reloads: a revision that parses but cannot decide is
+refused and the last good one keeps serving, both show in the metrics, and reloading does
+not leak a regorus engine each time."""
 
 from __future__ import annotations
 
@@ -7,12 +9,106 @@ import gc
 import json
 import time
 import uuid
+from pathlib import Path
 
+import httpx
+import openai
+import pytest
+from prometheus_client import generate_latest
+
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from gateway.metrics import GatewayMetrics
+from gateway.policy.exceptions import PolicyError
 from gateway.policy.service import EmbeddedPolicy
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
 from tests.gateway.policy.conftest import SAMPLES
 from tests.utils.issuer import FABRIKAM
+from tests.utils.server import serving
 
 SAMPLE = SAMPLES["allow_standard_app_token"]["input"]
+
+# Parses, and conflicts with `_prompt_tokens := object.get(...)` for every request that has prompt tokens.
+RULE_CONFLICT = "\n_prompt_tokens := -1 if input.request.route\n"
+
+
+def _add_rule_conflict(policy_dir: Path) -> None:
+    limits = policy_dir / "limits" / "limits.rego"
+    limits.write_text(limits.read_text() + RULE_CONFLICT)
+
+
+def _break_decision_schema(policy_dir: Path) -> None:
+    limits = policy_dir / "limits" / "limits.rego"
+    limits.write_text(limits.read_text().replace("kv_blocks := _limits.kv_blocks", 'kv_blocks := "lots" if _limits'))
+
+
+@pytest.mark.parametrize("edit", [_add_rule_conflict, _break_decision_schema])
+async def test_a_reload_that_cannot_decide_is_refused_and_the_last_good_revision_serves(policy_copy, edit) -> None:
+    policy = EmbeddedPolicy(policy_copy)
+    good = await policy.decide(SAMPLE)
+    edit(policy_copy)
+
+    assert await policy.reload_if_changed() is False
+    assert policy.reload_failures == 1
+    assert policy.revision == good.revision
+    assert await policy.decide(SAMPLE) == good
+
+
+def test_a_policy_whose_samples_get_no_decision_does_not_start(policy_copy) -> None:
+    _add_rule_conflict(policy_copy)
+    with pytest.raises(PolicyError, match="sample .* gets no valid decision: .*rule conflicts"):
+        EmbeddedPolicy(policy_copy)
+
+
+async def test_the_active_revision_and_refused_reloads_are_metrics(policy_copy) -> None:
+    policy = EmbeddedPolicy(policy_copy)
+    metrics = GatewayMetrics()
+    metrics.watch_policy(policy)
+    first = policy.revision
+
+    def scrape() -> str:
+        return generate_latest(metrics.registry).decode()
+
+    assert f'tenantgate_policy_revision{{revision="{first}"}} 1.0' in scrape()
+    assert "tenantgate_policy_reload_failures_total 0.0" in scrape()
+
+    _add_rule_conflict(policy_copy)
+    await policy.reload_if_changed()
+    assert f'tenantgate_policy_revision{{revision="{first}"}} 1.0' in scrape()
+    assert "tenantgate_policy_reload_failures_total 1.0" in scrape()
+
+    limits = policy_copy / "limits" / "limits.rego"
+    limits.write_text(limits.read_text().replace(RULE_CONFLICT, "\n"))
+    assert await policy.reload_if_changed() is True
+    text = scrape()
+    assert policy.revision != first and f'tenantgate_policy_revision{{revision="{policy.revision}"}} 1.0' in text
+    assert first not in text
+
+
+def test_a_gateway_keeps_serving_through_a_reload_that_cannot_decide(local_issuer, policy_copy) -> None:
+    settings = gateway_settings(local_issuer, engine="null", policy_dir=policy_copy, policy_data_dir=DATA_DIR,
+                                policy_reload_interval_s=0.1)
+    app = create_app(settings, backend=NullBackend(model_name="demo"))
+    metrics_url = f"http://127.0.0.1:{settings.metrics_port}/metrics"
+    with serving(app) as base, openai.OpenAI(base_url=base + "/v1", max_retries=0, timeout=30,
+                                             api_key=local_issuer.mint(ALPHA, audience=AUDIENCE)) as client:
+        def chat():
+            return client.chat.completions.create(model="demo", max_tokens=2,
+                                                  messages=[{"role": "user", "content": "count to three"}])
+
+        assert chat().usage.completion_tokens == 2
+        revision = app.state.gateway.policy.revision
+        _add_rule_conflict(policy_copy)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the watcher has judged the edit, one way or the other
+            if (app.state.gateway.policy.revision != revision
+                    or "tenantgate_policy_reload_failures_total 1.0" in httpx.get(metrics_url).text):
+                break
+            time.sleep(0.05)
+
+        assert chat().usage.completion_tokens == 2  # not a 503
+        assert app.state.gateway.policy.revision == revision
+        assert f'tenantgate_policy_revision{{revision="{revision}"}} 1.0' in httpx.get(metrics_url).text
 
 
 def _rss_mb() -> float:
