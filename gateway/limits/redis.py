@@ -152,7 +152,7 @@ class RedisLimiter:
             # refused either way, so the admission must not keep a lease.
             self._retry(self._release_call(a))
             raise self._unavailable(exc) from None
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller went away mid-call: no ticket will ever settle it
             self._retry(self._release_call(a))
             raise
         if int(result[0]) != 1:
