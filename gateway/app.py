@@ -113,6 +113,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             if policy is None:
                 stack.push_async_callback(app_policy.aclose)
             await app_policy.start()
+            app_metrics.watch_policy(app_policy)
 
             issuer = None
             authority, v1_host = settings.authority, settings.v1_issuer_host

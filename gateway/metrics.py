@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class GatewayMetrics:
@@ -36,6 +37,12 @@ class GatewayMetrics:
             Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
                   registry=self.registry).set_function(lambda: redis_sink.dropped)
 
+    def watch_policy(self, policy) -> None:
+        """Read at scrape time: the revision serving and the reloads refused, for a policy that
+        has them (the embedded one; OPA reports its bundle revision per decision)."""
+        if hasattr(policy, "revision") and hasattr(policy, "reload_failures"):
+            self.registry.register(_PolicyCollector(policy))
+
     def serve(self, host: str, port: int) -> int:
         """Starts the metrics listener; returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
@@ -47,3 +54,17 @@ class GatewayMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _PolicyCollector:
+    def __init__(self, policy) -> None:
+        self._policy = policy
+
+    def collect(self):
+        revision = GaugeMetricFamily("tenantgate_policy_revision", "The policy revision that decides requests "
+                                     "(1, labelled with its content digest).", labels=["revision"])
+        revision.add_metric([self._policy.revision], 1)
+        yield revision
+        yield CounterMetricFamily("tenantgate_policy_reload_failures", "Policy reloads refused (a file that does "
+                                  "not parse, or a sample that gets no valid decision); the last good revision "
+                                  "keeps serving.", value=self._policy.reload_failures)

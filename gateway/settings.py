@@ -74,7 +74,9 @@ class Settings(BaseSettings):
     redis_entra: bool = False  # authenticate to Azure Managed Redis / Azure Cache with an Entra token
     redis_timeout_s: float = Field(0.25, gt=0, le=10)
     redis_breaker_s: float = Field(1.0, ge=0, le=60)
-    concurrency_lease_s: float = Field(600.0, gt=0)
+    # A request in flight holds a lease this long, renewed every third of it while it runs: a slot
+    # whose release was lost (a replica died, a settle never reached Redis) frees itself after this.
+    concurrency_lease_s: float = Field(30.0, ge=1, le=3600)
 
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)

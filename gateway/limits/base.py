@@ -29,7 +29,7 @@ class Admission:
     concurrent_requests: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # the Redis limiter renews only tickets still held
 class Ticket:
     admission: Admission
     accounted: bool = True  # False when admitted fail-open without the store

@@ -6,12 +6,23 @@ tag, `tg:{<tenant digest>}:…`, so the script also runs on Redis Cluster. Conne
 settings are bounded (timeouts, no retry loop), and after a failure the limiter stops
 asking for `breaker_s`, so an outage costs a request at most one timeout and most
 requests none; it recovers on its own when Redis answers again.
+
+A request in flight holds a lease in its tenant's set, `lease_s` long, that this replica
+renews while the request runs, so the slot of a replica that died frees itself quickly.
+What must reach Redis after a request has its answer (the settle, or the release of an
+admission whose caller saw it fail) is retried in the background until Redis answers:
+both are idempotent, and a release leaves a short tombstone so that an admission still
+queued in a hung Redis takes nothing when it finally runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
+import weakref
+from collections import defaultdict
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,10 +34,12 @@ from gateway.limits.base import REFUSED, WINDOW_S, Admission, QuotaStoreUnavaila
 
 logger = logging.getLogger("tenantgate.limits")
 
-# KEYS: 4 GCRA budgets (tenant r, tenant t, principal r, principal t), then the in-flight set.
-# ARGV: 4 costs in ms (how far the request pushes each TAT), request id, concurrency limit,
-#       lease ms. Returns {1} when admitted, {0, wait_ms, index} when refused.
+# KEYS: 4 GCRA budgets (tenant r, tenant t, principal r, principal t), the in-flight set, the
+#       request's tombstone. ARGV: 4 costs in ms (how far the request pushes each TAT), request id,
+#       concurrency limit, lease ms. Returns {1} when admitted, {0, wait_ms, index} when refused,
+#       {0, 0, 0} when the request was released before this ran.
 ADMIT = """
+if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = 60000
@@ -50,7 +63,9 @@ return {1}
 """
 
 # KEYS: tenant t, principal t, in-flight set. ARGV: ms to give back to each, request id.
+# The refund goes with the lease, so a settle that is repeated (its first answer lost) refunds once.
 SETTLE = """
+if redis.call('ZREM', KEYS[3], ARGV[3]) == 0 then return 0 end
 for i = 1, 2 do
   local tat = tonumber(redis.call('GET', KEYS[i]))
   local refund = tonumber(ARGV[i])
@@ -59,7 +74,26 @@ for i = 1, 2 do
     if ttl > 0 then redis.call('SET', KEYS[i], tat - refund, 'PX', ttl) end
   end
 end
-redis.call('ZREM', KEYS[3], ARGV[3])
+return 1
+"""
+
+# KEYS: in-flight set, the request's tombstone. ARGV: request id, tombstone ms.
+# For an admission whose caller saw it fail: whether it ran or is still queued, it holds no lease.
+# Its budgets stay spent if it did run (conservative).
+RELEASE = """
+redis.call('SET', KEYS[2], 1, 'PX', tonumber(ARGV[2]))
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+"""
+
+# KEYS: the in-flight set. ARGV: lease ms, then the request ids whose leases this replica renews.
+# XX: a lease that was released or has expired is never brought back.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], lease)
 return 1
 """
 
@@ -69,15 +103,30 @@ def keys(a: Admission) -> list[str]:
     return [f"{base}:r", f"{base}:t", f"{base}:p:{a.principal}:r", f"{base}:p:{a.principal}:t", f"{base}:c"]
 
 
+def tombstone_key(a: Admission) -> str:
+    return f"tg:{{{a.tenant}}}:x:{a.request_id}"
+
+
 class RedisLimiter:
-    def __init__(self, client: aioredis.Redis, *, breaker_s: float = 1.0, lease_s: float = 600.0) -> None:
+    def __init__(self, client: aioredis.Redis, *, breaker_s: float = 1.0, lease_s: float = 30.0,
+                 retry_base_s: float = 0.05, retry_cap_s: float = 2.0) -> None:
         self._client = client
         self._admit = client.register_script(ADMIT)
         self._settle = client.register_script(SETTLE)
+        self._release = client.register_script(RELEASE)
+        self._renew = client.register_script(RENEW)
         self._breaker_s = breaker_s
+        self._lease_s = lease_s
         self._lease_ms = int(lease_s * 1000)
+        self._retry_base_s, self._retry_cap_s = retry_base_s, retry_cap_s
         self._down_until = 0.0
+        # Tickets in flight, by request id. Weak: a ticket dropped without a settle stops being
+        # renewed, and its lease runs out instead of living as long as the process.
+        self._live: weakref.WeakValueDictionary[str, Ticket] = weakref.WeakValueDictionary()
+        self._renewer: asyncio.Task | None = None
+        self._retrying: set[asyncio.Task] = set()
         self.failures = 0
+        self.abandoned = 0  # settles and releases given up on (the lease then expires on its own)
 
     def _unavailable(self, exc: BaseException) -> QuotaStoreUnavailable:
         self.failures += 1
@@ -96,28 +145,84 @@ class RedisLimiter:
         costs = [minute_ms / a.requests_per_minute, a.tokens * minute_ms / a.tokens_per_minute,
                  minute_ms / a.principal_requests_per_minute, a.tokens * minute_ms / a.principal_tokens_per_minute]
         try:
-            result = await self._admit(keys=keys(a), args=[*costs, a.request_id, a.concurrent_requests,
-                                                           self._lease_ms])
+            result = await self._admit(keys=[*keys(a), tombstone_key(a)],
+                                       args=[*costs, a.request_id, a.concurrent_requests, self._lease_ms])
         except (RedisError, OSError) as exc:
+            # The script may have run, or may still run when a hung Redis wakes: the caller is
+            # refused either way, so the admission must not keep a lease.
+            self._retry(self._release_call(a))
             raise self._unavailable(exc) from None
+        except asyncio.CancelledError:  # the caller went away mid-call: no ticket will ever settle it
+            self._retry(self._release_call(a))
+            raise
         if int(result[0]) != 1:
+            if int(result[2]) == 0:
+                raise QuotaStoreUnavailable()  # released before it ran (no caller waits for this answer)
             raise RateLimited(REFUSED[int(result[2]) - 1], int(result[1]) / 1000)
-        return Ticket(admission)
+        ticket = Ticket(admission)
+        self._live[a.request_id] = ticket
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_leases(), name="tenantgate-lease-renewer")
+        return ticket
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:
         if ticket.settled or not ticket.accounted:
             return
         ticket.settled = True
         a = ticket.admission
+        self._live.pop(a.request_id, None)
         unused = max(0, a.tokens - used_tokens)
         minute_ms = WINDOW_S * 1000
         refunds = [unused * minute_ms / a.tokens_per_minute, unused * minute_ms / a.principal_tokens_per_minute]
         k = keys(a)
+
+        def call():
+            return self._settle(keys=[k[1], k[3], k[4]], args=[*refunds, a.request_id])
+
         try:
-            await self._settle(keys=[k[1], k[3], k[4]], args=[*refunds, a.request_id])
+            await call()
         except (RedisError, OSError) as exc:
-            # The reservation stays spent and the lease expires on its own: conservative, never generous.
             self._unavailable(exc)
+            self._retry(call)
+
+    def _release_call(self, a: Admission):
+        return lambda: self._release(keys=[keys(a)[4], tombstone_key(a)], args=[a.request_id, self._lease_ms])
+
+    def _retry(self, call) -> None:
+        task = asyncio.get_running_loop().create_task(self._until_answered(call))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _until_answered(self, call) -> None:
+        """Repeats an idempotent write, with jittered exponential backoff, until Redis answers or
+        it no longer matters: after lease_s + a minute the lease has expired and the budgets refilled."""
+        deadline = time.monotonic() + self._lease_s + WINDOW_S
+        delay = self._retry_base_s
+        while time.monotonic() + delay < deadline:
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self._retry_cap_s)
+            try:
+                await call()
+            except (RedisError, OSError):
+                continue
+            self._down_until = 0.0  # Redis answers again
+            return
+        self.abandoned += 1
+        logger.warning("gave up writing a settle or release to the quota store; its lease expires on its own")
+
+    async def _renew_leases(self) -> None:
+        """Every third of a lease, pushes the leases of this replica's requests in flight forward."""
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            by_set: dict[str, list[str]] = defaultdict(list)
+            for request_id, ticket in list(self._live.items()):
+                by_set[keys(ticket.admission)[4]].append(request_id)
+            for in_flight, request_ids in by_set.items():
+                try:
+                    await self._renew(keys=[in_flight], args=[self._lease_ms, *request_ids])
+                except (RedisError, OSError) as exc:
+                    self._unavailable(exc)
+                    break  # the next round tries again; a lease survives two missed rounds
 
     def ready(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -132,6 +237,11 @@ class RedisLimiter:
         return True
 
     async def aclose(self) -> None:
+        for task in [self._renewer, *self._retrying]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in [self._renewer, *self._retrying] if t is not None), return_exceptions=True)
+        self._renewer = None
         await self._client.aclose()
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gateway.policy.exceptions import DecisionSchemaError, PolicyError, PolicySyntaxError
-from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source, new_engine
+from gateway.policy.loader import DEFAULT_POLICY_DIR, load_samples, load_source, new_engine
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -67,15 +67,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _samples(policy_dir: Path) -> dict[str, tuple[Path, dict]]:
-    samples = {}
-    for path in sorted((policy_dir / "samples").glob("*.json")):
-        document = json.loads(path.read_text(encoding="utf-8"))
-        for name, sample in document.items():
-            samples[name] = (path, sample)
-    return samples
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     from gateway.policy.evaluator import EmbeddedEvaluator
     from gateway.policy.schema import validate_decision
@@ -84,10 +75,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         new_engine(load_source(policy_dir, include_tests=True))  # parses every file, tests too
         evaluator = EmbeddedEvaluator(policy_dir, Path(args.data) if args.data else None)
-        samples = _samples(policy_dir)
+        samples = load_samples(policy_dir)
     except PolicySyntaxError as exc:
         return _syntax_exit(exc)
-    except (PolicyError, json.JSONDecodeError) as exc:
+    except PolicyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     problems = []

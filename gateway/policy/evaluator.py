@@ -51,6 +51,12 @@ class EmbeddedEvaluator:
             engine = self._local.engine = new_engine(self._source)
         return engine
 
+    def release_engine(self) -> None:
+        """Drops the calling thread's engine now, on this thread. An engine left to die with the
+        evaluator on another thread (a reload built on a worker, dropped on the event loop) is
+        refused by pyo3 and leaks; the thread that evaluates next builds its own."""
+        self._local.engine = None
+
     def evaluate_json(self, input_json: str) -> str:
         """Returns the raw decision JSON for an input given as JSON."""
         engine = self._engine()
@@ -58,7 +64,9 @@ class EmbeddedEvaluator:
             engine.set_input_json(input_json)
             return engine.eval_rule_as_json(ENTRYPOINT)
         except (RuntimeError, ValueError) as exc:
-            # An engine that failed mid-evaluation is not reused.
+            # An engine that failed mid-evaluation is not reused; it is dropped here, on its own
+            # thread, not kept alive by this frame in the traceback the error carries elsewhere.
+            del engine
             self._local.engine = None
             first_line = str(exc).split("Stack backtrace:")[0].strip().splitlines()
             raise PolicyEvaluationError(

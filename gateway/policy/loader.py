@@ -92,6 +92,24 @@ def load_source(
     return PolicySource(modules=modules, data=data, revision=revision_of(modules, data, policy_dir))
 
 
+def load_samples(policy_dir: Path) -> dict[str, tuple[Path, dict]]:
+    """The samples in policy_dir/samples (none if it has no such folder): name -> (file, sample),
+    each sample an object with an `input` document (and, for tests, the `expected` decision)."""
+    samples = {}
+    for path in sorted((Path(policy_dir) / "samples").glob("*.json")):
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise PolicyError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        if not isinstance(document, dict):
+            raise PolicyError(f"{path}: a samples file must hold a JSON object of named samples")
+        for name, sample in document.items():
+            if not isinstance(sample, dict) or not isinstance(sample.get("input"), dict):
+                raise PolicyError(f"{path}: sample {name!r} has no input object")
+            samples[name] = (path, sample)
+    return samples
+
+
 def revision_of(modules: dict[str, str], data: dict, root: Path) -> str:
     """A content digest over module paths (relative to root), module text and data."""
     digest = hashlib.sha256()

@@ -19,7 +19,7 @@ import httpx
 
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.loader import load_source
+from gateway.policy.loader import load_samples, load_source
 from gateway.policy.opa import DECISION_PATH
 from gateway.policy.schema import Decision, validate_decision
 
@@ -45,8 +45,10 @@ class EmbeddedPolicy:
 
     Evaluation runs on the event loop thread: regorus holds the GIL while it evaluates,
     so a worker thread would add a hop and no parallelism. A reload parses the new files
-    off the loop and swaps the evaluator in one assignment; a request already judged keeps
-    the revision it was judged under, and a reload that fails keeps the last good policy.
+    off the loop, decides every sample in policy_dir/samples with them (each decision must
+    validate: a revision that parses but cannot decide, a rule conflict say, is refused),
+    and swaps the evaluator in one assignment; a request already judged keeps the revision
+    it was judged under, and a reload that fails keeps the last good policy.
     """
 
     def __init__(self, policy_dir: Path, data_dir: Path | None = None, *,
@@ -66,7 +68,16 @@ class EmbeddedPolicy:
 
     def _load(self) -> EmbeddedEvaluator:
         source = load_source(self._policy_dir, self._data_dir)
-        return EmbeddedEvaluator(source=source, cache_size=self._cache_size)
+        evaluator = EmbeddedEvaluator(source=source, cache_size=self._cache_size)
+        try:
+            for name, (_, sample) in load_samples(self._policy_dir).items():
+                try:
+                    validate_decision(evaluator.evaluate(sample["input"]))
+                except PolicyError as exc:
+                    raise PolicyError(f"sample {name} gets no valid decision: {exc}") from None
+        finally:
+            evaluator.release_engine()  # on the thread that built it (a reload's worker)
+        return evaluator
 
     def _files_signature(self) -> tuple:
         files = [*self._policy_dir.rglob("*.rego"), *self._data_dir.rglob("*.json")]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.utils.server import free_port
@@ -18,11 +21,13 @@ def find_redis_server() -> str | None:
 
 
 class RedisServer:
-    """One redis-server process; stop() and start() keep the port, as an outage would."""
+    """One redis-server process; stop() and start() keep the port, as an outage would.
+    With appendonly, every write is fsynced to the AOF, so a kill() and start() bring it back."""
 
-    def __init__(self, binary: str, directory: Path, port: int | None = None) -> None:
+    def __init__(self, binary: str, directory: Path, port: int | None = None, *, appendonly: bool = False) -> None:
         self.binary, self.directory = binary, directory
         self.port = port or free_port()
+        self.appendonly = appendonly
         self.process: subprocess.Popen | None = None
 
     @property
@@ -32,7 +37,8 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         with (self.directory / f"redis-{self.port}.log").open("ab") as log:
             self.process = subprocess.Popen(
-                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
                  "--dir", str(self.directory), "--protected-mode", "yes"],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
@@ -55,3 +61,20 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
             self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final save, as a crash would."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+    @contextmanager
+    def hung(self) -> Iterator[None]:
+        """SIGSTOP for the duration: connections stay open, commands queue and run at SIGCONT."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.process.send_signal(signal.SIGCONT)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import uuid
 
 import pytest
@@ -10,16 +9,7 @@ import pytest
 from gateway.errors import RateLimited
 from gateway.limits import Admission, InProcessLimiter
 from gateway.limits.redis import RedisLimiter, redis_client
-
-_ids = itertools.count()
-
-
-def admission(tenant: str, principal: str = "p1", *, tokens: int = 10, rpm: int = 100, tpm: int = 10_000,
-              prpm: int | None = None, ptpm: int | None = None, concurrent: int = 100) -> Admission:
-    return Admission(tenant=tenant, principal=principal, request_id=f"r{next(_ids)}", tokens=tokens,
-                     requests_per_minute=rpm, tokens_per_minute=tpm,
-                     principal_requests_per_minute=prpm or rpm, principal_tokens_per_minute=ptpm or tpm,
-                     concurrent_requests=concurrent)
+from tests.utils.limits import admission
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -1,4 +1,6 @@
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -12,6 +14,14 @@ SAMPLES = {
     for path in sorted((POLICY_DIR / "samples").glob("*.json"))
     for name, sample in json.loads(path.read_text()).items()
 }
+
+
+@pytest.fixture
+def policy_copy(tmp_path: Path) -> Path:
+    """A copy of the repository's policy directory that a test may edit."""
+    target = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, target)
+    return target
 
 
 @pytest.fixture(scope="session")

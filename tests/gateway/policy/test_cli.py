@@ -1,6 +1,5 @@
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,6 @@ def run_cli(argv: list[str]) -> int:
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
-
-
-@pytest.fixture
-def policy_copy(tmp_path: Path) -> Path:
-    target = tmp_path / "policies"
-    shutil.copytree(POLICY_DIR, target)
-    return target
 
 
 def test_policy_test_passes_and_ends_with_the_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
