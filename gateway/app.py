@@ -131,6 +131,8 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                     authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,
                     v1_issuer_host=v1_host, leeway_s=settings.token_leeway_s, jwks_ttl_s=settings.jwks_ttl_s,
                     unknown_kid_window_s=settings.jwks_refetch_window_s, max_token_bytes=settings.max_token_bytes,
+                    http_timeout_s=settings.jwks_timeout_s, http_connect_timeout_s=settings.jwks_connect_timeout_s,
+                    jwks_retry_s=settings.jwks_retry_s,
                 )
                 stack.push_async_callback(app_verifier.aclose)
             await app_verifier.start()

@@ -21,7 +21,7 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
     checks = {
         "engine": gateway.backend.ready(),
         "policy": policy.ready(),
-        "signing_keys": gateway.verifier.keys_available(),
+        "signing_keys": gateway.verifier.key_sets_missing() == 0,
     }
     if hasattr(gateway.limiter, "ping"):
         checks["quota_store"] = await gateway.limiter.ping()

@@ -89,14 +89,16 @@ class EntraVerifier:
         unknown_kid_window_s: float = 300.0,
         max_token_bytes: int = 16384,
         http_timeout_s: float = 5.0,
+        http_connect_timeout_s: float = 2.0,
+        jwks_retry_s: float = 5.0,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         if isinstance(audiences, str) or not audiences or not all(isinstance(a, str) and a for a in audiences):
             raise ValueError("audiences must be a non-empty sequence of strings")
         if not 0 <= leeway_s <= 600 or jwks_ttl_s <= 0 or unknown_kid_window_s < 0:
             raise ValueError("leeway_s must be 0..600 s, jwks_ttl_s > 0 and unknown_kid_window_s >= 0")
-        if max_token_bytes <= 0 or http_timeout_s <= 0:
-            raise ValueError("max_token_bytes and http_timeout_s must be positive")
+        if max_token_bytes <= 0 or http_timeout_s <= 0 or http_connect_timeout_s <= 0 or jwks_retry_s <= 0:
+            raise ValueError("max_token_bytes, the HTTP timeouts and jwks_retry_s must be positive")
         self._authority = _safe_base_url(authority, "authority")
         self._v1_issuer_host = _safe_base_url(v1_issuer_host, "v1_issuer_host")
         self._audiences = frozenset(audiences)
@@ -104,7 +106,8 @@ class EntraVerifier:
         self._leeway_s = leeway_s
         self._max_token_bytes = max_token_bytes
         self._owns_client = http_client is None
-        self._client = http_client or httpx.AsyncClient(timeout=http_timeout_s, follow_redirects=False)
+        timeout = httpx.Timeout(http_timeout_s, connect=min(http_connect_timeout_s, http_timeout_s))
+        self._client = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False)
         # Tokens already verified, by SHA-256 of the token: a client reuses its token for up to
         # an hour, and parsing plus an RSA verification per request is most of auth's cost.
         self._verified: OrderedDict[bytes, tuple[Principal, float, str, object]] = OrderedDict()
@@ -114,6 +117,7 @@ class EntraVerifier:
             ttl_s=jwks_ttl_s,
             unknown_kid_window_s=unknown_kid_window_s,
             timeout_s=http_timeout_s,
+            retry_s=jwks_retry_s,
         )
 
     @property
@@ -126,8 +130,10 @@ class EntraVerifier:
         """JWKS documents requested over HTTP, by tenant id."""
         return self._keys.fetches
 
-    def keys_available(self) -> bool:
-        return self._keys.keys_available()
+    def key_sets_missing(self) -> int:
+        """Tenant key sets tried whose keys could never be fetched (a metric, never readiness:
+        any caller can make the gateway try a registered tenant's keys)."""
+        return self._keys.key_sets_missing()
 
     async def start(self) -> None:
         await self._keys.start()
