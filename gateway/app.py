@@ -38,7 +38,8 @@ def cache_dir() -> Path:
 
 def build_policy(settings: Settings) -> PolicyEngine:
     if settings.policy_backend == "opa":
-        return OpaPolicy(settings.opa_url, timeout_s=settings.opa_timeout_s)
+        return OpaPolicy(settings.opa_url, timeout_s=settings.opa_timeout_s,
+                         refresh_interval_s=settings.opa_refresh_interval_s)
     return EmbeddedPolicy(settings.policy_dir, settings.policy_data_dir, cache_size=settings.policy_cache_size,
                           reload_interval_s=settings.policy_reload_interval_s)
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from gateway.auth.exceptions import AuthError
+from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.principal import Principal
-from gateway.errors import MissingCredentials, Unauthenticated
+from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
@@ -58,6 +58,10 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
     token = bearer_token(request)
     try:
         principal = await gateway.verifier.verify(token)
+    except TenantsUnknownError:
+        gateway.metrics.auth_failures.labels("tenants_unknown").inc()
+        raise Unavailable("the gateway cannot check tokens until its policy source has answered; retry shortly",
+                          headers={"Retry-After": "2"}) from None
     except AuthError as exc:
         gateway.metrics.auth_failures.labels(exc.code).inc()
         raise Unauthenticated(exc.message, code=exc.code) from None

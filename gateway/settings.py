@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     policy_cache_size: int = Field(4096, ge=0)
     opa_url: str = "http://127.0.0.1:8181"
     opa_timeout_s: float = Field(1.0, gt=0)
+    opa_refresh_interval_s: float = Field(2.0, gt=0)  # OPA's health and tenant list, asked in the background
     default_data_classification: str = "internal"
 
     # -- quotas ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
-from gateway.auth.exceptions import AuthError
+from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.jwks import KeyCache, b64url_decode
 from gateway.auth.principal import Principal, canonical_guid
 
@@ -82,7 +82,7 @@ class EntraVerifier:
         *,
         authority: str,
         audiences: Sequence[str],
-        tenant_allowed: Callable[[str], bool],
+        tenant_allowed: Callable[[str], bool | None],
         v1_issuer_host: str = "https://sts.windows.net",
         leeway_s: float = 60.0,
         jwks_ttl_s: float = 3600.0,
@@ -150,7 +150,8 @@ class EntraVerifier:
         return f"{self._v1_issuer_host}/{tenant_id}/"
 
     async def verify(self, token: str) -> Principal:
-        """The principal of a valid access token; AuthError (never anything else) otherwise."""
+        """The principal of a valid access token; AuthError otherwise, or TenantsUnknownError
+        while the policy cannot yet say which tenants are registered."""
         digest = None
         if isinstance(token, str) and len(token) <= self._max_token_bytes:
             digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
@@ -161,6 +162,9 @@ class EntraVerifier:
             principal, expires, kid, key = await self._verify(token)
         except AuthError as exc:
             log.info("token refused: code=%s", exc.code)
+            raise
+        except TenantsUnknownError:
+            log.info("token not checked: the tenant list is not known yet")
             raise
         except Exception as exc:
             # Fail closed. The cause is dropped: its text might quote the token.
@@ -241,7 +245,10 @@ class EntraVerifier:
         tenant_id = canonical_guid(claims.get("tid"))
         if tenant_id is None:
             raise AuthError("invalid_tenant")
-        if self._tenant_allowed(tenant_id) is not True:
+        allowed = self._tenant_allowed(tenant_id)
+        if allowed is None:
+            raise TenantsUnknownError()
+        if allowed is not True:
             raise AuthError("tenant_not_allowed")
         if claims.get("iss") != self.issuer_for(tenant_id, version):
             raise AuthError("invalid_issuer")

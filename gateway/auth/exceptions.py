@@ -38,6 +38,11 @@ class AuthError(Exception):
         self.message = MESSAGES[code]
 
 
+class TenantsUnknownError(Exception):
+    """The policy cannot say yet which tenants are registered (its source has not answered since
+    start-up), so a token can be neither accepted nor refused as a bad one: HTTP 503, not 401."""
+
+
 class AuthUnavailableError(AuthError):
     """No usable keys for the tenant could be fetched and none are cached: still a 401 to the
     caller, but the gateway can tell an identity-provider outage from a bad token."""

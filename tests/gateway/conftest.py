@@ -26,8 +26,8 @@ def opa_bin() -> str:
 def opa_server_factory(opa_bin: str, tmp_path: Path) -> Iterator:
     servers: list[OpaServer] = []
 
-    def start(args: list[str]) -> OpaServer:
-        server = start_opa(opa_bin, args, tmp_path)
+    def start(args: list[str], *, port: int | None = None) -> OpaServer:
+        server = start_opa(opa_bin, args, tmp_path, port=port)
         servers.append(server)
         return server
 

@@ -118,10 +118,32 @@ def test_unreachable_opa_is_503(local_issuer) -> None:
     app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{free_port()}")
     with serving(app) as base:
         token = local_issuer.mint(ALPHA, audience="api://tenantgate")
-        # The tenant list comes from OPA too: with OPA down, no tenant is known and auth refuses first.
+        # The tenant list comes from OPA too: with OPA never reached, no token can be judged.
         response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {token}"})
-        assert response.status_code in (401, 503)
+        error = _assert_openai_error(response, 503)
+        assert error["code"] == "service_unavailable" and response.headers["retry-after"] == "2"
         assert httpx.get(base + "/readyz").status_code == 503
+
+
+def test_a_gateway_started_before_opa_serves_once_opa_answers(local_issuer, opa_server_factory) -> None:
+    from tests.utils.server import free_port
+
+    port = free_port()
+    app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{port}",
+                        opa_refresh_interval_s=0.2)
+    modules = [str(p) for p in rego_files(DEFAULT_POLICY_DIR, include_tests=False)]
+    with serving(app) as base:
+        headers = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience='api://tenantgate')}"}
+        early = httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)
+        assert _assert_openai_error(early, 503)["code"] == "service_unavailable"  # unknown, not a bad token
+        opa_server_factory([*modules, str(DATA_DIR / "tenants.json")], port=port)
+        # Nothing asks /readyz: the gateway learns the tenants from OPA by itself.
+        deadline = time.monotonic() + 15
+        while (response := httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)).status_code == 503:
+            assert time.monotonic() < deadline, "the gateway never learned the tenants from OPA"
+            time.sleep(0.1)
+        assert response.status_code == 200, response.text
+        assert httpx.get(base + "/readyz").status_code == 200
 
 
 def test_opa_backend_serves_and_fails_closed_when_opa_stops(local_issuer, opa_server_factory) -> None:
