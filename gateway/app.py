@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 )
                 stack.push_async_callback(app_verifier.aclose)
             await app_verifier.start()
+            app_metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
 
             app_backend = backend or await build_backend(settings, app_metrics)
             if backend is None:

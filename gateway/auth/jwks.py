@@ -173,7 +173,7 @@ class KeyCache:
 
     def key_sets_missing(self) -> int:
         """Key sets (tenant, token version) tried whose keys could never be fetched."""
-        return sum(1 for entry in self._entries.values() if entry.key_set is None and entry.failed)
+        return sum(1 for entry in list(self._entries.values()) if entry.key_set is None and entry.failed)
 
     async def start(self) -> None:
         if self._background is None or self._background.done():

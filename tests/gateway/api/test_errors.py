@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.auth.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
 from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings
@@ -92,7 +93,28 @@ def test_health_and_readiness(gateway) -> None:
     assert httpx.get(gateway.base_url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(gateway.base_url + "/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"engine": True, "policy": True, "signing_keys": True}
+    assert ready.json() == {"status": "ready"}  # no per-check detail on the public port
+    metrics = httpx.get(gateway.metrics_url).text
+    assert 'tenantgate_ready{check="engine"} 1.0' in metrics and 'tenantgate_ready{check="policy"} 1.0' in metrics
+
+
+def test_a_forged_token_for_a_tenant_whose_discovery_fails_leaves_readiness_alone(faulty_issuer) -> None:
+    """A registered tenant that Entra no longer knows (deleted, or a typo in the registry): one
+    forged token makes the gateway try its keys and fail. The token is refused; readiness stays."""
+    faulty_issuer.deleted.add(ALPHA)
+    app = _null_gateway(faulty_issuer)
+    forger = LocalIssuer(faulty_issuer.base_url)  # the tenant's issuer URL, a key nobody published
+    with serving(app) as base:
+        forged = forger.mint(ALPHA, audience="api://tenantgate")
+        response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {forged}"})
+        assert _assert_openai_error(response, 401)["type"] == "authentication_error"
+        assert faulty_issuer.refused_requests == 1  # the keys were tried, and the issuer said no
+        ready = httpx.get(base + "/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+        # The operator still sees it, on the metrics listener.
+        registry = app.state.gateway.metrics.registry
+        assert registry.get_sample_value("tenantgate_jwks_key_sets_missing") == 1
+        assert registry.get_sample_value("tenantgate_auth_failures_total", {"code": "keys_unavailable"}) == 1
 
 
 # -- policy trouble denies with 503 ------------------------------------------------------------
