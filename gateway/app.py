@@ -164,7 +164,10 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             )
             yield
 
-    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan,
+    # The API's description is for development; in production the API port serves the API only
+    # (no /openapi.json, and so no /docs or /redoc).
+    openapi_url = "/openapi.json" if settings.environment == "development" else None
+    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan, openapi_url=openapi_url,
                   description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
                               "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
     install_handlers(app)

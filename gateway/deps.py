@@ -63,8 +63,9 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
         raise Unavailable("the gateway cannot check tokens until its policy source has answered; retry shortly",
                           headers={"Retry-After": "2"}) from None
     except AuthError as exc:
+        # The reason is for the log (the verifier wrote it) and the metric; the caller gets one answer.
         gateway.metrics.auth_failures.labels(exc.code).inc()
-        raise Unauthenticated(exc.message, code=exc.code) from None
+        raise Unauthenticated() from None
     request.state.principal = principal
     # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
     request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]

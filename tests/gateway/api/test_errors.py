@@ -89,6 +89,19 @@ def test_metrics_are_on_their_own_port_only(gateway) -> None:
     assert ALPHA not in text  # no raw tenant ids in labels
 
 
+def test_the_api_description_is_served_in_development_only(gateway, local_issuer, tmp_path: Path) -> None:
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        assert httpx.get(gateway.base_url + path).status_code == 200
+    production = gateway_settings(
+        local_issuer, environment="production", authority="https://login.microsoftonline.com",
+        v1_issuer_host="https://sts.windows.net", namespace_secret="a production secret of 32 bytes or more",
+        audit_signing_key=tmp_path / "audit-signing.pem", metrics_port=0)
+    with serving(create_app(production, backend=NullBackend(model_name="demo"))) as base:
+        for path in ("/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"):
+            _assert_openai_error(httpx.get(base + path), 404)
+        assert httpx.get(base + "/readyz").status_code == 200  # the app itself is up
+
+
 def test_health_and_readiness(gateway) -> None:
     assert httpx.get(gateway.base_url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(gateway.base_url + "/readyz")
