@@ -38,7 +38,8 @@ def cache_dir() -> Path:
 
 def build_policy(settings: Settings) -> PolicyEngine:
     if settings.policy_backend == "opa":
-        return OpaPolicy(settings.opa_url, timeout_s=settings.opa_timeout_s)
+        return OpaPolicy(settings.opa_url, timeout_s=settings.opa_timeout_s,
+                         refresh_interval_s=settings.opa_refresh_interval_s)
     return EmbeddedPolicy(settings.policy_dir, settings.policy_data_dir, cache_size=settings.policy_cache_size,
                           reload_interval_s=settings.policy_reload_interval_s)
 
@@ -133,9 +134,12 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                     authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,
                     v1_issuer_host=v1_host, leeway_s=settings.token_leeway_s, jwks_ttl_s=settings.jwks_ttl_s,
                     unknown_kid_window_s=settings.jwks_refetch_window_s, max_token_bytes=settings.max_token_bytes,
+                    http_timeout_s=settings.jwks_timeout_s, http_connect_timeout_s=settings.jwks_connect_timeout_s,
+                    jwks_retry_s=settings.jwks_retry_s,
                 )
                 stack.push_async_callback(app_verifier.aclose)
             await app_verifier.start()
+            app_metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
 
             app_backend = backend or await build_backend(settings, app_metrics)
             if backend is None:
@@ -162,7 +166,10 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             )
             yield
 
-    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan,
+    # The API's description is for development; in production the API port serves the API only
+    # (no /openapi.json, and so no /docs or /redoc).
+    openapi_url = "/openapi.json" if settings.environment == "development" else None
+    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan, openapi_url=openapi_url,
                   description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
                               "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
     install_handlers(app)

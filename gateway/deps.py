@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from gateway.auth.exceptions import AuthError
+from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.principal import Principal
-from gateway.errors import MissingCredentials, Unauthenticated
+from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
@@ -58,9 +58,14 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
     token = bearer_token(request)
     try:
         principal = await gateway.verifier.verify(token)
+    except TenantsUnknownError:
+        gateway.metrics.auth_failures.labels("tenants_unknown").inc()
+        raise Unavailable("the gateway cannot check tokens until its policy source has answered; retry shortly",
+                          headers={"Retry-After": "2"}) from None
     except AuthError as exc:
+        # The reason is for the log (the verifier wrote it) and the metric; the caller gets one answer.
         gateway.metrics.auth_failures.labels(exc.code).inc()
-        raise Unauthenticated(exc.message, code=exc.code) from None
+        raise Unauthenticated() from None
     request.state.principal = principal
     # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
     request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]

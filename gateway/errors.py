@@ -41,11 +41,16 @@ class InvalidRequest(GatewayError):
 
 
 class Unauthenticated(GatewayError):
+    """A refused token. Every refused token gets this same answer (the reason is in the log and in
+    tenantgate_auth_failures_total{code}): an unknown tenant must look like a bad signature, or
+    anyone could test which tenants are customers."""
+
     status_code = 401
     type = "authentication_error"
     code = "invalid_token"
+    MESSAGE = "the access token is invalid or is not accepted by this service"
 
-    def __init__(self, message: str, *, code: str = "invalid_token") -> None:
+    def __init__(self, message: str = MESSAGE, *, code: str = "invalid_token") -> None:
         # RFC 6750: the challenge names the realm and the error, never the token.
         description = message.replace('"', "'").replace("\\", "/")
         super().__init__(message, code=code, headers={
@@ -74,6 +79,25 @@ class ModelNotFound(GatewayError):
     status_code = 404
     type = "invalid_request_error"
     code = "model_not_found"
+    MESSAGE = "the requested model does not exist or is not available to you"
+
+    def __init__(self) -> None:
+        # The name is the caller's text; it is not echoed back.
+        super().__init__(self.MESSAGE, param="model")
+
+
+class ModelDenied(PolicyDenied):
+    """Policy denies the tenant this model: answered exactly as a model not served here (404), so
+    a tenant cannot tell a name served for others from one that does not exist. The reasons stay
+    in the audit record."""
+
+    status_code = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, reasons: list[str], revision: str) -> None:
+        super().__init__(reasons, revision)
+        GatewayError.__init__(self, ModelNotFound.MESSAGE, param="model")
 
 
 class PayloadTooLarge(GatewayError):

@@ -1,11 +1,21 @@
-"""Liveness and readiness. Neither needs a token; neither says more than ok or not."""
+"""Liveness and readiness. Neither needs a token; neither says more than ok or not.
+
+Readiness depends only on what no caller can change: the engine, the policy (for OPA, as
+its background watch last found it) and the quota store. Not on any tenant's signing keys:
+anyone may send a token naming a registered tenant whose keys cannot be fetched, and that
+must not take every replica out of the Service. Which check failed goes to the log and to
+the `tenantgate_ready{check}` gauge on the metrics listener, never to the public answer.
+"""
+
+import logging
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from gateway.deps import GatewayDep
+from gateway.deps import Gateway, GatewayDep
 
 router = APIRouter()
+logger = logging.getLogger("tenantgate.gateway")
 
 
 @router.get("/healthz", include_in_schema=False)
@@ -15,16 +25,21 @@ async def healthz() -> dict:
 
 @router.get("/readyz", include_in_schema=False)
 async def readyz(gateway: GatewayDep) -> JSONResponse:
-    policy = gateway.policy
-    if hasattr(policy, "probe"):
-        await policy.probe()
-    checks = {
-        "engine": gateway.backend.ready(),
-        "policy": policy.ready(),
-        "signing_keys": gateway.verifier.keys_available(),
-    }
+    checks = {"engine": gateway.backend.ready(), "policy": gateway.policy.ready()}
     if hasattr(gateway.limiter, "ping"):
         checks["quota_store"] = await gateway.limiter.ping()
+    _record(gateway, checks)
     ready = all(checks.values())
-    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
-                        status_code=200 if ready else 503)
+    return JSONResponse({"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503)
+
+
+def _record(gateway: Gateway, checks: dict[str, bool]) -> None:
+    last = gateway.extras.setdefault("readiness", {})
+    for name, ok in checks.items():
+        gateway.metrics.ready.labels(name).set(1 if ok else 0)
+        if last.get(name) != ok:
+            if ok:
+                logger.info("readiness check %s: ok", name)
+            else:
+                logger.warning("readiness check %s: failing", name)
+            last[name] = ok

@@ -14,6 +14,13 @@ class GatewayMetrics:
             "digest, never the tenant id).", ["route", "status", "decision", "tenant"], registry=self.registry)
         self.auth_failures = Counter(
             "tenantgate_auth_failures", "Rejected bearer tokens by reason code.", ["code"], registry=self.registry)
+        self.ready = Gauge(
+            "tenantgate_ready", "Readiness checks as /readyz last found them (1 ok, 0 failing); the public "
+            "answer says only ready or not.", ["check"], registry=self.registry)
+        self.jwks_key_sets_missing = Gauge(
+            "tenantgate_jwks_key_sets_missing", "Tenant key sets (tenant, token version) tried whose keys "
+            "could never be fetched. Any caller can add one for a registered tenant: alert, never readiness.",
+            registry=self.registry)
         self.policy_latency = Histogram(
             "tenantgate_policy_evaluation_seconds", "Time to obtain and validate a policy decision.",
             ["backend"], registry=self.registry,

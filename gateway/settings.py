@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     token_leeway_s: float = Field(60.0, ge=0, le=600)
     jwks_ttl_s: float = Field(3600.0, gt=0)
     jwks_refetch_window_s: float = Field(300.0, gt=0)
+    # A key fetch (discovery and JWKS together) gives up after JWKS_TIMEOUT_S, a connection attempt
+    # after JWKS_CONNECT_TIMEOUT_S; after a failure the next try is JWKS_RETRY_S later. A request
+    # with a known key never waits for a fetch; these bound the wait of one that has none.
+    jwks_timeout_s: float = Field(5.0, gt=0, le=60)
+    jwks_connect_timeout_s: float = Field(2.0, gt=0, le=60)
+    jwks_retry_s: float = Field(5.0, gt=0, le=300)
     max_token_bytes: int = Field(16384, gt=0)
     # Development only: run a local issuer with real RSA keys (`tenantgate token` mints for it).
     dev_issuer: bool = False
@@ -66,6 +72,7 @@ class Settings(BaseSettings):
     policy_cache_size: int = Field(4096, ge=0)
     opa_url: str = "http://127.0.0.1:8181"
     opa_timeout_s: float = Field(1.0, gt=0)
+    opa_refresh_interval_s: float = Field(2.0, gt=0)  # OPA's health and tenant list, asked in the background
     default_data_classification: str = "internal"
 
     # -- quotas ---------------------------------------------------------------------

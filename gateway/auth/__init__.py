@@ -1,9 +1,9 @@
 """Authentication: Microsoft Entra ID access tokens in, a verified Principal out."""
 
-from gateway.auth.exceptions import AuthError, AuthUnavailableError
+from gateway.auth.exceptions import AuthError, AuthUnavailableError, TenantsUnknownError
 from gateway.auth.principal import Principal
 
-__all__ = ["AuthError", "AuthUnavailableError", "EntraVerifier", "LocalIssuer", "Principal"]
+__all__ = ["AuthError", "AuthUnavailableError", "EntraVerifier", "LocalIssuer", "Principal", "TenantsUnknownError"]
 
 
 def __getattr__(name: str) -> object:

@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
-from gateway.auth.exceptions import AuthError
+from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.jwks import KeyCache, b64url_decode
 from gateway.auth.principal import Principal, canonical_guid
 
@@ -82,21 +82,23 @@ class EntraVerifier:
         *,
         authority: str,
         audiences: Sequence[str],
-        tenant_allowed: Callable[[str], bool],
+        tenant_allowed: Callable[[str], bool | None],
         v1_issuer_host: str = "https://sts.windows.net",
         leeway_s: float = 60.0,
         jwks_ttl_s: float = 3600.0,
         unknown_kid_window_s: float = 300.0,
         max_token_bytes: int = 16384,
         http_timeout_s: float = 5.0,
+        http_connect_timeout_s: float = 2.0,
+        jwks_retry_s: float = 5.0,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         if isinstance(audiences, str) or not audiences or not all(isinstance(a, str) and a for a in audiences):
             raise ValueError("audiences must be a non-empty sequence of strings")
         if not 0 <= leeway_s <= 600 or jwks_ttl_s <= 0 or unknown_kid_window_s < 0:
             raise ValueError("leeway_s must be 0..600 s, jwks_ttl_s > 0 and unknown_kid_window_s >= 0")
-        if max_token_bytes <= 0 or http_timeout_s <= 0:
-            raise ValueError("max_token_bytes and http_timeout_s must be positive")
+        if max_token_bytes <= 0 or http_timeout_s <= 0 or http_connect_timeout_s <= 0 or jwks_retry_s <= 0:
+            raise ValueError("max_token_bytes, the HTTP timeouts and jwks_retry_s must be positive")
         self._authority = _safe_base_url(authority, "authority")
         self._v1_issuer_host = _safe_base_url(v1_issuer_host, "v1_issuer_host")
         self._audiences = frozenset(audiences)
@@ -104,7 +106,8 @@ class EntraVerifier:
         self._leeway_s = leeway_s
         self._max_token_bytes = max_token_bytes
         self._owns_client = http_client is None
-        self._client = http_client or httpx.AsyncClient(timeout=http_timeout_s, follow_redirects=False)
+        timeout = httpx.Timeout(http_timeout_s, connect=min(http_connect_timeout_s, http_timeout_s))
+        self._client = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False)
         # Tokens already verified, by SHA-256 of the token: a client reuses its token for up to
         # an hour, and parsing plus an RSA verification per request is most of auth's cost.
         self._verified: OrderedDict[bytes, tuple[Principal, float, str, object]] = OrderedDict()
@@ -114,6 +117,7 @@ class EntraVerifier:
             ttl_s=jwks_ttl_s,
             unknown_kid_window_s=unknown_kid_window_s,
             timeout_s=http_timeout_s,
+            retry_s=jwks_retry_s,
         )
 
     @property
@@ -126,8 +130,10 @@ class EntraVerifier:
         """JWKS documents requested over HTTP, by tenant id."""
         return self._keys.fetches
 
-    def keys_available(self) -> bool:
-        return self._keys.keys_available()
+    def key_sets_missing(self) -> int:
+        """Tenant key sets tried whose keys could never be fetched (a metric, never readiness:
+        any caller can make the gateway try a registered tenant's keys)."""
+        return self._keys.key_sets_missing()
 
     async def start(self) -> None:
         await self._keys.start()
@@ -144,7 +150,8 @@ class EntraVerifier:
         return f"{self._v1_issuer_host}/{tenant_id}/"
 
     async def verify(self, token: str) -> Principal:
-        """The principal of a valid access token; AuthError (never anything else) otherwise."""
+        """The principal of a valid access token; AuthError otherwise, or TenantsUnknownError
+        while the policy cannot yet say which tenants are registered."""
         digest = None
         if isinstance(token, str) and len(token) <= self._max_token_bytes:
             digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
@@ -155,6 +162,9 @@ class EntraVerifier:
             principal, expires, kid, key = await self._verify(token)
         except AuthError as exc:
             log.info("token refused: code=%s", exc.code)
+            raise
+        except TenantsUnknownError:
+            log.info("token not checked: the tenant list is not known yet")
             raise
         except Exception as exc:
             # Fail closed. The cause is dropped: its text might quote the token.
@@ -235,7 +245,10 @@ class EntraVerifier:
         tenant_id = canonical_guid(claims.get("tid"))
         if tenant_id is None:
             raise AuthError("invalid_tenant")
-        if self._tenant_allowed(tenant_id) is not True:
+        allowed = self._tenant_allowed(tenant_id)
+        if allowed is None:
+            raise TenantsUnknownError()
+        if allowed is not True:
             raise AuthError("tenant_not_allowed")
         if claims.get("iss") != self.issuer_for(tenant_id, version):
             raise AuthError("invalid_issuer")

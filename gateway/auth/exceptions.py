@@ -1,4 +1,5 @@
-"""Authentication errors. Every one is an HTTP 401; none carries the token or a claim value."""
+"""Authentication errors. Every one is an HTTP 401, and callers all get the same one (deps.authenticate):
+the code and message are for the log and `tenantgate_auth_failures_total`. None carries the token or a claim value."""
 
 # One fixed, safe message per code: a message is never built from anything the caller sent.
 MESSAGES = {
@@ -36,6 +37,11 @@ class AuthError(Exception):
         super().__init__(MESSAGES[code])
         self.code = code
         self.message = MESSAGES[code]
+
+
+class TenantsUnknownError(Exception):
+    """The policy cannot say yet which tenants are registered (its source has not answered since
+    start-up), so a token can be neither accepted nor refused as a bad one: HTTP 503, not 401."""
 
 
 class AuthUnavailableError(AuthError):

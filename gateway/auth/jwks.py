@@ -1,9 +1,14 @@
 """Entra ID signing keys per (tenant, token version): OpenID discovery, then the JWKS.
 
 Key sets are cached for a TTL and refreshed in the background before they expire. A
-fetch that fails keeps the last good keys. Concurrent requests for one tenant share a
-single in-flight fetch, and an unknown `kid` forces a refetch at most once per window
-per tenant, so a flood of forged kids costs at most one fetch per window.
+request that has keys never waits for a fetch: while a refresh runs, or after one failed,
+it is served from the last good keys. Only a tenant with no keys yet, keys a whole TTL
+old with no refresh tried, or an unknown `kid` waits, and only up to the fetch timeout.
+Concurrent requests for one tenant share a single in-flight fetch. An unknown `kid`
+forces a refetch at most once per window per tenant when the issuer answers, so a flood
+of forged kids costs at most one fetch per window; a fetch that fails does not use up the
+window, and is retried no sooner than `retry_s` later, so a new key is accepted within
+`retry_s` of the issuer's recovery.
 """
 
 from __future__ import annotations
@@ -63,10 +68,15 @@ class KeySet:
 class _Entry:
     key_set: KeySet | None = None
     fetched_at: float = -math.inf
-    expires_at: float = 0.0  # the request path refetches after this
-    refresh_after: float = 0.0  # the background task refetches after this
-    attempted: bool = False
+    expires_at: float = 0.0  # past this, keys are used only while a refresh runs or after one failed
+    refresh_after: float = 0.0  # a refresh starts in the background after this
+    retry_at: float = 0.0  # after a failed fetch, the next one starts no sooner than this
+    failed: bool = False  # the last fetch failed: key_set holds the last good keys
     inflight: asyncio.Task | None = field(default=None, repr=False)
+
+    def usable(self, now: float) -> bool:
+        """Whether the keys may be used without waiting for a fetch."""
+        return self.key_set is not None and (now < self.expires_at or self.failed or self.inflight is not None)
 
 
 class _FetchError(Exception):
@@ -117,13 +127,14 @@ class KeyCache:
         ttl_s: float,
         unknown_kid_window_s: float,
         timeout_s: float,
+        retry_s: float,
     ) -> None:
         self._authority = httpx.URL(authority.rstrip("/"))
         self._client = client
         self._ttl_s = ttl_s
         self._window_s = unknown_kid_window_s
         self._timeout_s = timeout_s
-        self._retry_s = min(30.0, ttl_s)
+        self._retry_s = retry_s
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._forced_at: dict[str, float] = {}
         self._background: asyncio.Task | None = None
@@ -134,28 +145,35 @@ class KeyCache:
         """(the discovery issuer, the key named kid); raises AuthError when there is none."""
         started = time.monotonic()
         entry = self._entries.setdefault((tenant_id, version), _Entry())
-        if entry.inflight is not None or started >= entry.expires_at:
-            await self._refresh(tenant_id, version, entry)
-        if entry.key_set is None:
-            raise AuthUnavailableError()
+        if not entry.usable(started):
+            if entry.inflight is not None or started >= entry.retry_at:
+                await self._refresh(tenant_id, version, entry)
+            if entry.key_set is None:
+                raise AuthUnavailableError()
+        elif started >= entry.refresh_after:
+            self._start_fetch(tenant_id, version, entry)  # not awaited: this request uses the keys it has
         key = entry.key_set.keys.get(kid)
         # Keys fetched while this request waited are already the newest there are.
-        if key is None and entry.fetched_at < started and self._may_force(tenant_id, started):
+        if key is None and entry.fetched_at < started and started >= entry.retry_at \
+                and self._may_force(tenant_id, started):
             await self._refresh(tenant_id, version, entry)
+            if entry.fetched_at < started:
+                self._forced_at.pop(tenant_id, None)  # it failed: the window stays open for the retry
             key = entry.key_set.keys.get(kid)
         if key is None:
             raise AuthError("unknown_key")
         return entry.key_set.issuer, key
 
     def cached_key(self, tenant_id: str, version: str, kid: str) -> SigningKey | None:
-        """The key named kid if it is in a key set that has not expired; never fetches."""
+        """The key named kid if signing_key would use it without waiting; never fetches."""
         entry = self._entries.get((tenant_id, version))
-        if entry is None or entry.key_set is None or time.monotonic() >= entry.expires_at:
+        if entry is None or not entry.usable(time.monotonic()):
             return None
         return entry.key_set.keys.get(kid)
 
-    def keys_available(self) -> bool:
-        return all(entry.key_set is not None for entry in self._entries.values() if entry.attempted)
+    def key_sets_missing(self) -> int:
+        """Key sets (tenant, token version) tried whose keys could never be fetched."""
+        return sum(1 for entry in list(self._entries.values()) if entry.key_set is None and entry.failed)
 
     async def start(self) -> None:
         if self._background is None or self._background.done():
@@ -178,38 +196,45 @@ class KeyCache:
         self._forced_at[tenant_id] = now
         return True
 
+    def _start_fetch(self, tenant_id: str, version: str, entry: _Entry) -> asyncio.Task | None:
+        """The fetch in flight for this entry, or a new one if none is and no retry is pending."""
+        if entry.inflight is None and time.monotonic() >= entry.retry_at:
+            entry.inflight = asyncio.create_task(self._fetch(tenant_id, version, entry))
+        return entry.inflight
+
     async def _refresh(self, tenant_id: str, version: str, entry: _Entry) -> None:
-        task = entry.inflight
-        if task is None:
-            task = entry.inflight = asyncio.create_task(self._fetch(tenant_id, version, entry))
-        # A cancelled request must not cancel the fetch other requests are waiting on.
-        await asyncio.shield(task)
+        task = self._start_fetch(tenant_id, version, entry)
+        if task is not None:
+            # A cancelled request must not cancel the fetch other requests are waiting on.
+            await asyncio.shield(task)
 
     async def _refresh_loop(self) -> None:
-        tick = max(0.05, min(self._ttl_s * REFRESH_AHEAD / 2, 30.0))
+        tick = max(0.05, min(self._ttl_s * REFRESH_AHEAD / 2, self._retry_s, 30.0))
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            # Only key sets that once worked: a tenant whose discovery never answered is retried
+            # when a request asks for it, not forever in the background.
             for (tenant_id, version), entry in list(self._entries.items()):
-                if now >= entry.refresh_after:
-                    await self._refresh(tenant_id, version, entry)
+                if entry.key_set is not None and now >= entry.refresh_after:
+                    self._start_fetch(tenant_id, version, entry)
 
     async def _fetch(self, tenant_id: str, version: str, entry: _Entry) -> None:
         """Never raises (but cancellation): a failure is logged and keeps the last good keys."""
         try:
-            key_set = await self._download(tenant_id, version)
+            async with asyncio.timeout(self._timeout_s):
+                key_set = await self._download(tenant_id, version)
         except Exception as exc:
             reason = exc.reason if isinstance(exc, _FetchError) else type(exc).__name__
             log.warning("jwks fetch failed: tenant=%s version=%s reason=%s", tenant_id, version, reason)
-            entry.expires_at = entry.refresh_after = time.monotonic() + self._retry_s
+            entry.failed, entry.retry_at = True, time.monotonic() + self._retry_s
         else:
             now = time.monotonic()
-            entry.key_set, entry.fetched_at = key_set, now
+            entry.key_set, entry.fetched_at, entry.failed = key_set, now, False
             entry.expires_at = now + self._ttl_s
             entry.refresh_after = now + self._ttl_s * (1 - REFRESH_AHEAD)
         finally:
             entry.inflight = None
-        entry.attempted = True
 
     async def _download(self, tenant_id: str, version: str) -> KeySet:
         base = f"{self._authority}/{tenant_id}" + ("/v2.0" if version == "2.0" else "")
@@ -230,14 +255,13 @@ class KeyCache:
 
     async def _get_json(self, url: str, limit: int) -> dict:
         body = bytearray()
-        async with asyncio.timeout(self._timeout_s):
-            async with self._client.stream("GET", url, headers={"Accept": "application/json"}) as response:
-                if response.status_code != 200:
-                    raise _FetchError(f"http_{response.status_code}")
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        raise _FetchError("response_too_large")
+        async with self._client.stream("GET", url, headers={"Accept": "application/json"}) as response:
+            if response.status_code != 200:
+                raise _FetchError(f"http_{response.status_code}")
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise _FetchError("response_too_large")
         try:
             document = json.loads(body)
         except ValueError:

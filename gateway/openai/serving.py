@@ -25,7 +25,15 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PolicyDenied, RateLimited, Unavailable
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelDenied,
+    ModelNotFound,
+    PolicyDenied,
+    RateLimited,
+    Unavailable,
+)
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
 from gateway.openai.protocol import SamplingFields
 from gateway.policy.exceptions import PolicyError
@@ -35,6 +43,8 @@ from gateway.policy.service import Judgement
 logger = logging.getLogger("tenantgate.gateway")
 
 CLASSIFICATION_HEADER = "x-data-classification"
+# The reason policies/authz gives when a tenant may not use the model; such a deny is answered as 404.
+MODEL_DENIED_REASON = "the requested model is not available to this tenant"
 
 
 class ClientGone(Exception):
@@ -72,8 +82,7 @@ def new_request_id(prefix: str) -> str:
 
 def check_model(gateway: Gateway, model: str) -> None:
     if model != gateway.backend.model_name:
-        # The name is the caller's text; it is not echoed back.
-        raise ModelNotFound("the requested model is not served here", param="model")
+        raise ModelNotFound()
 
 
 def unsupported(body: SamplingFields) -> None:
@@ -123,7 +132,8 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
         gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
     request.state.decision = "allow" if judgement.decision.allow else "deny"
     if not judgement.decision.allow:
-        denied = PolicyDenied(judgement.decision.reasons, judgement.revision)
+        reasons = judgement.decision.reasons
+        denied = (ModelDenied if MODEL_DENIED_REASON in reasons else PolicyDenied)(reasons, judgement.revision)
         denied.judgement = judgement  # for the audit record
         raise denied
     return judgement
@@ -165,7 +175,6 @@ def effective_max_tokens(gateway: Gateway, decision: Decision, requested: int | 
 async def admit(gateway: Gateway, request: Request, principal: Principal, body: SamplingFields, *,
                 route: str, request_id: str, token_ids: list[int], requested_max_tokens: int | None,
                 logprobs: int | None) -> Admitted:
-    check_model(gateway, body.model)
     unsupported(body)
     document = policy_input(gateway, principal, request, route=route, model=body.model, stream=body.stream,
                             prompt_tokens=len(token_ids), max_tokens=requested_max_tokens,
@@ -173,6 +182,9 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
     judgement = None
     try:
         judgement = await judge(gateway, request, document)
+        # After the policy: a model the tenant may not use and one not served get the same 404,
+        # and any other deny the same 403, whether the name is served or not.
+        check_model(gateway, body.model)
         decision = judgement.decision
         max_tokens = effective_max_tokens(gateway, decision, requested_max_tokens, len(token_ids))
         envelope = envelope_for(gateway, principal, judgement)

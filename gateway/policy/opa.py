@@ -1,5 +1,8 @@
-"""The OPA side: finding the binary, and a small client for `opa run --server`'s data API."""
+"""The OPA side: finding the binary, a small client for `opa run --server`'s data API, and
+the watch that keeps the gateway's view of a running OPA current."""
 
+import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -10,6 +13,8 @@ import httpx
 
 from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.schema import Decision, validate_decision
+
+logger = logging.getLogger("tenantgate.policy")
 
 OPA_VERSION = "1.22.3"
 DECISION_PATH = "/v1/data/tenantgate/decision"
@@ -56,3 +61,60 @@ class OpaClient:
 
     def decide(self, input_document: Mapping) -> Decision:
         return validate_decision(self.evaluate(input_document))
+
+
+class OpaWatch:
+    """Whether an OPA server is healthy with its bundles active, and which tenants its data
+    registers, asked every `interval_s` in the background, never on a caller's request.
+
+    `tenants` is None until OPA has answered once: the gateway then cannot tell a registered
+    tenant from an unknown one and answers 503. A later failure keeps the last good list
+    (the policy itself still judges every request, so a tenant removed since is denied there).
+    """
+
+    def __init__(self, client: httpx.AsyncClient, *, interval_s: float) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._task: asyncio.Task | None = None
+        self.healthy = False
+        self.tenants: frozenset[str] | None = None
+
+    async def refresh(self) -> None:
+        """One look at OPA; never raises (but cancellation)."""
+        try:
+            health = await self._client.get("/health", params={"bundles": "true"})
+            response = await self._client.get("/v1/data/tenants")
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            if self.healthy or self.tenants is None:
+                logger.warning("opa unreachable: %s", type(exc).__name__)
+            self.healthy = False
+            return
+        result = body.get("result") if isinstance(body, dict) else None
+        if isinstance(result, dict):
+            if self.tenants is None:
+                logger.info("opa tenant list loaded: %d tenants", len(result))
+            self.tenants = frozenset(result)
+        self.healthy = health.status_code == 200
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - the watch must outlive one bad answer
+                logger.exception("opa watch failed once; it keeps watching")
+
+    async def start(self) -> None:
+        await self.refresh()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tenantgate-opa-watch")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

@@ -20,7 +20,7 @@ import httpx
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
 from gateway.policy.loader import load_samples, load_source
-from gateway.policy.opa import DECISION_PATH
+from gateway.policy.opa import DECISION_PATH, OpaWatch
 from gateway.policy.schema import Decision, validate_decision
 
 logger = logging.getLogger("tenantgate.policy")
@@ -34,7 +34,7 @@ class Judgement:
 
 class PolicyEngine(Protocol):
     async def decide(self, input_document: Mapping) -> Judgement: ...
-    def tenant_known(self, tenant_id: str) -> bool: ...
+    def tenant_known(self, tenant_id: str) -> bool | None: ...  # None: the tenant list is not known yet
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -147,11 +147,10 @@ class OpaPolicy:
     and it brings a second HTTP stack (aiohttp). Here one bounded timeout decides.
     """
 
-    def __init__(self, base_url: str, *, timeout_s: float = 1.0,
+    def __init__(self, base_url: str, *, timeout_s: float = 1.0, refresh_interval_s: float = 2.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
-        self._healthy = False
-        self._tenants: frozenset[str] = frozenset()
+        self._watch = OpaWatch(self._client, interval_s=refresh_interval_s)
 
     async def decide(self, input_document: Mapping) -> Judgement:
         try:
@@ -159,7 +158,7 @@ class OpaPolicy:
                 DECISION_PATH, params={"provenance": "true"}, json={"input": input_document}
             )
         except httpx.HTTPError as exc:
-            self._healthy = False
+            self._watch.healthy = False
             raise PolicyEvaluationError(f"OPA is unreachable ({type(exc).__name__})") from None
         if response.status_code != 200:
             raise PolicyEvaluationError(f"OPA answered HTTP {response.status_code}")
@@ -169,32 +168,21 @@ class OpaPolicy:
             raise PolicyEvaluationError("OPA answered with a body that is not JSON") from None
         if not isinstance(body, dict) or "result" not in body:
             raise PolicyEvaluationError("OPA returned no decision (is the bundle active?)")
-        self._healthy = True
+        self._watch.healthy = True
         return Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
 
-    def tenant_known(self, tenant_id: str) -> bool:
-        return tenant_id in self._tenants
+    def tenant_known(self, tenant_id: str) -> bool | None:
+        tenants = self._watch.tenants
+        return None if tenants is None else tenant_id in tenants
 
     def ready(self) -> bool:
-        return self._healthy
-
-    async def probe(self) -> bool:
-        """Readiness: OPA answers /health with its bundles activated; refreshes the tenant list."""
-        try:
-            response = await self._client.get("/health", params={"bundles": "true"})
-            self._healthy = response.status_code == 200
-            tenants = await self._client.get("/v1/data/tenants")
-            result = tenants.json().get("result") if tenants.status_code == 200 else None
-            if isinstance(result, dict):
-                self._tenants = frozenset(result)
-        except (httpx.HTTPError, json.JSONDecodeError, AttributeError):
-            self._healthy = False
-        return self._healthy
+        return self._watch.healthy and self._watch.tenants is not None
 
     async def start(self) -> None:
-        await self.probe()
+        await self._watch.start()
 
     async def aclose(self) -> None:
+        await self._watch.aclose()
         await self._client.aclose()
 
 

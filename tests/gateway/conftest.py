@@ -6,6 +6,7 @@ import pytest
 
 from gateway.auth.issuer import LocalIssuer
 from gateway.policy.opa import OPA_VERSION, find_opa
+from tests.utils.issuer import FaultyIssuer
 from tests.utils.opa import OpaServer, start_opa, stop_opa
 
 
@@ -25,8 +26,8 @@ def opa_bin() -> str:
 def opa_server_factory(opa_bin: str, tmp_path: Path) -> Iterator:
     servers: list[OpaServer] = []
 
-    def start(args: list[str]) -> OpaServer:
-        server = start_opa(opa_bin, args, tmp_path)
+    def start(args: list[str], *, port: int | None = None) -> OpaServer:
+        server = start_opa(opa_bin, args, tmp_path, port=port)
         servers.append(server)
         return server
 
@@ -39,4 +40,11 @@ def opa_server_factory(opa_bin: str, tmp_path: Path) -> Iterator:
 def local_issuer() -> Iterator[LocalIssuer]:
     """A local Entra-style issuer with real RSA keys, serving discovery and JWKS on loopback."""
     with LocalIssuer(port=0) as issuer:
+        yield issuer
+
+
+@pytest.fixture
+def faulty_issuer() -> Iterator[FaultyIssuer]:
+    """A local issuer that can refuse a tenant as Entra does, or hang."""
+    with FaultyIssuer() as issuer:
         yield issuer

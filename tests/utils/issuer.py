@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,3 +37,42 @@ def verifier_options(issuer: LocalIssuer, **overrides: object) -> dict:
     }
     options.update(overrides)
     return options
+
+
+class FaultyIssuer(LocalIssuer):
+    """A LocalIssuer that fails the ways Entra can: a tenant it answers 400 for, as Entra does
+    for a deleted tenant or a mistyped id (`deleted`), and endpoints that accept a request and
+    then say nothing (`hanging`; each held request is counted in `hung_requests`)."""
+
+    HANG_LIMIT_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__(port=0)
+        self.deleted: set[str] = set()
+        self.hanging = threading.Event()
+        self.hung_requests = 0
+        self.refused_requests = 0
+
+    def stop(self) -> None:
+        self.hanging.clear()  # the held requests end, so the server can stop
+        super().stop()
+
+    def _app(self):
+        from starlette.responses import JSONResponse
+
+        app = super()._app()
+
+        async def faulty(scope, receive, send) -> None:
+            if self.hanging.is_set():
+                self.hung_requests += 1
+                deadline = time.monotonic() + self.HANG_LIMIT_S
+                while self.hanging.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            if scope["path"].strip("/").split("/")[0] in self.deleted:
+                self.refused_requests += 1
+                body = {"error": "invalid_tenant", "error_description": "AADSTS90002: Tenant not found."}
+                await JSONResponse(body, 400)(scope, receive, send)
+                return
+            await app(scope, receive, send)
+
+        return faulty

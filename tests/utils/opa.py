@@ -31,8 +31,8 @@ class OpaServer:
         return self.log.read_text(errors="replace")
 
 
-def start_opa(opa: str, args: list[str], tmp_path: Path) -> OpaServer:
-    port = free_port()
+def start_opa(opa: str, args: list[str], tmp_path: Path, *, port: int | None = None) -> OpaServer:
+    port = port or free_port()
     log = tmp_path / f"opa-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(

@@ -34,5 +34,5 @@ async def list_models(principal: PrincipalDep, gateway: GatewayDep, request: Req
 @router.get("/v1/models/{model}", responses=ERROR_RESPONSES, summary="Describe one model")
 async def retrieve_model(model: str, principal: PrincipalDep, gateway: GatewayDep, request: Request) -> Model:
     if model != gateway.backend.model_name or not await _allowed(gateway, principal, request, model):
-        raise ModelNotFound("the requested model does not exist or is not available to you", param="model")
+        raise ModelNotFound()
     return Model(id=model, created=gateway.extras.get("started", 0))

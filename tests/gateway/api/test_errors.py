@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.auth.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
 from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings
@@ -88,11 +89,45 @@ def test_metrics_are_on_their_own_port_only(gateway) -> None:
     assert ALPHA not in text  # no raw tenant ids in labels
 
 
+def test_the_api_description_is_served_in_development_only(gateway, local_issuer, tmp_path: Path) -> None:
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        assert httpx.get(gateway.base_url + path).status_code == 200
+    production = gateway_settings(
+        local_issuer, environment="production", authority="https://login.microsoftonline.com",
+        v1_issuer_host="https://sts.windows.net", namespace_secret="a production secret of 32 bytes or more",
+        audit_signing_key=tmp_path / "audit-signing.pem", metrics_port=0)
+    with serving(create_app(production, backend=NullBackend(model_name="demo"))) as base:
+        for path in ("/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"):
+            _assert_openai_error(httpx.get(base + path), 404)
+        assert httpx.get(base + "/readyz").status_code == 200  # the app itself is up
+
+
 def test_health_and_readiness(gateway) -> None:
     assert httpx.get(gateway.base_url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(gateway.base_url + "/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"engine": True, "policy": True, "signing_keys": True}
+    assert ready.json() == {"status": "ready"}  # no per-check detail on the public port
+    metrics = httpx.get(gateway.metrics_url).text
+    assert 'tenantgate_ready{check="engine"} 1.0' in metrics and 'tenantgate_ready{check="policy"} 1.0' in metrics
+
+
+def test_a_forged_token_for_a_tenant_whose_discovery_fails_leaves_readiness_alone(faulty_issuer) -> None:
+    """A registered tenant that Entra no longer knows (deleted, or a typo in the registry): one
+    forged token makes the gateway try its keys and fail. The token is refused; readiness stays."""
+    faulty_issuer.deleted.add(ALPHA)
+    app = _null_gateway(faulty_issuer)
+    forger = LocalIssuer(faulty_issuer.base_url)  # the tenant's issuer URL, a key nobody published
+    with serving(app) as base:
+        forged = forger.mint(ALPHA, audience="api://tenantgate")
+        response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {forged}"})
+        assert _assert_openai_error(response, 401)["type"] == "authentication_error"
+        assert faulty_issuer.refused_requests == 1  # the keys were tried, and the issuer said no
+        ready = httpx.get(base + "/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+        # The operator still sees it, on the metrics listener.
+        registry = app.state.gateway.metrics.registry
+        assert registry.get_sample_value("tenantgate_jwks_key_sets_missing") == 1
+        assert registry.get_sample_value("tenantgate_auth_failures_total", {"code": "keys_unavailable"}) == 1
 
 
 # -- policy trouble denies with 503 ------------------------------------------------------------
@@ -118,10 +153,32 @@ def test_unreachable_opa_is_503(local_issuer) -> None:
     app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{free_port()}")
     with serving(app) as base:
         token = local_issuer.mint(ALPHA, audience="api://tenantgate")
-        # The tenant list comes from OPA too: with OPA down, no tenant is known and auth refuses first.
+        # The tenant list comes from OPA too: with OPA never reached, no token can be judged.
         response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {token}"})
-        assert response.status_code in (401, 503)
+        error = _assert_openai_error(response, 503)
+        assert error["code"] == "service_unavailable" and response.headers["retry-after"] == "2"
         assert httpx.get(base + "/readyz").status_code == 503
+
+
+def test_a_gateway_started_before_opa_serves_once_opa_answers(local_issuer, opa_server_factory) -> None:
+    from tests.utils.server import free_port
+
+    port = free_port()
+    app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{port}",
+                        opa_refresh_interval_s=0.2)
+    modules = [str(p) for p in rego_files(DEFAULT_POLICY_DIR, include_tests=False)]
+    with serving(app) as base:
+        headers = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience='api://tenantgate')}"}
+        early = httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)
+        assert _assert_openai_error(early, 503)["code"] == "service_unavailable"  # unknown, not a bad token
+        opa_server_factory([*modules, str(DATA_DIR / "tenants.json")], port=port)
+        # Nothing asks /readyz: the gateway learns the tenants from OPA by itself.
+        deadline = time.monotonic() + 15
+        while (response := httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers)).status_code == 503:
+            assert time.monotonic() < deadline, "the gateway never learned the tenants from OPA"
+            time.sleep(0.1)
+        assert response.status_code == 200, response.text
+        assert httpx.get(base + "/readyz").status_code == 200
 
 
 def test_opa_backend_serves_and_fails_closed_when_opa_stops(local_issuer, opa_server_factory) -> None:

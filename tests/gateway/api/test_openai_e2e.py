@@ -61,12 +61,33 @@ def test_chat_logprobs_carry_top_alternatives(gateway) -> None:
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy picks the best
 
 
-def test_tenant_denied_the_model_gets_403_with_the_policy_reason(gateway) -> None:
-    with pytest.raises(openai.PermissionDeniedError) as caught:
-        gateway.client(BETA).chat.completions.create(model="demo", messages=CHAT, max_tokens=4)
-    error = caught.value.body
-    assert error["code"] == "policy_denied"
-    assert "the requested model is not available to this tenant" in error["message"]
+def test_a_model_the_tenant_may_not_use_gets_the_same_404_as_a_name_not_served(gateway) -> None:
+    """Beta may not use demo, which is served here; gpt-9 is served nowhere; Beta's own
+    some-other-model is not served here. A tenant must not be able to tell them apart (which
+    names are served for other tenants)."""
+    answers = []
+    for tenant, model in ((BETA, "demo"), (BETA, "gpt-9"), (ALPHA, "gpt-9"), (BETA, "some-other-model")):
+        with pytest.raises(openai.NotFoundError) as caught:
+            gateway.client(tenant).chat.completions.create(model=model, messages=CHAT, max_tokens=4)
+        answers.append(caught.value.body)
+    assert all(answer == answers[0] for answer in answers)
+    assert answers[0]["code"] == "model_not_found" and answers[0]["param"] == "model"
+    assert "gpt-9" not in answers[0]["message"] and "demo" not in answers[0]["message"]
+    with pytest.raises(openai.NotFoundError) as caught:
+        gateway.client(BETA).models.retrieve("demo")
+    assert caught.value.body == answers[0]
+
+
+def test_another_deny_is_the_same_403_whether_or_not_the_model_is_served(gateway) -> None:
+    """A token without the Inference.Invoke scope, for a model its tenant may use: the same 403
+    whether the name is served here (Alpha's demo) or not (Beta's some-other-model)."""
+    answers = []
+    for tenant, model in ((ALPHA, "demo"), (BETA, "some-other-model")):
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            gateway.client(tenant, scopes=("Models.Read",)).chat.completions.create(model=model, messages=CHAT)
+        answers.append(caught.value.body)
+    assert answers[0] == answers[1] and answers[0]["code"] == "policy_denied"
+    assert "Inference.Invoke scope" in answers[0]["message"]
 
 
 def test_tenant_with_smaller_max_tokens_is_clamped(gateway) -> None:

@@ -6,7 +6,7 @@ import uuid
 import httpx
 import pytest
 
-from gateway.auth import AuthError, EntraVerifier, Principal
+from gateway.auth import AuthError, EntraVerifier, Principal, TenantsUnknownError
 from gateway.auth.exceptions import MESSAGES
 from gateway.auth.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID
 from tests.utils.bad_tokens import CASE_IDS, bad_token_cases
@@ -198,6 +198,13 @@ async def test_an_unexpected_error_fails_closed_as_an_auth_error(issuer) -> None
         await verifier.aclose()
     assert caught.value.code == "invalid_token" and caught.value.__cause__ is None
     assert CONTOSO not in str(caught.value)
+
+
+async def test_a_tenant_list_not_known_yet_is_neither_accepted_nor_refused(fresh_issuer, make_verifier) -> None:
+    verifier = make_verifier(fresh_issuer, tenant_allowed=lambda tenant_id: None)
+    with pytest.raises(TenantsUnknownError):
+        await verifier.verify(fresh_issuer.mint(CONTOSO))
+    assert fresh_issuer.discovery_requests == fresh_issuer.jwks_requests == 0
 
 
 async def test_a_truthy_non_boolean_from_policy_does_not_allow(issuer, make_verifier) -> None:

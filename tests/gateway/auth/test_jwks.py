@@ -6,7 +6,7 @@ import time
 import pytest
 
 from gateway.auth import AuthError, AuthUnavailableError, EntraVerifier
-from tests.utils.issuer import CONTOSO, FABRIKAM, NORTHWIND
+from tests.utils.issuer import CONTOSO, FABRIKAM, NORTHWIND, FaultyIssuer
 
 
 async def refused(verifier: EntraVerifier, token: str) -> str:
@@ -106,17 +106,17 @@ async def test_last_good_keys_are_kept_while_the_issuer_is_down(fresh_issuer, ma
 
     assert (await verifier.verify(token)).tenant_id == CONTOSO
     assert "jwks fetch failed" in caplog.text  # the refetch was tried
-    assert verifier.keys_available()
+    assert verifier.key_sets_missing() == 0
     assert await refused(verifier, fresh_issuer.mint(CONTOSO, kid="forged")) == "unknown_key"
 
     with pytest.raises(AuthUnavailableError):
         await verifier.verify(fresh_issuer.mint(FABRIKAM))
-    assert not verifier.keys_available()
+    assert verifier.key_sets_missing() == 1
 
 
 async def test_background_refresh_renews_keys_before_they_expire(fresh_issuer, make_verifier) -> None:
     verifier = make_verifier(fresh_issuer, jwks_ttl_s=0.4)
-    assert verifier.keys_available()
+    assert verifier.key_sets_missing() == 0
     await verifier.start()
     await verifier.start()
     await verifier.verify(fresh_issuer.mint(CONTOSO))
@@ -133,3 +133,52 @@ async def test_background_refresh_renews_keys_before_they_expire(fresh_issuer, m
     stopped_at = fresh_issuer.jwks_requests
     await asyncio.sleep(0.5)
     assert fresh_issuer.jwks_requests == stopped_at
+
+
+async def _slowest_verify(verifier: EntraVerifier, issuer, seconds: float) -> float:
+    """The longest a fresh token (its key known) took to verify, over `seconds` of tries."""
+    slowest, deadline = 0.0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        token = issuer.mint(CONTOSO)
+        started = time.monotonic()
+        await verifier.verify(token)
+        slowest = max(slowest, time.monotonic() - started)
+        await asyncio.sleep(0.05)
+    return slowest
+
+
+async def test_a_hung_key_endpoint_never_delays_a_request_whose_key_is_known(faulty_issuer: FaultyIssuer,
+                                                                             make_verifier, caplog) -> None:
+    verifier = make_verifier(faulty_issuer, jwks_ttl_s=1.0, http_timeout_s=1.0)
+    await verifier.start()
+    await verifier.verify(faulty_issuer.mint(CONTOSO))
+    faulty_issuer.hanging.set()
+    # The background refresh (at 75% of the TTL) reaches the issuer and hangs there.
+    assert await eventually(lambda: faulty_issuer.hung_requests >= 1)
+    # While the refresh hangs, past the keys' TTL, and after it timed out: the last good keys serve.
+    assert await _slowest_verify(verifier, faulty_issuer, 2.5) < 0.5
+    assert "jwks fetch failed" in caplog.text and "reason=TimeoutError" in caplog.text
+
+
+async def test_a_new_key_is_accepted_promptly_once_a_hung_endpoint_recovers(faulty_issuer: FaultyIssuer,
+                                                                           make_verifier) -> None:
+    verifier = make_verifier(faulty_issuer, http_timeout_s=0.5, jwks_retry_s=0.2)
+    await verifier.start()
+    await verifier.verify(faulty_issuer.mint(CONTOSO))
+    faulty_issuer.rotate()
+    faulty_issuer.hanging.set()
+    # Entra rotated while its endpoint hangs: the new kid's refetch times out, the kid is refused.
+    assert await refused(verifier, faulty_issuer.mint(CONTOSO)) == "unknown_key"
+    assert faulty_issuer.hung_requests == 1
+    faulty_issuer.hanging.clear()
+    recovered = time.monotonic()
+    token = faulty_issuer.mint(CONTOSO)
+    while True:
+        try:
+            await verifier.verify(token)
+            break
+        except AuthError as exc:
+            assert exc.code == "unknown_key"
+            assert time.monotonic() - recovered < 3.0, "the new key was still refused 3 s after recovery"
+            await asyncio.sleep(0.05)
+    assert time.monotonic() - recovered < 1.0
