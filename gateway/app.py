@@ -178,6 +178,6 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     app.include_router(chat_router)
     app.include_router(completions_router)
     app.include_router(models_router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     return app

@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.edge import EdgeLimits, edge_protocol
 
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
@@ -47,7 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.dev_issuer:
         _print_dev_instructions(settings)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
+                        max_connections=settings.max_connections)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, http=edge_protocol(limits),
                             log_level=args.log_level, server_header=False, proxy_headers=False)
     uvicorn.Server(config).run()
     return 0

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
     max_body_bytes: int = Field(1 << 20, gt=0)
+    # The listener's own limits, enforced before any handler or authentication runs.
+    max_header_bytes: int = Field(32 << 10, ge=1024, le=1 << 20)  # request line and headers: 431 beyond
+    header_timeout_s: float = Field(10.0, gt=0, le=300)  # from the first byte of a request to its last header
+    body_timeout_s: float = Field(30.0, gt=0, le=600)  # from the last header to the last body byte
+    max_connections: int = Field(512, gt=0)  # open client connections; more get 503 and are closed
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9100, ge=0, le=65535)  # 0: no metrics listener
     # The audit trail: JSON lines to stdout, a rotating file and/or a Redis Stream (on redis_url).
@@ -103,6 +108,8 @@ class Settings(BaseSettings):
     def _enforce_safe_production(self) -> Self:
         if not self.audiences:
             raise ValueError("audiences must name at least one accepted token audience")
+        if self.max_header_bytes < self.max_token_bytes + 1024:
+            raise ValueError("max_header_bytes must leave room for a bearer token of max_token_bytes and 1 KiB more")
         if len(self.namespace_secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"namespace_secret must be at least {MIN_SECRET_BYTES} bytes")
         if self.environment == "development":
