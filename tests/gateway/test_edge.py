@@ -16,8 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.settings import Settings
-from tests.gateway.api.conftest import AUDIENCE, DATA_DIR
-from tests.utils.server import ServeProcess, gateway_env, tenantgate_serve
+from tests.gateway.api.conftest import serve_env
+from tests.utils.server import ServeProcess, tenantgate_serve
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
@@ -28,13 +28,8 @@ PADDING = b"a" * 65536
 
 @pytest.fixture(scope="module")
 def server(local_issuer, tmp_path_factory) -> Iterator[ServeProcess]:
-    env = gateway_env(
-        TENANTGATE_ENGINE="null", TENANTGATE_SERVED_MODEL_NAME="demo", TENANTGATE_AUTHORITY=local_issuer.base_url,
-        TENANTGATE_V1_ISSUER_HOST=local_issuer.base_url, TENANTGATE_AUDIENCES=AUDIENCE,
-        TENANTGATE_POLICY_DATA_DIR=str(DATA_DIR), TENANTGATE_METRICS_PORT="0", TENANTGATE_AUDIT_STDOUT="false",
-        TENANTGATE_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S), TENANTGATE_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
-        TENANTGATE_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
-    )
+    env = serve_env(local_issuer, TENANTGATE_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+                    TENANTGATE_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S), TENANTGATE_MAX_CONNECTIONS=str(MAX_CONNECTIONS))
     with tenantgate_serve(tmp_path_factory.mktemp("edge"), env) as running:
         yield running
 

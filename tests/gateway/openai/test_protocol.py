@@ -8,8 +8,8 @@ import json
 
 import httpx
 
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR
-from tests.utils.server import gateway_env, tenantgate_serve
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, serve_env
+from tests.utils.server import tenantgate_serve
 
 LONE = "\ud800"
 CHAT = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}
@@ -39,11 +39,9 @@ CASES = [
 
 
 def test_lone_surrogates_are_400_naming_the_field_and_never_logged(local_issuer, tmp_path) -> None:
-    env = gateway_env(
-        TENANTGATE_MODEL="demo", TENANTGATE_SERVED_MODEL_NAME="demo", TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20),
-        TENANTGATE_AUTHORITY=local_issuer.base_url, TENANTGATE_V1_ISSUER_HOST=local_issuer.base_url,
-        TENANTGATE_AUDIENCES=AUDIENCE, TENANTGATE_POLICY_DATA_DIR=str(DATA_DIR), TENANTGATE_METRICS_PORT="0",
-    )
+    # The demo engine: its real tokenizer and stop matcher are what lone surrogates must not reach.
+    env = serve_env(local_issuer, TENANTGATE_ENGINE="embedded", TENANTGATE_MODEL="demo",
+                    TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20), TENANTGATE_AUDIT_STDOUT="true")
     headers = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience=AUDIENCE)}",
                "Content-Type": "application/json"}
     wrong = []
