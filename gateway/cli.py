@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -44,8 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
         overrides["dev_issuer"] = True  # refused by the settings if the environment is production
-    settings = load_settings(**overrides)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
     if settings.dev_issuer:
         _print_dev_instructions(settings)
     limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import openai
 
-from tests.utils.server import TENANTGATE, free_port, wait_ready
+from tests.gateway.api.conftest import serve_env
+from tests.utils.server import TENANTGATE, free_port, tenantgate_serve, wait_ready
 from tests.utils.server import gateway_env as _env
 
 
@@ -46,3 +47,16 @@ def test_production_refuses_the_development_namespace_secret() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "namespace_secret" in result.stderr and "tenantgate-development" not in result.stderr
+
+
+def test_serve_logs_the_gateway_at_info_unless_told_otherwise(local_issuer, tmp_path: Path) -> None:
+    logs = {}
+    for args in ((), ("--log-level", "warning")):
+        metrics_port = free_port()
+        with tenantgate_serve(tmp_path, serve_env(local_issuer, TENANTGATE_METRICS_PORT=str(metrics_port)),
+                              *args) as server:
+            logs[args] = (server.stderr.read_text(), metrics_port)
+    default, port = logs[()]
+    assert f"INFO tenantgate.gateway: metrics on http://127.0.0.1:{port}/metrics" in default
+    quiet, _ = logs[("--log-level", "warning")]
+    assert "tenantgate.gateway" not in quiet
