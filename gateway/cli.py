@@ -49,7 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
     limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
                         max_connections=settings.max_connections)
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, http=edge_protocol(limits),
-                            log_level=args.log_level, server_header=False, proxy_headers=False)
+                            log_level=args.log_level, server_header=False, proxy_headers=False,
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
     uvicorn.Server(config).run()
     return 0
 

@@ -43,6 +43,41 @@ class RequestMetrics:
                                          state.get("tenant_tag", "none")).inc()
 
 
+class RequestsBeforeShutdown:
+    """Holds the app's lifespan shutdown until the requests still running have ended (up to grace_s).
+
+    At the end of its graceful shutdown timeout uvicorn cancels the requests still running and
+    goes straight on to the lifespan shutdown. A cancelled request still cleans up after itself
+    (aborts its engine request, which frees its KV blocks; settles its budget; hands over its
+    audit record), and that must happen before the shutdown stops the engine and the audit trail.
+    """
+
+    def __init__(self, app: ASGIApp, grace_s: float = 5.0) -> None:
+        self.app = app
+        self.grace_s = grace_s
+        self.running: set[asyncio.Task] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._after_requests(receive), send)
+            return
+        task = asyncio.current_task()
+        self.running.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.running.discard(task)
+
+    def _after_requests(self, receive: Receive) -> Receive:
+        async def receive_lifespan() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and self.running:
+                await asyncio.wait(set(self.running), timeout=self.grace_s)
+            return message
+
+        return receive_lifespan
+
+
 class BodySizeLimit:
     """Refuses bodies over `max_bytes` with 413 (by Content-Length, or by reading the body first),
     and bodies that take longer than `timeout_s` to arrive with 408.

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0, le=300)  # from the first byte of a request to its last header
     body_timeout_s: float = Field(30.0, gt=0, le=600)  # from the last header to the last body byte
     max_connections: int = Field(512, gt=0)  # open client connections; more get 503 and are closed
+    # SIGTERM: stop accepting, let requests finish for this long, then abort the rest and exit.
+    # Below Kubernetes' default grace period of 30 s, which must also cover the shutdown after it.
+    shutdown_timeout_s: float = Field(20.0, gt=0, le=3600)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9100, ge=0, le=65535)  # 0: no metrics listener
     # The audit trail: JSON lines to stdout, a rotating file and/or a Redis Stream (on redis_url).
