@@ -38,7 +38,7 @@ CASES = [
 ]
 
 
-def test_lone_surrogates_are_400_naming_the_field_and_never_logged(local_issuer, tmp_path) -> None:
+def test_lone_surrogates_are_400_naming_the_field_and_never_logged(local_issuer, demo_model_dir, tmp_path) -> None:
     # The demo engine: its real tokenizer and stop matcher are what lone surrogates must not reach.
     env = serve_env(local_issuer, TENANTGATE_ENGINE="embedded", TENANTGATE_MODEL="demo",
                     TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20), TENANTGATE_AUDIT_STDOUT="true")
