@@ -46,8 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
     if settings.dev_issuer:
         _print_dev_instructions(settings)
-    limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
-                        max_connections=settings.max_connections)
+    limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes,
+                        header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections)
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, http=edge_protocol(limits),
                             log_level=args.log_level, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s)

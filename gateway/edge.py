@@ -1,10 +1,12 @@
 """The HTTP listener's own limits, below the ASGI app: uvicorn's httptools protocol with a cap
-on each request's head, a deadline for it, and a bound on open connections.
+on the bytes of each request (its head, and what follows: body, chunk framing, trailers), a
+deadline for its head, and a bound on open connections.
 
 uvicorn has none of these for httptools (its h11 buffer limit answers 400, and
 `limit_concurrency` answers 503 only once a request's headers have all arrived), so a
-client could hold a connection open forever, or make the server buffer a header of any
-size, before authentication. The body's deadline is BodySizeLimit's (gateway/middleware.py).
+client could hold a connection open forever, or make the server buffer a header (or a
+chunked body's trailer) of any size, before authentication. The body's deadline is
+BodySizeLimit's (gateway/middleware.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from http import HTTPStatus
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.errors import GatewayError, HeadersTooLarge, RequestTimeout, Unavailable
+from gateway.errors import GatewayError, HeadersTooLarge, PayloadTooLarge, RequestTimeout, Unavailable
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -27,6 +29,7 @@ LINGER_S = 1.0  # how long a refused client's remaining bytes are drained before
 @dataclass(frozen=True)
 class EdgeLimits:
     max_header_bytes: int
+    max_body_bytes: int
     header_timeout_s: float
     max_connections: int
 
@@ -39,9 +42,10 @@ def edge_protocol(limits: EdgeLimits) -> type[asyncio.Protocol]:
 class EdgeProtocol(HttpToolsProtocol):
     limits: EdgeLimits
 
-    # Between a request's first byte and its last header, the parser is fed at most the bytes
-    # left of the head's budget; None while a body is read or the connection waits.
-    _head_left: int | None = None
+    # The parser is fed at most the bytes left of a budget: the head's until its last header,
+    # then that of the rest of the request (body, chunk framing and trailers).
+    _in_head = True
+    _left = 0
     _head_timer: asyncio.TimerHandle | None = None
     _refused = False  # over the connection bound: never served
     _discarding = False  # answered with an error: what still arrives is dropped
@@ -55,7 +59,7 @@ class EdgeProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
-        self._head_left = self.limits.max_header_bytes
+        self._left = self.limits.max_header_bytes
         self._start_head_timer()  # a connection that never sends a byte is timed too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -68,15 +72,14 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._discarding:
             return
         while data and not self.transport.is_closing():
-            if self._head_left is None:
-                super().data_received(data)
+            if self._left == 0:
+                self._cut_off(HeadersTooLarge(f"the request headers exceed {self.limits.max_header_bytes} bytes")
+                              if self._in_head else
+                              PayloadTooLarge(f"the request body exceeds {self.limits.max_body_bytes} bytes"))
                 return
-            if self._head_left == 0:
-                self._cut_off(HeadersTooLarge(f"the request headers exceed {self.limits.max_header_bytes} bytes"))
-                return
-            head, data = data[: self._head_left], data[self._head_left :]
-            self._head_left -= len(head)  # the parser's callbacks below may start or end a head
-            super().data_received(head)
+            part, data = data[: self._left], data[self._left :]
+            self._left -= len(part)  # the parser's callbacks below may end a head or a request
+            super().data_received(part)
 
     # -- parser callbacks -----------------------------------------------------------
 
@@ -85,14 +88,16 @@ class EdgeProtocol(HttpToolsProtocol):
         self._start_head_timer()
 
     def on_headers_complete(self) -> None:
-        self._head_left = None
+        # BodySizeLimit refuses a body over max_body_bytes; this bounds what the parser buffers
+        # besides (a trailer's value is kept whole until it ends).
+        self._in_head, self._left = False, self.limits.max_body_bytes + self.limits.max_header_bytes
         self._stop_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         # The next request's head may follow at once (pipelining); its clock starts with its first byte.
-        self._head_left = self.limits.max_header_bytes
+        self._in_head, self._left = True, self.limits.max_header_bytes
 
     # -- the head's deadline ------------------------------------------------------------
 
@@ -110,15 +115,18 @@ class EdgeProtocol(HttpToolsProtocol):
         self._cut_off(RequestTimeout(f"the request headers did not arrive within {self.limits.header_timeout_s:g} s"))
 
     def _cut_off(self, error: GatewayError) -> None:
-        """Answers `error` and closes. The client may still be sending: what arrives for a moment
-        longer is read and dropped, so that closing does not reset the connection and lose the answer."""
+        """Answers `error` (unless a response is under way) and closes. The client may still be
+        sending: what arrives for a moment longer is read and dropped, so that closing does not
+        reset the connection and lose the answer."""
         self._stop_head_timer()
         if self.transport.is_closing():
             return
-        self._head_left = None
         self._discarding = True
         logger.info("closed a connection: %s", error.message)
-        self.transport.write(_response(error))
+        # No second answer for a request that has one, or while the one before it is answered.
+        cycle = self.cycle
+        if cycle is None or (cycle.response_complete if self._in_head else not cycle.response_started):
+            self.transport.write(_response(error))
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)

@@ -1,7 +1,8 @@
 """The listener's own limits (gateway/edge.py, BodySizeLimit), against a real `tenantgate serve`
-over raw loopback sockets: a request head over TENANTGATE_MAX_HEADER_BYTES gets 431 without the
-server buffering it, heads and bodies that trickle in are cut off at their deadlines before
-authentication, and connections beyond TENANTGATE_MAX_CONNECTIONS are refused without being held."""
+over raw loopback sockets: a request head over TENANTGATE_MAX_HEADER_BYTES gets 431 (and a
+chunked body's trailer over it 413) without the server buffering it, heads and bodies that
+trickle in are cut off at their deadlines before authentication, and connections beyond
+TENANTGATE_MAX_CONNECTIONS are refused without being held."""
 
 from __future__ import annotations
 
@@ -39,14 +40,14 @@ def _connect(server: ServeProcess) -> socket.socket:
 
 
 def _read_to_close(sock: socket.socket, timeout_s: float = 2.0) -> bytes:
-    """What the server sends until it closes the connection; b"" if it sends nothing in timeout_s."""
+    """What the server sends until it closes (or resets) the connection, or sends nothing for timeout_s."""
     sock.setblocking(True)
     sock.settimeout(timeout_s)
     data = b""
     try:
         while chunk := sock.recv(65536):
             data += chunk
-    except TimeoutError:
+    except (TimeoutError, ConnectionResetError):
         pass
     return data
 
@@ -82,23 +83,27 @@ def _trickle(sock: socket.socket, byte: bytes, window_s: float) -> float | None:
     return None
 
 
+def _send_until_answered(sock: socket.socket, start: bytes, size: int = 16 << 20) -> bytes:
+    """Sends `start`, then up to `size` bytes of padding until the server answers; returns the answer."""
+    sock.sendall(start)
+    sock.setblocking(False)
+    sent = 0
+    while sent < size:
+        try:
+            sent += sock.send(PADDING)
+        except BlockingIOError:
+            pass
+        except OSError:  # closed by the server
+            break
+        if select.select([sock], [], [], 0.005)[0]:
+            break
+    return _read_to_close(sock)
+
+
 def test_a_header_over_the_cap_gets_431_and_is_never_buffered(server: ServeProcess) -> None:
     before = server.rss_bytes()
-    socks, answers = [_connect(server) for _ in range(4)], []
-    for sock in socks:  # four unfinished 16 MiB headers, each sent until the server answers
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Padding: ")
-        sock.setblocking(False)
-        sent = 0
-        while sent < 16 << 20:
-            try:
-                sent += sock.send(PADDING)
-            except BlockingIOError:
-                pass
-            except OSError:  # closed by the server
-                break
-            if select.select([sock], [], [], 0.005)[0]:
-                break
-        answers.append(_read_to_close(sock))
+    socks = [_connect(server) for _ in range(4)]  # four unfinished 16 MiB headers
+    answers = [_send_until_answered(sock, b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Padding: ") for sock in socks]
     grown = server.rss_bytes() - before
     for sock in socks:
         sock.close()
@@ -108,6 +113,18 @@ def test_a_header_over_the_cap_gets_431_and_is_never_buffered(server: ServeProce
         assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
         assert b"connection: close" in answer
         assert _error(answer)["code"] == "request_header_fields_too_large"
+
+
+def test_a_trailer_over_the_cap_gets_413_and_is_never_buffered(server: ServeProcess) -> None:
+    # A chunked body's trailer is a header after the body, kept whole by the parser until it ends.
+    before = server.rss_bytes()
+    with _connect(server) as sock:
+        answer = _send_until_answered(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+                                            b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n0\r\nX-Padding: ")
+    grown = server.rss_bytes() - before
+    assert grown < 8 << 20, f"the server grew by {grown >> 20} MiB while a 16 MiB trailer arrived"
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:80]
+    assert _error(answer)["code"] == "payload_too_large"
 
 
 def test_a_header_under_the_cap_is_served_on_a_kept_alive_connection(server: ServeProcess) -> None:
