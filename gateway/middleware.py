@@ -48,8 +48,8 @@ class RequestsBeforeShutdown:
 
     At the end of its graceful shutdown timeout uvicorn cancels the requests still running and
     goes straight on to the lifespan shutdown. A cancelled request still cleans up after itself
-    (aborts its engine request, which frees its KV blocks; settles its budget; hands over its
-    audit record), and that must happen before the shutdown stops the engine and the audit trail.
+    (it aborts its engine request, which frees its KV blocks, and hands over its audit record),
+    and that must happen before the shutdown stops the engine and drains the audit trail.
     """
 
     def __init__(self, app: ASGIApp, grace_s: float = 5.0) -> None:
