@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    # Logging is configured here, once: a command's own --log-level (serve) or -v; uvicorn's loggers keep theirs.
+    level = getattr(args, "log_level", None) or ("info" if args.verbose else "warning")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ConfigError, ValueError, OSError) as exc:

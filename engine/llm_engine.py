@@ -177,16 +177,16 @@ class LLMEngine:
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq)
-        stats = self._track_kv()
-        self._record_step(batch, step_ms, stats)
-        return self._postprocess(batch, results)
+        self._track_kv()  # the peak, before finished sequences give their blocks back
+        outputs = self._postprocess(batch, results)
+        self._record_step(batch, step_ms, self.block_manager.stats())  # the pool as the step leaves it
+        return outputs
 
-    def _track_kv(self) -> KVStats:
+    def _track_kv(self) -> None:
         stats = self.block_manager.stats()
         if stats.num_used_blocks >= self._peak_used_blocks:
             self._peak_used_blocks = stats.num_used_blocks
             self._peak_stats = stats
-        return stats
 
     def _postprocess(self, batch: ScheduledBatch, results: list[SampleResult | None]) -> list[RequestOutput]:
         outputs = []

@@ -67,7 +67,7 @@ class StepRecord:
     num_tokens: int
     queue_ms: float  # mean wait of the requests admitted in this step
     step_ms: float
-    free_kv_blocks: int
+    free_kv_blocks: int  # the pool as the step leaves it: blocks of sequences it finished are back
     cached_kv_blocks: int
     used_kv_blocks: int
     kv_waste: float

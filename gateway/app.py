@@ -22,7 +22,7 @@ from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodySizeLimit, RequestMetrics
+from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown
 from gateway.openai.serving import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
@@ -187,6 +187,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     app.include_router(chat_router)
     app.include_router(completions_router)
     app.include_router(models_router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
+    app.add_middleware(RequestsBeforeShutdown)
     return app

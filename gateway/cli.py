@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -39,16 +38,19 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.edge import EdgeLimits, edge_protocol
 
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
         overrides["dev_issuer"] = True  # refused by the settings if the environment is production
-    settings = load_settings(**overrides)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
     if settings.dev_issuer:
         _print_dev_instructions(settings)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            log_level=args.log_level, server_header=False, proxy_headers=False)
+    limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes,
+                        header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, http=edge_protocol(limits),
+                            log_level=args.log_level, server_header=False, proxy_headers=False,
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
     uvicorn.Server(config).run()
     return 0
 

@@ -106,6 +106,18 @@ class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
+class RequestTimeout(GatewayError):
+    status_code = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeadersTooLarge(GatewayError):
+    status_code = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class RateLimited(GatewayError):
     status_code = 429
     type = "rate_limit_exceeded"

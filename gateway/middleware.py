@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import PayloadTooLarge
+from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout
 
 # Paths that become metric labels; anything else is "other", so labels stay bounded.
 _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
@@ -42,53 +43,101 @@ class RequestMetrics:
                                          state.get("tenant_tag", "none")).inc()
 
 
-class BodySizeLimit:
-    """Refuses bodies over `max_bytes` with 413: by Content-Length, or by reading the body first.
+class RequestsBeforeShutdown:
+    """Holds the app's lifespan shutdown until the requests still running have ended (up to grace_s).
 
-    The body is read here in full (the app would read it all anyway) and replayed to the
-    app, so an oversized body is refused before any handler or body parser sees it.
+    At the end of its graceful shutdown timeout uvicorn cancels the requests still running and
+    goes straight on to the lifespan shutdown. A cancelled request still cleans up after itself
+    (it aborts its engine request, which frees its KV blocks, and hands over its audit record),
+    and that must happen before the shutdown stops the engine and drains the audit trail.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, grace_s: float = 5.0) -> None:
+        self.app = app
+        self.grace_s = grace_s
+        self.running: set[asyncio.Task] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._after_requests(receive), send)
+            return
+        task = asyncio.current_task()
+        self.running.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.running.discard(task)
+
+    def _after_requests(self, receive: Receive) -> Receive:
+        async def receive_lifespan() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and self.running:
+                await asyncio.wait(set(self.running), timeout=self.grace_s)
+            return message
+
+        return receive_lifespan
+
+
+class BodySizeLimit:
+    """Refuses bodies over `max_bytes` with 413 (by Content-Length, or by reading the body first),
+    and bodies that take longer than `timeout_s` to arrive with 408.
+
+    The body is read here in full (the app would read it all anyway) and replayed to the
+    app, so an oversized or slow body is refused before any handler, body parser or
+    authentication sees it.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        error = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")
+        too_large = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _send_error(send, error)
+                await _send_error(send, too_large)
                 return
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before its body arrived
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await _send_error(send, error)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client left before its body arrived
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        break
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            timeout = RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s")
+            await _send_error(send, timeout, close=True)  # the rest of a slow body is never read
+            return
+        if size > self.max_bytes:
+            await _send_error(send, too_large)
+            return
+        body = b"".join(chunks)
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
 
 
-async def _send_error(send: Send, error: PayloadTooLarge) -> None:
+async def _send_error(send: Send, error: GatewayError, *, close: bool = False) -> None:
     body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": error.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": body})

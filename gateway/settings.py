@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
     max_body_bytes: int = Field(1 << 20, gt=0)
+    # The listener's own limits, enforced before any handler or authentication runs.
+    max_header_bytes: int = Field(32 << 10, ge=1024, le=1 << 20)  # request line and headers: 431 beyond
+    header_timeout_s: float = Field(10.0, gt=0, le=300)  # from the first byte of a request to its last header
+    body_timeout_s: float = Field(30.0, gt=0, le=600)  # from the last header to the last body byte
+    max_connections: int = Field(512, gt=0)  # open client connections; more get 503 and are closed
+    # SIGTERM: stop accepting, let requests finish for this long, then abort the rest and exit.
+    # Below Kubernetes' default grace period of 30 s, which must also cover the shutdown after it.
+    shutdown_timeout_s: float = Field(20.0, gt=0, le=3600)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9100, ge=0, le=65535)  # 0: no metrics listener
     # The audit trail: JSON lines to stdout, a rotating file and/or a Redis Stream (on redis_url).
@@ -113,6 +121,8 @@ class Settings(BaseSettings):
     def _enforce_safe_production(self) -> Self:
         if not self.audiences:
             raise ValueError("audiences must name at least one accepted token audience")
+        if self.max_header_bytes < self.max_token_bytes + 1024:
+            raise ValueError("max_header_bytes must leave room for a bearer token of max_token_bytes and 1 KiB more")
         if len(self.namespace_secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"namespace_secret must be at least {MIN_SECRET_BYTES} bytes")
         if self.environment == "development":

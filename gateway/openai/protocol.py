@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -9,9 +10,31 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 
+# JSON's \ud800-\udfff escapes decode to lone surrogates: code points, but not Unicode scalar
+# values, which no encoder, tokenizer or log handler can write.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(map(_has_surrogate, value))
+    return False  # numbers, and nested request models (which checked their own fields)
+
 
 class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _unicode_text(cls, value: object) -> object:
+        # Every string of a request, at any depth, before it reaches a tokenizer, a log or an error.
+        if _has_surrogate(value):
+            raise ValueError("must be valid Unicode text, without lone surrogates (\\ud800-\\udfff)")
+        return value
 
 
 class StreamOptions(RequestModel):

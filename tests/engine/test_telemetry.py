@@ -58,3 +58,19 @@ def test_aborted_requests_leave_a_record(tiny_dir, make_engine) -> None:
     engine.abort_request("gone")
     assert [r.finish_reason for r in sink.requests] == ["abort"]
     assert dataclasses.asdict(sink.requests[0])["output_tokens"] == 1
+
+
+def test_kv_gauge_reads_zero_used_once_requests_finish(tiny_dir, make_engine) -> None:
+    metrics = PrometheusSink()
+    engine = make_engine(model=str(tiny_dir))
+    engine.sinks.append(metrics)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.generate([SECRET_TEXT, "a second prompt of other words"], params, envelope())
+
+    def gauge(state: str) -> float | None:
+        return metrics.registry.get_sample_value("tenantgate_kv_blocks", {"state": state})
+
+    stats = engine.kv_stats()
+    assert stats.num_used_blocks == 0 and stats.num_cached_blocks > 0  # the finished prompts stay cached
+    assert gauge("used") == 0
+    assert (gauge("free"), gauge("cached")) == (stats.num_free_blocks, stats.num_cached_blocks)

@@ -1,14 +1,22 @@
 """The README's run command path: `tenantgate serve --dev`, a token from `tenantgate token`,
-and a call with the openai SDK; and the same command refused in production."""
+and a call with the openai SDK; the same command refused in production; what `serve` logs;
+and how it shuts down on SIGTERM."""
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import openai
+import pytest
 
-from tests.utils.server import TENANTGATE, free_port, wait_ready
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, serve_env
+from tests.utils.server import TENANTGATE, free_port, tenantgate_serve, wait_ready
 from tests.utils.server import gateway_env as _env
 
 
@@ -46,3 +54,72 @@ def test_production_refuses_the_development_namespace_secret() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "namespace_secret" in result.stderr and "tenantgate-development" not in result.stderr
+
+
+def test_serve_logs_the_gateway_at_info_unless_told_otherwise(local_issuer, tmp_path: Path) -> None:
+    logs = {}
+    for args in ((), ("--log-level", "warning")):
+        metrics_port = free_port()
+        with tenantgate_serve(tmp_path, serve_env(local_issuer, TENANTGATE_METRICS_PORT=str(metrics_port)),
+                              *args) as server:
+            logs[args] = (server.stderr.read_text(), metrics_port)
+    default, port = logs[()]
+    assert f"INFO tenantgate.gateway: metrics on http://127.0.0.1:{port}/metrics" in default
+    quiet, _ = logs[("--log-level", "warning")]
+    assert "tenantgate.gateway" not in quiet
+
+
+def test_sigterm_lets_requests_finish_then_aborts_the_rest_within_the_shutdown_timeout(
+        local_issuer, demo_model_dir: Path, tmp_path: Path) -> None:
+    timeout_s, long_tokens = 2.0, 1900  # a stream of 1,900 tokens takes the demo model far longer than 2 s
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    tenants["tenants"][ALPHA]["limits"] |= {"max_tokens": 2000, "max_context_tokens": 2048}
+    (tmp_path / "tenants.json").write_text(json.dumps(tenants))
+    audit = tmp_path / "audit.jsonl"
+    env = serve_env(local_issuer, TENANTGATE_ENGINE="embedded", TENANTGATE_MODEL="demo",
+                    TENANTGATE_KV_CACHE_MEMORY_BYTES=str(64 << 20), TENANTGATE_POLICY_DATA_DIR=str(tmp_path),
+                    TENANTGATE_AUDIT_FILE=str(audit), TENANTGATE_SHUTDOWN_TIMEOUT_S=str(timeout_s))
+    with tenantgate_serve(tmp_path, env) as server, \
+            openai.OpenAI(base_url=server.base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                          max_retries=0, timeout=60) as client:
+        streaming = {name: threading.Event() for name in ("long", "short")}
+        ended: dict[str, tuple] = {}
+
+        def consume(name: str, max_tokens: int) -> None:
+            chunks, reason, error = 0, None, None
+            try:
+                for chunk in client.completions.create(model="demo", prompt="Once upon a time", stream=True,
+                                                       max_tokens=max_tokens, temperature=0):
+                    chunks += 1
+                    reason = chunk.choices[0].finish_reason or reason
+                    streaming[name].set()
+            except openai.APIError as exc:
+                error = type(exc).__name__
+            ended[name] = (chunks, reason, error)
+            streaming[name].set()
+
+        threads = [threading.Thread(target=consume, args=("long", long_tokens)),
+                   threading.Thread(target=consume, args=("short", 8))]
+        for thread, event in zip(threads, streaming.values()):
+            thread.start()
+            assert event.wait(60)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):  # no new connections once shutting down
+            httpx.get(server.base_url + "/healthz", timeout=2)
+        returncode = server.process.wait(60)
+        took = time.monotonic() - signalled
+        for thread in threads:
+            thread.join(60)
+
+    assert returncode in (0, -signal.SIGTERM)
+    assert took < timeout_s + 4, f"the gateway took {took:.1f} s to exit"
+    assert ended["short"] == (8, "length", None)  # in flight, and finished within the timeout
+    chunks, reason, error = ended["long"]
+    assert reason is None and chunks < long_tokens and error is not None  # cut off at the timeout
+    records = [r for r in map(json.loads, audit.read_text().splitlines()) if r["type"] == "record"]
+    by_tokens = {r["usage"]["completion_tokens"]: r for r in records}
+    assert len(records) == 2 and by_tokens[8]["engine"]["finish_reason"] == "length"
+    aborted = next(r for r in records if r["usage"]["completion_tokens"] != 8)
+    assert aborted["engine"]["finish_reason"] == "abort"  # the engine request was aborted, its KV freed

@@ -1,5 +1,6 @@
 """Gateways for tests: an ASGI app under uvicorn in a background thread, or `tenantgate serve`
-in a subprocess (with the environment and readiness wait those need)."""
+in a subprocess (with the environment and readiness wait those need, and what a test measures
+of the process: its memory and its open sockets)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -71,3 +73,52 @@ def wait_ready(base_url: str, process: subprocess.Popen, *, timeout_s: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"the gateway did not become ready:\n{output()[-2000:]}")
         time.sleep(0.2)
+
+
+@dataclass
+class ServeProcess:
+    process: subprocess.Popen
+    port: int
+    stdout: Path
+    stderr: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/PID/status")
+
+    def open_sockets(self) -> int:
+        fds = Path(f"/proc/{self.process.pid}/fd")
+        count = 0
+        for fd in fds.iterdir():
+            try:
+                count += os.readlink(fd).startswith("socket:")
+            except FileNotFoundError:  # closed while we looked
+                pass
+        return count
+
+
+@contextmanager
+def tenantgate_serve(directory: Path, env: dict[str, str], *args: str) -> Iterator[ServeProcess]:
+    """`tenantgate serve` on a free loopback port, its stdout and stderr in files under `directory`;
+    yields once it is ready, and stops it (SIGTERM, then SIGKILL after 30 s) when the block ends."""
+    port = free_port()
+    stdout, stderr = directory / f"serve-{port}.stdout", directory / f"serve-{port}.stderr"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        process = subprocess.Popen([TENANTGATE, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", process, output=stderr.read_text)
+        yield ServeProcess(process, port, stdout, stderr)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

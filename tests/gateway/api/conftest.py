@@ -18,7 +18,7 @@ from gateway.auth.issuer import LocalIssuer
 from gateway.inference import EngineBackend
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
-from tests.utils.server import free_port, serving
+from tests.utils.server import free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
@@ -79,6 +79,16 @@ def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:
         policy_reload_interval_s=0, audit_stdout=False,
     )
     return Settings(**(values | overrides))
+
+
+def serve_env(issuer: LocalIssuer, **settings: str) -> dict[str, str]:
+    """The environment of a `tenantgate serve` subprocess for these tenants: the null engine
+    (settings may choose another), the issuer's keys, no metrics listener, no audit on stdout."""
+    return gateway_env(**{
+        "TENANTGATE_ENGINE": "null", "TENANTGATE_SERVED_MODEL_NAME": "demo", "TENANTGATE_AUDIENCES": AUDIENCE,
+        "TENANTGATE_AUTHORITY": issuer.base_url, "TENANTGATE_V1_ISSUER_HOST": issuer.base_url,
+        "TENANTGATE_POLICY_DATA_DIR": str(DATA_DIR), "TENANTGATE_METRICS_PORT": "0", "TENANTGATE_AUDIT_STDOUT": "false",
+    } | settings)
 
 
 @pytest.fixture(scope="session")
