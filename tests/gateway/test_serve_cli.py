@@ -20,7 +20,8 @@ from tests.utils.server import TENANTGATE, free_port, tenantgate_serve, wait_rea
 from tests.utils.server import gateway_env as _env
 
 
-def test_dev_serve_then_token_then_openai_sdk(demo_model_dir: Path) -> None:
+def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
+    """The README's path: `serve --dev` serves SmolLM2 by default, and it answers sensibly."""
     port, issuer_port = free_port(), free_port()
     env = _env(TENANTGATE_DEV_ISSUER_PORT=str(issuer_port), TENANTGATE_METRICS_PORT="0",
                TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20))
@@ -32,13 +33,16 @@ def test_dev_serve_then_token_then_openai_sdk(demo_model_dir: Path) -> None:
             [TENANTGATE, "token", "--tenant", "northwind", "--issuer", f"http://127.0.0.1:{issuer_port}"],
             env=env, capture_output=True, text=True, check=True).stdout.strip()
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0) as client:
-            reply = client.chat.completions.create(model="demo", max_tokens=5,
-                                                   messages=[{"role": "user", "content": "Hello"}])
-        assert reply.choices[0].message.content and reply.usage.completion_tokens <= 5
+            assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
+            reply = client.chat.completions.create(
+                model="smollm2-135m-instruct", max_tokens=16, temperature=0,
+                messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert reply.choices[0].message.content == "The capital of France is Paris."
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
     assert "tenantgate token --tenant northwind" in output  # the printed instructions
+    assert '"model": "smollm2-135m-instruct"' in output
     assert token not in output  # the server never logs a bearer token
 
 
