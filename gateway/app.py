@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
-from gateway.audit import load_or_create_signing_key
+from gateway.audit import boot_chain_id, load_or_create_signing_key
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
@@ -71,9 +71,6 @@ def build_limiter(settings: Settings) -> Limiter:
 
 
 def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
-    import os
-    import socket
-
     from gateway.redaction import Redactor
 
     sinks, redis_sink = [], None
@@ -93,7 +90,7 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     trail = AuditTrail(sinks, load_or_create_signing_key(key_path),
                        checkpoint_every=settings.audit_checkpoint_every,
                        checkpoint_interval_s=settings.audit_checkpoint_interval_s,
-                       chain_id=settings.audit_chain_id or f"{socket.gethostname()}-{os.getpid()}")
+                       chain_id=boot_chain_id(settings.audit_chain_id))
     metrics.watch_audit(trail, redis_sink)
     key = settings.namespace_key
     return AuditRecorder(trail, key, Redactor(key + b":redaction"))

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     audit_signing_key: Path | None = None
     audit_checkpoint_every: int = Field(100, gt=0)
     audit_checkpoint_interval_s: float = Field(10.0, gt=0)
-    audit_chain_id: str = ""  # default: host name and process id
+    audit_chain_id: str = ""  # the chain id's prefix (default: host name and process id); each boot adds a nonce
 
     @model_validator(mode="before")
     @classmethod

@@ -8,7 +8,7 @@ altered, deleted or reordered entry.
 from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
 from gateway.audit.recorder import AuditRecorder
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
-from gateway.audit.trail import AuditSink, AuditTrail, load_or_create_signing_key, public_key_pem
+from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
 
 __all__ = [
     "AuditRecorder",
@@ -18,6 +18,7 @@ __all__ = [
     "RotatingFileSink",
     "StreamSink",
     "VerifyReport",
+    "boot_chain_id",
     "canonical_json",
     "key_id",
     "load_or_create_signing_key",

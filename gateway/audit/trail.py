@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import secrets
+import socket
 import tempfile
 import threading
 import time
@@ -68,6 +70,12 @@ def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
 
 def public_key_pem(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def boot_chain_id(prefix: str = "") -> str:
+    """`prefix` (default: host name and process id) and a random nonce of this boot: a
+    restarted container has the same pod name and PID 1, and must not continue an old chain."""
+    return f"{prefix or f'{socket.gethostname()}-{os.getpid()}'}-{secrets.token_hex(4)}"
 
 
 class AuditTrail:

@@ -1,11 +1,13 @@
 import json
+import os
+import socket
 import threading
 import time
 
 import pytest
 
 from gateway.audit.chain import canonical_json, genesis_digest, line_digest, verify
-from gateway.audit.trail import AuditTrail
+from gateway.audit.trail import AuditTrail, boot_chain_id
 from tests.gateway.audit.chains import ListSink, build_chain, entries, record
 
 
@@ -137,3 +139,12 @@ def test_invalid_settings_are_refused(signing_key):
         AuditTrail([], signing_key, checkpoint_every=0)
     with pytest.raises(ValueError):
         AuditTrail([], signing_key, checkpoint_interval_s=0)
+
+
+def test_each_boot_gets_a_chain_id_of_its_own(monkeypatch):
+    # A restarted container: the same pod name, PID 1 again.
+    monkeypatch.setattr(socket, "gethostname", lambda: "gw-0")
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    first, second = boot_chain_id(), boot_chain_id()
+    assert first != second and first.startswith("gw-0-1-") and second.startswith("gw-0-1-")
+    assert boot_chain_id("pod-a").startswith("pod-a-") and len(boot_chain_id("pod-a")) == len("pod-a-") + 8
