@@ -1,8 +1,9 @@
 """One audit record per request: digests and numbers, never content.
 
-`AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints and writes
-it to sinks (stdout, a rotating file, a Redis Stream); `verify` finds the first
-altered, deleted or reordered entry.
+`AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints, writes it
+to sinks (stdout, a rotating file, a Redis Stream) and anchors its head in a second store;
+`verify` finds the first altered, deleted or reordered entry, and with the anchors what was
+cut from or added to a chain's end.
 """
 
 from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
