@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
-from gateway.audit import load_or_create_signing_key
+from gateway.audit import boot_chain_id, load_or_create_signing_key
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
@@ -73,12 +73,9 @@ def build_limiter(settings: Settings) -> Limiter:
 
 
 def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
-    import os
-    import socket
-
     from gateway.redaction import Redactor
 
-    sinks, redis_sink = [], None
+    sinks, anchors, redis_sink = [], [], None
     if settings.audit_stdout:
         sinks.append(StreamSink())
     if settings.audit_file is not None:
@@ -90,12 +87,16 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
                                       socket_connect_timeout=settings.redis_timeout_s)
         redis_sink = RedisStreamSink(client, settings.audit_redis_stream)
         sinks.append(redis_sink)
+        anchors.append(RedisStreamSink(client, settings.audit_anchor_stream))
+    if settings.audit_anchor_file is not None:
+        anchors.append(RotatingFileSink(settings.audit_anchor_file, settings.audit_file_max_bytes,
+                                        settings.audit_file_backups))
     key_path = settings.audit_signing_key or cache_dir() / "audit-signing.pem"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     trail = AuditTrail(sinks, load_or_create_signing_key(key_path),
                        checkpoint_every=settings.audit_checkpoint_every,
                        checkpoint_interval_s=settings.audit_checkpoint_interval_s,
-                       chain_id=settings.audit_chain_id or f"{socket.gethostname()}-{os.getpid()}")
+                       chain_id=boot_chain_id(settings.audit_chain_id), anchors=anchors)
     metrics.watch_audit(trail, redis_sink)
     key = settings.namespace_key
     return AuditRecorder(trail, key, Redactor(key + b":redaction"))

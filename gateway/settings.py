@@ -104,11 +104,16 @@ class Settings(BaseSettings):
     audit_file_max_bytes: int = Field(100 << 20, gt=0)
     audit_file_backups: int = Field(10, gt=0)
     audit_redis_stream: str = ""  # e.g. tenantgate:audit
+    # Anchors (signed chain heads, kept apart from the trail): to this stream when
+    # audit_redis_stream is set, and/or to a file on other storage.
+    audit_anchor_stream: str = Field("tenantgate:audit:anchors", min_length=1)
+    audit_anchor_file: Path | None = None
     # Ed25519 key that signs the chain's checkpoints; development creates one in the cache.
     audit_signing_key: Path | None = None
     audit_checkpoint_every: int = Field(100, gt=0)
-    audit_checkpoint_interval_s: float = Field(10.0, gt=0)
-    audit_chain_id: str = ""  # default: host name and process id
+    # Also the anchor interval: how long a record may stay unsigned and a live writer silent.
+    audit_checkpoint_interval_s: float = Field(10.0, gt=0, le=300)
+    audit_chain_id: str = ""  # the chain id's prefix (default: host name and process id); each boot adds a nonce
 
     @model_validator(mode="before")
     @classmethod
@@ -125,6 +130,8 @@ class Settings(BaseSettings):
             raise ValueError("max_header_bytes must leave room for a bearer token of max_token_bytes and 1 KiB more")
         if len(self.namespace_secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"namespace_secret must be at least {MIN_SECRET_BYTES} bytes")
+        if self.audit_redis_stream and self.audit_anchor_stream == self.audit_redis_stream:
+            raise ValueError("audit_anchor_stream must not be the audit stream itself")
         if self.environment == "development":
             return self
         if self.dev_issuer:

@@ -1,14 +1,15 @@
 """One audit record per request: digests and numbers, never content.
 
-`AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints and writes
-it to sinks (stdout, a rotating file, a Redis Stream); `verify` finds the first
-altered, deleted or reordered entry.
+`AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints, writes it
+to sinks (stdout, a rotating file, a Redis Stream) and anchors its head in a second store;
+`verify` finds the first altered, deleted or reordered entry, and with the anchors what was
+cut from or added to a chain's end.
 """
 
 from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
 from gateway.audit.recorder import AuditRecorder
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
-from gateway.audit.trail import AuditSink, AuditTrail, load_or_create_signing_key, public_key_pem
+from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
 
 __all__ = [
     "AuditRecorder",
@@ -18,6 +19,7 @@ __all__ = [
     "RotatingFileSink",
     "StreamSink",
     "VerifyReport",
+    "boot_chain_id",
     "canonical_json",
     "key_id",
     "load_or_create_signing_key",

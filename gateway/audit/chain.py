@@ -4,11 +4,24 @@ Every entry is one line of canonical JSON and names its chain (`chain`) and posi
 (`seq`). A record carries `prev`, the SHA-256 of the previous entry's line; a signed
 checkpoint carries the same digest as `head`, with an Ed25519 signature over the rest
 of itself. A checkpoint vouches for everything before it, since every entry commits to
-the one before; entries after the last checkpoint are only chained, not signed.
+the one before; entries after the last checkpoint are only chained, not signed. The
+checkpoint written at shutdown says `final`: nothing may follow it.
+
+An anchor is the same signed statement ("before seq N, the chain's head is H") kept
+outside the chain, in a second store (a Redis Stream, a file elsewhere): the writer
+publishes one when it starts, every checkpoint interval and at shutdown (`final`). Given
+anchors, the verifier also finds what a file alone cannot show: entries deleted from the
+end, entries appended after the writer stopped, a chain no writer announced.
 
 Entries of several chains may interleave (replicas share a Redis stream; a restarted
 process starts a new chain in the same file), so the verifier follows each chain on
 its own. Problems name seq numbers, never record contents.
+
+Verdicts: "ok" (warnings say what is unsigned, torn or unchecked), "tampered" (an entry
+or anchor contradicts a signature or the chain), and, only with `strict`, "unverified":
+part of a chain is vouched for by no signature, and the writer cannot still be about to
+sign it (an unsigned tail older than `max_unsigned_age_s`, a chain with no checkpoint, a
+chain with no anchor).
 """
 
 from __future__ import annotations
@@ -16,6 +29,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +39,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-RECORD, CHECKPOINT = "record", "checkpoint"
+RECORD, CHECKPOINT, ANCHOR = "record", "checkpoint", "anchor"
+# The record a trail writes first when its file sink found the file ending in part of a
+# line (a crash or power loss mid-write) and ended that line: it names the fragment.
+TORN_LINE_ENDED = "audit.torn_line_ended"
+DEFAULT_MAX_UNSIGNED_AGE_S = 60.0
 RESERVED_FIELDS = frozenset({"type", "chain", "seq", "prev"})
 # json.dumps leaves these raw with ensure_ascii=False, and str.splitlines() and many
 # log viewers break lines at them; escaped, one entry is always one line.
@@ -64,6 +83,11 @@ def signed_body(checkpoint: dict) -> bytes:
     return canonical_json({k: v for k, v in checkpoint.items() if k != "sig"}).encode("utf-8")
 
 
+def sign(document: dict, signer) -> dict:
+    """Adds `sig`, an Ed25519 signature over the rest of the document (a checkpoint or an anchor)."""
+    return {**document, "sig": base64.b64encode(signer.sign(signed_body(document))).decode("ascii")}
+
+
 def _signature_ok(checkpoint: dict, keys: dict[str, Ed25519PublicKey]) -> bool:
     key = keys.get(checkpoint.get("key_id"))
     try:
@@ -77,16 +101,34 @@ def _name(kind: str, seq: int) -> str:
     return f"checkpoint at seq {seq}" if kind == CHECKPOINT else f"record {seq}"
 
 
+def _span(first: int, last: int, verbs: str, noun: str = "entry") -> str:
+    """ "entry 5 is" or "entries 5-7 are": `verbs` is "singular/plural"."""
+    one, many = verbs.split("/")
+    if first == last:
+        return f"{noun} {first} {one}"
+    return f"{noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'} {first}-{last} {many}"
+
+
+def _time_of(entry: dict) -> float:
+    value = entry.get("time")
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else math.nan
+
+
+OK, TAMPERED, UNVERIFIED = "ok", "tampered", "unverified"
+
+
 @dataclass
 class VerifyReport:
-    ok: bool  # False only for tampering; an unsigned tail or a late start are warnings
-    first_bad_seq: int | None  # the problem's seq, else the first seq no checkpoint covers
+    ok: bool  # the verdict is "ok": no tampering, and (strict) nothing left that no signature vouches for
+    first_bad_seq: int | None  # the problem's seq, else the first seq nothing signed covers
     reason: str
     records: int
     checkpoints: int
     chains: int = 0
     chain: str | None = None  # the chain first_bad_seq belongs to
     warnings: list[str] = field(default_factory=list)
+    verdict: str = OK  # OK, TAMPERED, or (strict only) UNVERIFIED
+    anchors: int = 0
 
 
 @dataclass
@@ -102,22 +144,69 @@ class _Chain:
     gap: tuple[int, int, int] | None = None  # (first missing seq, seq found, position)
     reordered: bool = False
     last_kind: str = RECORD
+    closed: bool = False  # its final checkpoint was seen
+    anchored_seq: int = -1  # entries before it match an anchor
+    tail_time: float | None = None  # the `time` of the first record after the last checkpoint
+
+
+@dataclass
+class _Anchored:
+    heads: dict[int, str] = field(default_factory=dict)  # seq -> the chain's head before that seq
+    last_seq: int = 0  # the furthest an anchor vouches for: every entry before it
+    last_time: float = -math.inf  # the newest anchor's time: the writer's last sign of life
+    final_seq: int | None = None  # the end its closing anchor gave the chain
 
 
 class _Verifier:
-    def __init__(self, public_keys: Sequence[Ed25519PublicKey] | None) -> None:
+    def __init__(self, public_keys: Sequence[Ed25519PublicKey] | None, anchors: Iterable[str | bytes] | None,
+                 strict: bool, max_unsigned_age_s: float, now: float | None) -> None:
         self.keys = None if public_keys is None else {key_id(k): k for k in public_keys}
         self.chains: dict[str, _Chain] = {}
         self.problems: list[tuple[int, str | None, int | None, str]] = []  # (position, chain, seq, reason)
-        self.records = self.checkpoints = 0
+        self.notes: list[str] = []  # warnings found on the way: torn lines, unreadable anchors
+        self.records = self.checkpoints = self.anchor_count = 0
         self.position = 0
+        self.pending: tuple[int, str, bytes, bool] | None = None  # a line that is no entry, until the next one
+        self.strict, self.max_age = strict, max_unsigned_age_s
+        self.now = time.time() if now is None else now
+        self.anchored: dict[str, _Anchored] | None = None
+        if anchors is not None:
+            if self.keys is None:
+                raise ValueError("anchors can only be checked with a public key")
+            self.load_anchors(anchors)
 
     def fail(self, chain_id: str | None, seq: int | None, reason: str) -> None:
         self.problems.append((self.position, chain_id, seq, reason))
         if chain_id in self.chains:
             self.chains[chain_id].failed = True
 
-    def feed(self, raw: str | bytes, where: str) -> None:
+    def load_anchors(self, lines: Iterable[str | bytes]) -> None:
+        self.anchored = {}
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = (raw.decode("utf-8") if isinstance(raw, bytes) else raw).rstrip("\n")
+                anchor = json.loads(line)
+                chain_id, seq, head, at = anchor["chain"], anchor["seq"], anchor["head"], anchor["time"]
+                valid = anchor["type"] == ANCHOR and isinstance(chain_id, str) and isinstance(head, str)
+                valid = valid and type(seq) is int and seq >= 0 and type(at) in (int, float) and math.isfinite(at)
+            except (ValueError, TypeError, KeyError, RecursionError):
+                valid = False
+            if not valid:  # skipping one only takes evidence away, which strict then reports
+                self.notes.append(f"anchor {number} is not a readable anchor (skipped)")
+                continue
+            self.anchor_count += 1
+            if canonical_json(anchor) != line or not _signature_ok(anchor, self.keys):
+                self.problems.append((0, chain_id, seq, f"the anchor for seq {seq} has an invalid signature (forged or altered)"))
+                continue
+            anchored = self.anchored.setdefault(chain_id, _Anchored())
+            if anchored.heads.setdefault(seq, head) != head:
+                self.problems.append((0, chain_id, seq, f"two anchors for seq {seq} disagree (a reused chain id)"))
+            anchored.last_seq = max(anchored.last_seq, seq)
+            anchored.last_time = max(anchored.last_time, at)
+            if anchor.get("final") is True:
+                anchored.final_seq = seq if anchored.final_seq is None else min(anchored.final_seq, seq)
+
+    def feed(self, raw: str | bytes, where: str, terminated: bool = True) -> None:
         self.position += 1
         try:
             line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -130,14 +219,21 @@ class _Verifier:
         except (ValueError, TypeError, KeyError, RecursionError):  # UnicodeDecodeError is a ValueError
             valid = False
         if not valid:
-            self.fail(None, None, f"{where} is not an audit entry")
+            # Judged at the next line: a torn entry is followed by the record that ended it.
+            if self.pending is not None:
+                self._not_an_entry()
+            data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape")
+            self.pending = (self.position, where, data, terminated)
             return
+        if self.pending is not None:
+            self._torn_line_ended(entry)
         self.records += kind == RECORD
         self.checkpoints += kind == CHECKPOINT
         chain = self.chains.get(chain_id)
         if chain is None:
             chain = self.chains[chain_id] = _Chain(seq, seq, link if seq else genesis_digest(chain_id))
             chain.count_offset = 0 if seq == 0 else None
+            self._match_anchor(chain_id, chain, kind)
         if chain.failed:
             if chain.gap and chain.gap[0] <= seq < chain.gap[1]:
                 chain.reordered = True
@@ -148,6 +244,9 @@ class _Verifier:
             return
         if seq < chain.next_seq:
             return self.fail(chain_id, seq, f"records out of order at seq {seq}")
+        if chain.closed:
+            return self.fail(chain_id, seq, f"{_name(kind, seq)} follows the chain's closing checkpoint "
+                                            "(written after its writer shut down)")
         if not canonical:
             return self.fail(chain_id, seq, f"{_name(kind, seq)} was altered (not canonical JSON)")
         if kind == CHECKPOINT:
@@ -165,14 +264,61 @@ class _Verifier:
             if type(count) is not int or count != chain.records + chain.count_offset:
                 return self.fail(chain_id, seq, f"checkpoint at seq {seq} does not match the records before it")
             chain.signed_seq = seq
+            chain.closed = entry.get("final") is True
+            chain.tail_time = None
+        elif chain.tail_time is None:
+            chain.tail_time = _time_of(entry)
         chain.records += kind == RECORD
         chain.after_checkpoint = kind == CHECKPOINT and self.keys is not None
         chain.last_kind = kind
         chain.head = line_digest(line)
         chain.next_seq = seq + 1
+        self._match_anchor(chain_id, chain, kind)
+
+    def _match_anchor(self, chain_id: str, chain: _Chain, kind: str) -> None:
+        anchored = self.anchored.get(chain_id) if self.anchored is not None else None
+        head = anchored.heads.get(chain.next_seq) if anchored is not None else None
+        if head is None:
+            return
+        if head == chain.head:
+            chain.anchored_seq = chain.next_seq
+        elif chain.next_seq == chain.first_seq:  # the chain's first entry here links to another head
+            self.fail(chain_id, chain.first_seq, f"{_name(kind, chain.first_seq)} does not follow the anchored chain "
+                                                 "(altered or replaced)")
+        else:
+            signed = chain.signed_seq + 1 if chain.signed_seq is not None and self.keys is not None else 0
+            # What a checkpoint signed is as it was signed: the difference lies after it.
+            first = min(max(chain.anchored_seq, chain.first_seq, signed), chain.next_seq - 1)
+            self.fail(chain_id, first, f"{_span(first, chain.next_seq - 1, 'differs/differ')} from the anchor for "
+                                       f"seq {chain.next_seq} (altered or replaced)")
+
+    def _not_an_entry(self) -> None:
+        position, where, _, _ = self.pending
+        self.pending = None
+        self.problems.append((position, None, None, f"{where} is not an audit entry"))
+
+    def _torn_line_ended(self, entry: dict) -> None:
+        _, where, data, _ = self.pending
+        named = entry.get("torn_sha256") == hashlib.sha256(data).hexdigest() and entry.get("torn_bytes") == len(data)
+        if entry["type"] == RECORD and entry.get("event") == TORN_LINE_ENDED and named:
+            self.pending = None
+            self.notes.append(f"{where} is a torn entry ({len(data)} bytes; its writer stopped mid-write): "
+                              f"chain {entry['chain']} ended the line when it started")
+        else:
+            self._not_an_entry()
 
     def report(self) -> VerifyReport:
-        problems, warnings, tails = list(self.problems), [], []
+        if self.pending is not None:
+            _, where, data, terminated = self.pending
+            if terminated:
+                self._not_an_entry()
+            else:
+                self.pending = None
+                self.notes.append(f"{where} is a torn last entry ({len(data)} bytes without a newline: "
+                                  "its writer stopped mid-write)")
+        problems, unverified, warnings, tails = list(self.problems), [], [], []
+        signer = "checkpoint" if self.anchored is None else "checkpoint or anchor"
+        end_position = self.position + 1  # what is missing at a chain's end comes after what is there
         for chain_id, chain in self.chains.items():
             if chain.gap:
                 first, found, position = chain.gap
@@ -185,19 +331,63 @@ class _Verifier:
                 problems.append((position, chain_id, first, reason))
             if chain.first_seq > 0:
                 warnings.append(f"chain {chain_id} starts at seq {chain.first_seq}")
-            if not chain.failed and chain.signed_seq != chain.next_seq - 1:
-                if chain.signed_seq is None:
-                    tail = chain.first_seq, f"no checkpoint covers records from seq {chain.first_seq}"
-                else:
-                    tail = chain.signed_seq + 1, f"no checkpoint covers records after seq {chain.signed_seq}"
-                tails.append((chain_id, *tail))
+            if chain.failed:
+                continue
+            end = chain.next_seq
+            anchored = self.anchored.get(chain_id) if self.anchored is not None else None
+            if anchored is not None:
+                if anchored.final_seq is not None and end > anchored.final_seq:
+                    problems.append((end_position, chain_id, anchored.final_seq,
+                                     f"{_span(anchored.final_seq, end - 1, 'follows/follow')} the chain's closing anchor "
+                                     "(written after its writer shut down)"))
+                    continue
+                if anchored.last_seq > end:
+                    closing = anchored.final_seq == anchored.last_seq == end + 1
+                    missing = f"the closing checkpoint at seq {end} is" if closing else _span(
+                        end, anchored.last_seq - 1, "is/are")
+                    problems.append((end_position, chain_id, end, f"{missing} missing (deleted): an anchor vouches "
+                                                                  f"for the chain through seq {anchored.last_seq - 1}"))
+                    continue
+            elif self.anchored is not None:
+                warnings.append(f"chain {chain_id} has no anchor")
+                unverified.append((chain_id, chain.first_seq,
+                                   "the chain has no anchor (injected, or its writer never reached the anchor store)"))
+            covered = chain.first_seq if chain.signed_seq is None else chain.signed_seq + 1
+            covered = max(covered, chain.anchored_seq)
+            if covered >= end:
+                continue
+            if covered == chain.first_seq:
+                tails.append((chain_id, covered, f"no {signer} covers records from seq {covered}"))
+                unverified.append((chain_id, covered, "the chain has no checkpoint: nothing in it is signed "
+                                                      "(injected, or its writer crashed before signing)"))
+                continue
+            tails.append((chain_id, covered, f"no {signer} covers records after seq {covered - 1}"))
+            if anchored is not None:  # a live writer anchors every checkpoint interval
+                age = self.now - anchored.last_time
+                why = f", and the chain's last anchor is {age:.0f} s old (its writer stopped)"
+            else:  # only the records' own time tells, and whoever wrote them chose it
+                age = self.now - chain.tail_time
+                why = " and carry no time" if math.isnan(age) else f" and {age:.0f} s old"
+            if not age <= self.max_age:  # NaN, an unknown age, counts as too old
+                unsigned = _span(covered, end - 1, "is/are", "record")
+                unverified.append((chain_id, covered, f"{unsigned} signed by no {signer}{why}: appended by someone "
+                                                      "without the signing key, or left unsigned by a writer that "
+                                                      "crashed"))
+        if self.anchored is not None:
+            absent = sum(1 for c, a in self.anchored.items() if c not in self.chains and a.last_seq > 0)
+            if absent:
+                warnings.append(f"{absent} anchored chains have no entries here (other writers, rotated away, or deleted)")
         if self.keys is None:
             warnings.append("signatures were not checked (no public key)")
-        warnings = [t[2] for t in tails] + warnings
-        counts = dict(records=self.records, checkpoints=self.checkpoints, chains=len(self.chains), warnings=warnings)
+        warnings = [t[2] for t in tails] + self.notes + warnings
+        counts = dict(records=self.records, checkpoints=self.checkpoints, chains=len(self.chains), warnings=warnings,
+                      anchors=self.anchor_count)
         if problems:
             _, chain_id, seq, reason = min(problems, key=lambda p: p[0])
-            return VerifyReport(False, seq, reason, chain=chain_id, **counts)
+            return VerifyReport(False, seq, reason, chain=chain_id, verdict=TAMPERED, **counts)
+        if self.strict and unverified:
+            chain_id, seq, reason = unverified[0]
+            return VerifyReport(False, seq, reason, chain=chain_id, verdict=UNVERIFIED, **counts)
         if tails:
             chain_id, seq, reason = tails[0]
             return VerifyReport(True, seq, reason, chain=chain_id, **counts)
@@ -212,20 +402,28 @@ def _keys(public_key: PublicKeys) -> Sequence[Ed25519PublicKey] | None:
     return [public_key] if isinstance(public_key, Ed25519PublicKey) else public_key
 
 
-def verify(lines: Iterable[str | bytes], public_key: PublicKeys) -> VerifyReport:
+def verify(lines: Iterable[str | bytes], public_key: PublicKeys, *, anchors: Iterable[str | bytes] | None = None,
+           strict: bool = False, max_unsigned_age_s: float = DEFAULT_MAX_UNSIGNED_AGE_S,
+           now: float | None = None) -> VerifyReport:
     """Checks entries in the order given. Several keys are allowed, for key rotation;
-    None checks the chain only and says the signatures were not checked."""
-    verifier = _Verifier(_keys(public_key))
+    None checks the chain only and says the signatures were not checked. `anchors` (lines
+    of an anchor stream or file) need a key; `strict` turns what no signature vouches for
+    into the "unverified" verdict (see the module's docstring)."""
+    verifier = _Verifier(_keys(public_key), anchors, strict, max_unsigned_age_s, now)
     for number, line in enumerate(lines, 1):
         verifier.feed(line.rstrip("\n") if isinstance(line, str) else line.rstrip(b"\n"), f"line {number}")
     return verifier.report()
 
 
-def verify_files(paths: Sequence[str | Path], public_key: PublicKeys) -> VerifyReport:
-    """Checks files as one sequence of entries: give rotated files oldest first."""
-    verifier = _Verifier(_keys(public_key))
+def verify_files(paths: Sequence[str | Path], public_key: PublicKeys, *, anchors: Iterable[str | bytes] | None = None,
+                 strict: bool = False, max_unsigned_age_s: float = DEFAULT_MAX_UNSIGNED_AGE_S,
+                 now: float | None = None) -> VerifyReport:
+    """Checks files as one sequence of entries: give rotated files oldest first. A last
+    line without its newline is a torn entry (the writer stopped mid-write), not tampering."""
+    verifier = _Verifier(_keys(public_key), anchors, strict, max_unsigned_age_s, now)
     for path in paths:
         with open(path, "rb") as file:
             for number, raw in enumerate(file, 1):
-                verifier.feed(raw[:-1] if raw.endswith(b"\n") else raw, f"{path}:{number}")
+                terminated = raw.endswith(b"\n")
+                verifier.feed(raw[:-1] if terminated else raw, f"{path}:{number}", terminated)
     return verifier.report()

@@ -43,7 +43,10 @@ class RotatingFileSink:
 
     The chain runs on across files: verify `rotated_files(path)`, oldest first. Every
     write reaches the OS at once (a crash of the process loses nothing); fsync runs at
-    checkpoints and before a file is rotated away.
+    checkpoints, anchors and before a file is rotated away. What a full disk refuses
+    stays buffered and goes first once there is room. A crash or power loss mid-write can
+    leave part of a line; the next open ends that line, so the next entry starts on a line
+    of its own, and lists the repair in `repairs` for the trail to record.
     """
 
     def __init__(self, path: str | Path, max_bytes: int = 100 << 20, backup_count: int = 10) -> None:
@@ -52,11 +55,19 @@ class RotatingFileSink:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backup_count = backup_count
+        self.repairs: list[dict] = []  # {"torn_bytes", "torn_sha256"} of each torn line ended
         self._file = self._open()
 
     def _open(self) -> IO[bytes]:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
         self._size = os.fstat(fd).st_size
+        if self._size and os.pread(fd, 1, self._size - 1) != b"\n":
+            torn = _last_line(fd, self._size)
+            os.write(fd, b"\n")
+            os.fsync(fd)
+            self._size += 1
+            self.repairs.append({"torn_bytes": len(torn), "torn_sha256": hashlib.sha256(torn).hexdigest()})
+            logger.warning("audit file %s ended in part of a line (%d bytes); ended the line", self.path, len(torn))
         return open(fd, "ab")
 
     def write(self, line: str) -> None:
@@ -84,6 +95,21 @@ class RotatingFileSink:
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         self._file = self._open()
+
+
+def _last_line(fd: int, size: int, block: int = 1 << 16) -> bytes:
+    """The bytes after the file's last newline (at most one entry's worth)."""
+    end, parts = size, []
+    while end > 0:
+        start = max(0, end - block)
+        data = os.pread(fd, end - start, start)
+        cut = data.rfind(b"\n")
+        if cut >= 0:
+            parts.append(data[cut + 1 :])
+            break
+        parts.append(data)
+        end = start
+    return b"".join(reversed(parts))
 
 
 def rotated_files(path: str | Path) -> list[Path]:

@@ -3,8 +3,14 @@
 `AuditTrail.append` gives a record its place (`chain`, `seq`, `prev`) and writes the
 same line to every sink, under one lock, so every sink sees one order. Every
 `checkpoint_every` records, when the oldest unsigned record is `checkpoint_interval_s`
-seconds old, and at `close()`, the trail writes a checkpoint signed with Ed25519 and asks
-the sinks to make what they hold durable.
+seconds old, and at `close()` (marked `final`), the trail writes a checkpoint signed with
+Ed25519 and asks the sinks to make what they hold durable.
+
+The chain's head is also anchored outside the sinks: when the trail starts, every
+`checkpoint_interval_s` and at `close()` (`final`), it makes the sinks durable and then
+writes a signed anchor (chain, seq, head, time) to the anchor sinks (a Redis Stream, a
+file on other storage). A file alone cannot show its end was cut or extended; the
+anchors can, and their times tell a live writer from one that stopped.
 
 A failing sink does not fail the request that is being recorded: its copy of the chain
 gets a gap, which `tenantgate audit verify` reports as a deleted record, and the error
@@ -13,9 +19,10 @@ is logged by seq number and sink type (never the record).
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
+import secrets
+import socket
 import tempfile
 import threading
 import time
@@ -27,8 +34,8 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.chain import CHECKPOINT, RECORD, RESERVED_FIELDS, canonical_json, genesis_digest, key_id
-from gateway.audit.chain import line_digest, signed_body
+from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED, canonical_json
+from gateway.audit.chain import genesis_digest, key_id, line_digest, sign
 
 logger = logging.getLogger("tenantgate.audit")
 
@@ -70,6 +77,12 @@ def public_key_pem(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def boot_chain_id(prefix: str = "") -> str:
+    """`prefix` (default: host name and process id) and a random nonce of this boot: a
+    restarted container has the same pod name and PID 1, and must not continue an old chain."""
+    return f"{prefix or f'{socket.gethostname()}-{os.getpid()}'}-{secrets.token_hex(4)}"
+
+
 class AuditTrail:
     def __init__(
         self,
@@ -79,12 +92,16 @@ class AuditTrail:
         checkpoint_every: int = 100,
         checkpoint_interval_s: float = 10.0,
         chain_id: str | None = None,
+        anchors: Sequence[AuditSink] = (),
     ) -> None:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_every must be >= 1 and checkpoint_interval_s > 0")
         if chain_id is not None and not chain_id:
             raise ValueError("chain_id must not be empty")
+        if anchors and signer is None:
+            raise ValueError("anchors are signed: they need a signer")
         self.sinks = list(sinks)
+        self.anchors = list(anchors)
         self.chain_id = chain_id or uuid.uuid4().hex[:16]
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
@@ -97,9 +114,15 @@ class AuditTrail:
         self._records = 0
         self._unsigned = 0  # records since the last checkpoint
         self._unsigned_since = 0.0  # when the oldest of them was written (monotonic)
+        self._anchored_at = 0.0  # when the last anchor was written (monotonic)
         self._closed = False
         self._stop = threading.Event()
         self._timer = None
+        with self._lock:
+            self._anchor()  # the chain exists from here: a chain no anchor announced is not ours
+            for sink in self.sinks:  # a file sink that found a torn last line ended it; say so
+                for repair in getattr(sink, "repairs", ()):
+                    self._append({"event": TORN_LINE_ENDED, **repair})
         if signer is not None:
             # Signs a quiet trail's last records within the interval, not at the next request.
             self._timer = threading.Thread(target=self._tick, name="audit-checkpoint", daemon=True)
@@ -119,19 +142,7 @@ class AuditTrail:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the audit trail is closed")
-            entry = {**record, "type": RECORD, "chain": self.chain_id, "seq": self._seq, "prev": self._head}
-            try:
-                line = canonical_json(entry)
-            except (TypeError, ValueError):
-                raise ValueError(f"audit record {self._seq} is not plain JSON (or holds NaN)") from None
-            self._write(line)
-            self._records += 1
-            self._unsigned += 1
-            if self._unsigned == 1:
-                self._unsigned_since = time.monotonic()
-            if self._unsigned >= self.checkpoint_every or self._overdue():
-                self._checkpoint()
-        return entry
+            return self._append(record)
 
     def checkpoint(self) -> dict | None:
         """Signs the chain now; None when there is no signer or nothing new to sign."""
@@ -141,16 +152,16 @@ class AuditTrail:
             return self._checkpoint()
 
     def close(self) -> None:
-        """Signs what is unsigned, then flushes and closes every sink. Idempotent."""
+        """Writes the final checkpoint and anchor, then flushes and closes every sink. Idempotent."""
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
         with self._lock:
             if self._closed:
                 return
-            self._checkpoint()
+            self._checkpoint(final=True)
             self._closed = True
-        for sink in self.sinks:
+        for sink in self.sinks + self.anchors:
             try:
                 sink.close()
             except Exception as exc:
@@ -161,6 +172,21 @@ class AuditTrail:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _append(self, record: dict) -> dict:
+        entry = {**record, "type": RECORD, "chain": self.chain_id, "seq": self._seq, "prev": self._head}
+        try:
+            line = canonical_json(entry)
+        except (TypeError, ValueError):
+            raise ValueError(f"audit record {self._seq} is not plain JSON (or holds NaN)") from None
+        self._write(line)
+        self._records += 1
+        self._unsigned += 1
+        if self._unsigned == 1:
+            self._unsigned_since = time.monotonic()
+        if self._unsigned >= self.checkpoint_every or self._overdue():
+            self._checkpoint()
+        return entry
 
     def _write(self, line: str) -> None:
         for sink in self.sinks:
@@ -173,28 +199,54 @@ class AuditTrail:
         self._head = line_digest(line)
         self._seq += 1
 
-    def _checkpoint(self) -> dict | None:
-        if self._signer is None or self._unsigned == 0:
+    def _signed(self, kind: str, final: bool) -> dict:
+        document = {"type": kind, "chain": self.chain_id, "seq": self._seq, "head": self._head,
+                    "count": self._records, "time": round(time.time(), 3), "key_id": self._key_id}
+        return sign({**document, "final": True} if final else document, self._signer)
+
+    def _checkpoint(self, final: bool = False) -> dict | None:
+        """Signs the unsigned records; `final` (at close) always writes one, so that
+        nothing can follow the chain's last entry unnoticed, and anchors it."""
+        if self._signer is None:
             return None
-        checkpoint = {
-            "type": CHECKPOINT,
-            "chain": self.chain_id,
-            "seq": self._seq,
-            "head": self._head,
-            "count": self._records,
-            "time": round(time.time(), 3),
-            "key_id": self._key_id,
-        }
-        checkpoint["sig"] = base64.b64encode(self._signer.sign(signed_body(checkpoint))).decode("ascii")
-        self._write(canonical_json(checkpoint))
-        self._unsigned = 0
-        for sink in self.sinks:
+        checkpoint = None
+        if self._unsigned or (final and self._seq):
+            checkpoint = self._signed(CHECKPOINT, final)
+            self._write(canonical_json(checkpoint))
+            self._unsigned = 0
+            self._flush(self.sinks, checkpoint["seq"])
+        if final:
+            self._anchor(final=True)
+        return checkpoint
+
+    def _anchor(self, final: bool = False) -> None:
+        if not self.anchors:
+            return
+        # Durable first: an anchor must never vouch for entries a power cut can still take
+        # away. A sink that cannot flush (a full disk) holds anchoring back; the timer retries.
+        if not self._flush(self.sinks, self._seq - 1):
+            return
+        line = canonical_json(self._signed(ANCHOR, final))
+        for sink in self.anchors:
+            try:
+                sink.write(line)
+            except Exception as exc:
+                self.sink_errors += 1
+                logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
+                             _name(exc))
+        self._flush(self.anchors, self._seq)
+        self._anchored_at = time.monotonic()
+
+    def _flush(self, sinks: list[AuditSink], seq: int) -> bool:
+        ok = True
+        for sink in sinks:
             try:
                 sink.flush()
             except Exception as exc:
+                ok = False
                 self.sink_errors += 1
-                logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), checkpoint["seq"], _name(exc))
-        return checkpoint
+                logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), seq, _name(exc))
+        return ok
 
     def _overdue(self) -> bool:
         return self._unsigned > 0 and time.monotonic() - self._unsigned_since >= self.checkpoint_interval_s
@@ -202,8 +254,12 @@ class AuditTrail:
     def _tick(self) -> None:
         while not self._stop.wait(self.checkpoint_interval_s / 4):
             with self._lock:
-                if not self._closed and self._overdue():
+                if self._closed:
+                    return
+                if self._overdue():
                     self._checkpoint()
+                if time.monotonic() - self._anchored_at >= self.checkpoint_interval_s:
+                    self._anchor()  # also when idle: a recent anchor says the writer is alive
 
 
 def _name(obj: object) -> str:

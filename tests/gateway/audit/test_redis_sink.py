@@ -36,9 +36,9 @@ def test_entries_reach_the_stream_and_verify(redis_server, signing_key):
     with AuditTrail([sink], signing_key, checkpoint_every=100) as trail:
         append_timed(trail, 0, 1000)
     assert sink.dropped == 0 and sink.pending == 0 and sink.healthy
-    assert client.xlen("audit:test") == 1010
+    assert client.xlen("audit:test") == 1011  # a checkpoint every 100 records, and the closing one
     report = verify(read_stream(client, "audit:test", batch=300), signing_key.public_key())
-    assert report.ok and report.reason == "intact" and (report.records, report.checkpoints) == (1000, 10)
+    assert report.ok and report.reason == "intact" and (report.records, report.checkpoints) == (1000, 11)
     client.close()
 
 

@@ -1,3 +1,4 @@
+import hashlib
 import io
 import json
 import os
@@ -8,7 +9,7 @@ import pytest
 from gateway.audit.chain import verify, verify_files
 from gateway.audit.sinks import RotatingFileSink, StreamSink, rotated_files
 from gateway.audit.trail import AuditTrail
-from tests.gateway.audit.chains import record
+from tests.gateway.audit.chains import cut_mid_line, forge, record
 
 
 def write_rotating(tmp_path, key, records, *, max_bytes=20_000, backup_count=50, every=25):
@@ -112,3 +113,37 @@ def test_invalid_rotation_settings_are_refused(tmp_path):
         RotatingFileSink(tmp_path / "x", max_bytes=0)
     with pytest.raises(ValueError):
         RotatingFileSink(tmp_path / "x", backup_count=0)
+
+
+def test_a_torn_last_line_is_reported_as_torn(tmp_path, signing_key):
+    path = write_rotating(tmp_path, signing_key, 30, max_bytes=1 << 20)[-1]
+    cut_mid_line(path)
+    report = verify_files([path], signing_key.public_key())
+    assert report.ok and report.first_bad_seq == 26  # the closing checkpoint was the torn entry
+    assert report.warnings[1] == f"{path}:32 is a torn last entry (40 bytes without a newline: its writer stopped mid-write)"
+
+
+def test_a_torn_last_line_is_ended_on_open_and_the_repair_recorded(tmp_path, signing_key, caplog):
+    path = write_rotating(tmp_path, signing_key, 30, max_bytes=1 << 20)[-1]
+    torn = cut_mid_line(path)
+    with AuditTrail([RotatingFileSink(path)], signing_key, chain_id="next-boot") as trail:
+        trail.append(record(0))
+    lines = path.read_bytes().split(b"\n")
+    assert lines[31] == torn  # the fragment stays, on a line of its own
+    repair = json.loads(lines[32])
+    assert (repair["chain"], repair["seq"], repair["event"]) == ("next-boot", 0, "audit.torn_line_ended")
+    assert (repair["torn_bytes"], repair["torn_sha256"]) == (40, hashlib.sha256(torn).hexdigest())
+    report = verify_files([path], signing_key.public_key())
+    assert report.ok and report.chains == 2
+    assert f"{path}:32 is a torn entry (40 bytes; its writer stopped mid-write): chain next-boot ended the line " \
+           "when it started" in report.warnings
+    assert "ended in part of a line (40 bytes)" in caplog.text and torn.decode() not in caplog.text
+
+
+def test_a_bad_line_that_no_repair_names_is_still_tampering(tmp_path, signing_key):
+    path = write_rotating(tmp_path, signing_key, 30, max_bytes=1 << 20)[-1]
+    cut_mid_line(path)
+    with open(path, "ab") as file:
+        file.write(b"\n" + forge(1, chain_id="someone")[0].encode() + b"\n")
+    report = verify_files([path], signing_key.public_key())
+    assert not report.ok and report.reason == f"{path}:32 is not an audit entry"

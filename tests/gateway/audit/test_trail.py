@@ -1,11 +1,13 @@
 import json
+import os
+import socket
 import threading
 import time
 
 import pytest
 
 from gateway.audit.chain import canonical_json, genesis_digest, line_digest, verify
-from gateway.audit.trail import AuditTrail
+from gateway.audit.trail import AuditTrail, boot_chain_id
 from tests.gateway.audit.chains import ListSink, build_chain, entries, record
 
 
@@ -39,10 +41,13 @@ def test_checkpoints_every_n_records_and_at_close(signing_key):
     assert sink.flushes == 3 and sink.closed  # durable at each checkpoint
 
 
-def test_close_adds_no_checkpoint_when_nothing_is_unsigned(signing_key):
+def test_close_always_ends_the_chain_with_a_final_checkpoint(signing_key):
+    # Even when nothing is unsigned: a record appended after it is then plainly not the writer's.
     lines = build_chain(signing_key, 20, every=10)
-    last = entries(lines)[-1]
-    assert (last["type"], last["seq"], last["count"], len(lines)) == ("checkpoint", 21, 20, 22)
+    *_, before, last = entries(lines)
+    assert (before["type"], before["seq"], "final" in before) == ("checkpoint", 21, False)
+    assert (last["type"], last["seq"], last["count"], last["final"], len(lines)) == ("checkpoint", 22, 20, True, 23)
+    assert verify(lines, signing_key.public_key()).reason == "intact"
 
 
 def test_a_quiet_trail_is_signed_within_the_interval(signing_key):
@@ -137,3 +142,64 @@ def test_invalid_settings_are_refused(signing_key):
         AuditTrail([], signing_key, checkpoint_every=0)
     with pytest.raises(ValueError):
         AuditTrail([], signing_key, checkpoint_interval_s=0)
+
+
+def test_each_boot_gets_a_chain_id_of_its_own(monkeypatch):
+    # A restarted container: the same pod name, PID 1 again.
+    monkeypatch.setattr(socket, "gethostname", lambda: "gw-0")
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    first, second = boot_chain_id(), boot_chain_id()
+    assert first != second and first.startswith("gw-0-1-") and second.startswith("gw-0-1-")
+    assert boot_chain_id("pod-a").startswith("pod-a-") and len(boot_chain_id("pod-a")) == len("pod-a-") + 8
+
+
+class OrderedSink(ListSink):
+    """Logs what the trail asks of it, into a log its anchor sink shares."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def flush(self) -> None:
+        super().flush()
+        self.log.append(("durable", len(self.lines)))
+
+
+class AnchorLog(ListSink):
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def write(self, line: str) -> None:
+        super().write(line)
+        self.log.append(("anchor", json.loads(line)["seq"]))
+
+
+def test_the_chain_is_anchored_at_start_on_the_timer_and_at_close(signing_key):
+    log: list = []
+    sink, anchors = OrderedSink(log), AnchorLog(log)
+    with AuditTrail([sink], signing_key, checkpoint_every=1000, checkpoint_interval_s=0.2, anchors=[anchors]) as trail:
+        for i in range(3):
+            trail.append(record(i))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len({a["time"] for a in entries(anchors.lines) if a["seq"] == 4}) < 2:
+            time.sleep(0.02)  # the checkpoint at seq 3 is anchored, then again while idle
+    found = entries(anchors.lines)
+    assert found[0]["seq"] == 0 and found[0]["head"] == genesis_digest(trail.chain_id)
+    assert len([a for a in found if a["seq"] == 4]) >= 2, "an idle writer still anchors every interval"
+    assert (found[-1]["seq"], found[-1]["final"], sum("final" in a for a in found)) == (len(sink.lines), True, 1)
+    assert all(a["chain"] == trail.chain_id for a in found)
+    # An anchor never vouches for more than the sinks had made durable.
+    durable = 0
+    for event, n in log:
+        if event == "durable":
+            durable = n
+        else:
+            assert n <= durable
+    report = verify(sink.lines, signing_key.public_key(), anchors=anchors.lines, strict=True)
+    assert report.ok and report.reason == "intact" and report.anchors == len(found)
+
+
+def test_anchors_need_a_signer():
+    with pytest.raises(ValueError, match="signer"):
+        AuditTrail([ListSink()], None, anchors=[ListSink()])
