@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from engine.envelope import CacheScope
 from engine.outputs import RequestOutput
 from engine.sampler import TokenLogprobs
 from gateway.openai.serving import Admitted
@@ -17,11 +18,14 @@ def sse(payload: dict) -> bytes:
 
 def usage(admitted: Admitted) -> dict:
     prompt = len(admitted.token_ids)
+    # In the shared scope a hit may come from another tenant's prompt: reporting it would tell the
+    # caller what others sent. The audit record keeps the real figure.
+    shared = admitted.envelope.cache_scope is CacheScope.SHARED
     return {
         "prompt_tokens": prompt,
         "completion_tokens": admitted.output_tokens,
         "total_tokens": prompt + admitted.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": admitted.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": 0 if shared else admitted.cached_tokens},
     }
 
 
