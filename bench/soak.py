@@ -20,8 +20,8 @@ What it proves (issue 11): under that load
 
 Printed: statuses by code (and the 5xx count), p50/p99 latency and TTFT per route and stream,
 completion tokens/s, RSS at start/end/peak, leases and KV blocks in use at the end, the verify
-verdicts, the load average at start and end. Exit status 1 if any check fails, 2 if it could
-not run.
+verdicts, the load average at start and end. Exit status 1 if any check fails or the soak
+could not run (the error is printed); everything it started is stopped and removed either way.
 
     .venv/bin/python bench/soak.py                                   # 300 s, 8 workers, smollm2-135m-instruct
     .venv/bin/python bench/soak.py --model demo --duration 60        # a quick smoke
@@ -66,6 +66,7 @@ REQUEST_TIMEOUT_S = 120.0
 SETTLE_S = 2.0
 AUDIENCE = "api://tenantgate"
 AUDIT_STREAM = "soak:audit"
+KV_USED = 'tenantgate_kv_blocks{state="used"}'
 
 NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # steady traffic: its limits raised out of the way
 FABRIKAM = "8d4e2b10-7c6f-4a91-b3d5-e6f708192a3b"  # concurrent_requests 2: some requests refused with 429
@@ -360,7 +361,7 @@ def scrape(metrics_url: str) -> dict[str, float]:
 
 
 def kv_used(metrics_url: str) -> float:
-    return scrape(metrics_url)['tenantgate_kv_blocks{state="used"}']
+    return scrape(metrics_url)[KV_USED]
 
 
 def leases(redis_url: str) -> int:
@@ -449,7 +450,7 @@ def main() -> int:
     binary = find_redis_server()
     if binary is None:
         print("soak: redis-server is not installed", file=sys.stderr)
-        return 2
+        return 1
     model = served_model_name(args.model)
     os.environ.setdefault(CACHE_DIR_ENV, str(default_cache_dir()))  # the model is converted once, there
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwind (and clean up) as Ctrl-C does
@@ -482,7 +483,7 @@ def main() -> int:
         load, elapsed, rss_start, rss_end, samples = asyncio.run(drive())
         results = load.results
         metrics = scrape(metrics_url)
-        kv_end, kv_after_tiny = kv_used(metrics_url), None
+        kv_end, kv_after_tiny = metrics[KV_USED], None
         if kv_end != 0:
             # The gauge is set during each engine step, before that step's finished sequences free
             # their blocks; one tiny request shows whether the reading moves (staleness) or stays.
