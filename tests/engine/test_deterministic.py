@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 
+from engine.model_runner import cpu_has_native_bf16
 from engine.sampling_params import SamplingParams
 from tests.utils.envelopes import envelope
 
@@ -104,3 +105,45 @@ def test_deterministic_requests_are_bit_identical_under_load(engines) -> None:
     for engine in engines:
         engine.check_invariants()
         assert engine.block_manager.num_prefix_hit_tokens > 0
+
+
+def test_smollm2_is_bit_identical_alone_crowded_cached_chunked_and_preempted(smollm2_dir) -> None:
+    """The default model in the serving dtype ('auto': bfloat16 on a CPU with bf16 instructions)."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.telemetry import ListSink
+
+    def engine(sinks=(), max_model_len=640, **config) -> LLMEngine:
+        return LLMEngine(EngineConfig(model=str(smollm2_dir), max_model_len=max_model_len, **config), sinks=sinks)
+
+    roomy, chunked = engine(kv_cache_memory_bytes=64 << 20), engine(kv_cache_memory_bytes=64 << 20,
+                                                                     max_num_batched_tokens=37)
+    rng = random.Random(99)
+    tokenizer = roomy.tokenizer
+    for case, question in enumerate(["What is the capital of France?", "Name three rivers in Europe."]):
+        prompt = tokenizer.encode_chat([{"role": "user", "content": question}])
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, keep_logits=True)
+        env = envelope(f"smol-{case}", deterministic=True)
+        reference = roomy.generate([prompt], params, env)[0]
+        runs = [run_crowded(roomy, rng, prompt, params, env, 3),  # cached and crowded
+                chunked.generate([prompt], params, env)[0],  # cold, chunked prefill
+                run_crowded(chunked, rng, prompt, params, env, 3)]
+        # A pool that holds exactly an earlier 35-block prompt of its tenant and this one: the other's
+        # first decode needs a block, so this request, the tenant's latest arrival, is preempted.
+        blocks = 35 + -(-len(prompt) // 16)
+        sink = ListSink()
+        tight = engine([sink], max_model_len=blocks * 16, num_kv_blocks=blocks)
+        other = SamplingParams(max_tokens=20, temperature=0.8, seed=case, ignore_eos=True)
+        filler = [rng.randrange(2, 40000) for _ in range(35 * 16)]
+        preempted = tight.generate([filler, prompt], [other, params], [envelope(f"smol-{case}"), env])[1]
+        record = next(r for r in sink.requests if r.request_id == preempted.request_id)
+        assert record.preemptions > 0, f"case {case}: the tight pool did not preempt the request"
+        tight.check_invariants()
+        runs.append(preempted)
+        for result in runs:
+            assert result.token_ids == reference.token_ids, f"case {case}: tokens differ"
+            for step, (a, b) in enumerate(zip(result.logits, reference.logits)):
+                assert torch.equal(a, b), f"case {case}, step {step}: logits differ"
+    assert str(roomy.runner.dtype) == ("torch.bfloat16" if cpu_has_native_bf16() else "torch.float32")
+    for e in (roomy, chunked):
+        e.check_invariants()
