@@ -9,20 +9,11 @@ import pytest
 from engine.block_manager import BlockManager
 from engine.llm_engine import RequestError
 from engine.sampling_params import SamplingParams
-from tests.engine.test_block_manager import make_seq
+from tests.engine.test_block_manager import compute_and_cache, make_seq
 from tests.utils.envelopes import envelope
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = list(range(2, 90))  # 88 tokens: five full blocks of 16 and a tail
-
-
-def compute_and_cache(bm: BlockManager, seq, keep: bool = False) -> None:
-    """What the engine does for a prompt: allocate, compute every token, publish, free."""
-    assert bm.allocate(seq, seq.num_tokens)
-    seq.num_computed_tokens = seq.num_tokens
-    bm.register_full_blocks(seq)
-    if not keep:
-        bm.free(seq)
 
 
 def run(engine, request_id, prompt, env, params=GREEDY):
@@ -160,3 +151,4 @@ def test_requests_without_an_envelope_are_refused(tiny_dir, make_engine) -> None
     engine = make_engine(model=str(tiny_dir))
     with pytest.raises(RequestError, match="execution envelope"):
         engine.add_request("bare", PROMPT, GREEDY, None)
+
