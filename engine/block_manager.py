@@ -10,10 +10,16 @@ also compares the block's token ids (collision guard), so KV is reused only for 
 same tokens at the same positions, in the same namespace, under the same model.
 Requests with cache scope none neither read nor register blocks.
 
-Ownership and quotas. Every block in use or cached is charged to the tenant that
-computed it. A tenant below its quota takes free blocks first, then evicts the least
-recently used cached block of anyone; a tenant at its quota can only recycle its own
-cached blocks. Blocks held by running sequences are never evicted.
+Ownership, quotas and shares. Every block in use or cached is charged to the tenant
+that computed it; a tenant at its quota gains no more. Each active tenant (one
+charged with a block, or asking for one) has a guaranteed share: its quota, scaled down
+proportionally when the active tenants' quotas add up to more than the pool, so the
+shares always fit in the pool together. A tenant below its quota takes a free block
+first; failing that, the least recently used cached block of the tenant furthest over
+its share, provided that tenant stays at least as far over as the taker will be (so
+nobody's cache is cut into its share for another, and two tenants over their shares do
+not trade blocks back and forth); failing that, one of its own cached blocks. A tenant
+at its quota only recycles its own. Blocks held by running sequences are never evicted.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import hashlib
 from array import array
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from engine.sequence import Sequence
 
@@ -49,6 +55,15 @@ class KVStats:
     def waste(self) -> float:
         """Share of allocated KV slots that hold no token (the tail of each last block)."""
         return 1 - self.used_slots / self.allocated_slots if self.allocated_slots else 0.0
+
+
+@dataclass(frozen=True)
+class TenantKV:
+    """One tenant's part of the pool: blocks its running sequences hold, its cached blocks, its share."""
+
+    held: int
+    cached: int
+    share: int
 
 
 class Block:
@@ -150,23 +165,37 @@ class BlockManager:
     def set_quota(self, tenant: bytes, quota: int) -> None:
         self.quotas[tenant] = quota
 
+    def quota(self, tenant: bytes) -> int:
+        return min(self.quotas.get(tenant, self.num_blocks), self.num_blocks)
+
+    def shares(self, requester: bytes | None = None) -> dict[bytes, int]:
+        """Each active tenant's guaranteed share: its quota, scaled down if the quotas oversubscribe the pool.
+
+        Active: charged with a block, or the requester (a tenant asking for its first block).
+        Rounded down, so the shares fit in the pool together.
+        """
+        active = {tenant for tenant, n in self.charged.items() if n > 0}
+        if requester is not None:
+            active.add(requester)
+        quotas = {tenant: self.quota(tenant) for tenant in active}
+        total = sum(quotas.values())
+        if total <= self.num_blocks:
+            return quotas
+        return {tenant: q * self.num_blocks // total for tenant, q in quotas.items()}
+
+    def excess(self, tenant: bytes, shares: Mapping[bytes, int]) -> int:
+        """Blocks tenant is charged with beyond its share (negative: room left in it)."""
+        return self.charged[tenant] - shares.get(tenant, 0)
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks seq must gain so that its table covers num_tokens slots."""
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
-    def obtainable(self, tenant: bytes, exclude: Iterable[int] = ()) -> int:
-        """How many blocks tenant can get now without touching anyone's running blocks."""
-        excluded = set(exclude)
-        own = self._evictable_by_owner.get(tenant, {})
-        own_evictable = sum(1 for b in own if b not in excluded)
-        others_evictable = sum(1 for b in self.evictable if b not in excluded) - own_evictable
-        headroom = max(0, self.quotas.get(tenant, self.num_blocks) - self.charged[tenant])
-        return min(headroom, self.num_free_blocks + others_evictable) + own_evictable
-
     def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> bool:
         """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or nothing."""
         needed = self.blocks_needed(seq, num_tokens) - len(prefix)
-        if needed > self.obtainable(seq.tenant, exclude=prefix):
+        sources = self._plan(seq.tenant, needed, exclude=prefix)
+        if len(sources) < needed:
             return False
         for block_id in prefix:
             block = self.blocks[block_id]
@@ -174,25 +203,62 @@ class BlockManager:
                 self._remove_evictable(block)
             block.ref_count += 1
             seq.block_table.append(block_id)
-        for _ in range(needed):
-            block = self._take_block(seq.tenant)
+        for owner in sources:
+            block = self._take_block(seq.tenant, owner)
             block.ref_count = 1
             seq.block_table.append(block.block_id)
         if seq.block_table:
             self._holders[seq.request_id] = seq
         return True
 
-    def _take_block(self, tenant: bytes) -> Block:
-        if self.charged[tenant] >= self.quotas.get(tenant, self.num_blocks):
-            own = self._evictable_by_owner.get(tenant)
-            if not own:
-                raise AllocatorError("allocation past the tenant's quota")  # obtainable() rules this out
-            block = self.blocks[next(iter(own))]
-            self._evict(block)
-        elif self.free_block_ids:
+    def _plan(self, tenant: bytes, needed: int, exclude: Iterable[int] = ()) -> list[bytes | None]:
+        """Where tenant's next blocks come from, up to needed of them: None for the free list,
+        else the owner whose least recently used cached block is taken. Running blocks and
+        the excluded (prefix) blocks are never taken. Fewer than needed: no more can be had."""
+        if needed <= 0:
+            return []
+        quota = self.quota(tenant)
+        if needed <= min(self.num_free_blocks, quota - self.charged[tenant]):
+            return [None] * needed  # the common case: free blocks within the quota
+        shares = self.shares(tenant)
+        charged = Counter(self.charged)
+        evictable = {owner: len(ids) for owner, ids in self._evictable_by_owner.items()}
+        for block_id in exclude:
+            if self.blocks[block_id].ref_count == 0:
+                evictable[self.blocks[block_id].owner] -= 1
+        num_free = self.num_free_blocks
+        sources: list[bytes | None] = []
+        while len(sources) < needed:
+            if charged[tenant] < quota and num_free:
+                num_free -= 1
+                owner = None
+            else:
+                owner = self._evict_from(tenant, quota, shares, charged, evictable)
+                if owner is None:
+                    break
+                evictable[owner] -= 1
+                charged[owner] -= 1
+            charged[tenant] += 1
+            sources.append(owner)
+        return sources
+
+    def _evict_from(
+        self, tenant: bytes, quota: int, shares: Mapping[bytes, int], charged: Counter, evictable: Mapping[bytes, int]
+    ) -> bytes | None:
+        """Whose cached block tenant may take when no free block is open to it (None: nobody's)."""
+        own = tenant if evictable.get(tenant) else None
+        if charged[tenant] >= quota:
+            return own
+        floor = max(0, charged[tenant] - shares.get(tenant, 0) + 1)  # the taker's excess once it has the block
+        excess = {t: charged[t] - shares.get(t, 0) for t, n in evictable.items() if n and t != tenant}
+        victims = [t for t, e in excess.items() if e > floor]
+        return max(victims, key=excess.__getitem__, default=own)
+
+    def _take_block(self, tenant: bytes, owner: bytes | None) -> Block:
+        if owner is None:
             block = self.blocks[self.free_block_ids.popleft()]
         else:
-            block = self.blocks[next(iter(self.evictable))]
+            block = self.blocks[next(iter(self._evictable_by_owner[owner]))]
             self._evict(block)
         block.owner = tenant
         self.charged[tenant] += 1
@@ -244,6 +310,15 @@ class BlockManager:
             allocated += len(seq.block_table) * self.block_size
             used += min(seq.num_computed_tokens, len(seq.block_table) * self.block_size)
         return KVStats(self.num_blocks, self.num_free_blocks, self.num_cached_blocks, allocated, used)
+
+    def tenant_usage(self) -> dict[bytes, TenantKV]:
+        """Every tenant charged with a block: what it holds, what it keeps cached, its share."""
+        shares = self.shares()
+        usage = {}
+        for tenant, share in shares.items():
+            cached = len(self._evictable_by_owner.get(tenant, ()))
+            usage[tenant] = TenantKV(self.charged[tenant] - cached, cached, share)
+        return usage
 
     def check_invariants(self, live: Iterable[Sequence] = ()) -> None:
         """Raise AllocatorError unless every block is in exactly one consistent state."""

@@ -66,8 +66,12 @@ class ExecutionEnvelope:
 
     @property
     def tenant_tag(self) -> str:
-        """A short, non-reversible tag for logs and records (never a label: unbounded cardinality)."""
-        return self.isolation_key.hex()[:12]
+        return tenant_tag(self.isolation_key)
+
+
+def tenant_tag(isolation_key: bytes) -> str:
+    """A short, non-reversible tag for logs and records (never a label: unbounded cardinality)."""
+    return isolation_key.hex()[:12]
 
 
 def keyed_digest(secret: bytes, value: str) -> bytes:

@@ -13,7 +13,7 @@ from typing import Sequence as Seq
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
-from engine.envelope import ExecutionEnvelope
+from engine.envelope import ExecutionEnvelope, tenant_tag
 from engine.fingerprint import model_fingerprint
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
@@ -272,6 +272,9 @@ class LLMEngine:
             num_preempted=len(batch.preempted),
             num_waiting=len(waiting),
             regime=regime,
+            kv_tenants=tuple(
+                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in self.block_manager.tenant_usage().items())
+            ),
         )
         for sink in self.sinks:
             sink.step(record)

@@ -10,10 +10,15 @@ tenant, again by least service, and within a tenant by priority, then arrival.
 Within the lane, running sequences go first (a decode costs one token, an unfinished
 prefill takes what is left of its prompt up to the budget); waiting sequences are then
 admitted into whatever budget and KV remains, starting from their longest cached prefix.
-When a sequence cannot grow, a victim is preempted: the latest arrival among the
-sequences of a tenant that is at its KV quota, otherwise the latest arrival overall.
-Its blocks are freed (its full blocks stay in the prefix cache) and it is recomputed
-from its tokens later.
+KV shares (see BlockManager). When a sequence cannot grow, a victim is preempted: the
+latest arrival of the tenant furthest over its share, if that tenant is further over
+than the growing sequence's tenant will be; otherwise the growing tenant's own latest
+arrival (the growing sequence itself, last). A tenant at its quota only preempts its
+own. A waiting sequence whose tenant stays within its share may preempt running
+sequences of tenants over theirs to be admitted, so a burst that filled the pool while
+a tenant was idle gives its share back. A tenant at or under its share is never
+preempted for another. A victim's blocks are freed (its full blocks stay in the prefix
+cache, still charged to it) and it is recomputed from its tokens later.
 """
 
 from __future__ import annotations
@@ -117,13 +122,14 @@ class Scheduler:
 
     def _schedule_lane(self, lane: tuple) -> ScheduledBatch:
         batch = ScheduledBatch(lane=lane)
-        budget = self.max_num_batched_tokens
         exclusive = lane[0] == Isolation.EXCLUSIVE.value
 
         in_lane = [seq for seq in self.running if seq.lane == lane]
         if exclusive:
             in_lane = in_lane[:1]
         for seq in in_lane:
+            # Counted from the batch: a sequence preempted out of it gives its tokens back.
+            budget = self.max_num_batched_tokens - batch.num_tokens
             if budget <= 0:
                 break
             if seq not in self.running:  # preempted earlier in this step
@@ -132,10 +138,12 @@ class Scheduler:
             if self._grow(seq, seq.num_computed_tokens + num_new, batch):
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
-                budget -= num_new
 
         # Admitting new work right after a preemption would only thrash the pool.
-        while budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
+        while not batch.preempted and len(self.running) < self.max_num_seqs:
+            budget = self.max_num_batched_tokens - batch.num_tokens
+            if budget <= 0:
+                break
             if exclusive and batch.seqs:
                 break
             seq = self._next_waiting(lane)
@@ -148,7 +156,7 @@ class Scheduler:
             if num_new < remaining and not self.chunked_prefill:
                 break
             self.block_manager.set_quota(seq.tenant, seq.envelope.kv_block_quota)
-            if not self.block_manager.allocate(seq, num_cached + num_new, prefix):
+            if not self._admit(seq, num_cached + num_new, prefix, batch):
                 break
             self.waiting.remove(seq)
             self.block_manager.num_prefix_hit_tokens += num_cached
@@ -165,7 +173,6 @@ class Scheduler:
             bisect.insort(self.running, seq, key=_arrival)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
-            budget -= num_new
 
         self.lane_service[lane] += batch.num_tokens
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -186,24 +193,48 @@ class Scheduler:
         """Allocate for seq, preempting others as needed; False if seq itself had to go."""
         bm = self.block_manager
         while not bm.allocate(seq, num_tokens):
-            victim = self._victim(seq, batch)
-            self._preempt(victim)
-            batch.preempted.append(victim)
+            victim = None
+            if bm.charged[seq.tenant] < bm.quota(seq.tenant):  # at its quota, others' blocks are no use to it
+                victim = self._over_share_victim(seq.tenant, 1, batch)
+            if victim is None:
+                victim = max((s for s in self.running if s.tenant == seq.tenant), key=_arrival)
+            self._preempt(victim, batch)
             if victim is seq:
                 return False
         return True
 
-    def _victim(self, seq: Sequence, batch: ScheduledBatch) -> Sequence:
+    def _admit(self, seq: Sequence, num_tokens: int, prefix: list[int], batch: ScheduledBatch) -> bool:
+        """Allocate for a waiting seq; a tenant that stays within its share preempts those over theirs."""
         bm = self.block_manager
-        at_quota = bm.charged[seq.tenant] >= bm.quotas.get(seq.tenant, bm.num_blocks)
-        # Never a sequence already scheduled in this step; seq itself is the last resort.
-        pool = [s for s in self.running if s is seq or s not in batch.seqs]
-        if at_quota:
-            pool = [s for s in pool if s.tenant == seq.tenant]
-        return max(pool, key=_arrival)
+        if bm.allocate(seq, num_tokens, prefix):
+            return True
+        needed = bm.blocks_needed(seq, num_tokens) - len(prefix)
+        if bm.excess(seq.tenant, bm.shares(seq.tenant)) + needed > 0:
+            return False
+        while (victim := self._over_share_victim(seq.tenant, needed, batch)) is not None:
+            self._preempt(victim, batch)
+            if bm.allocate(seq, num_tokens, prefix):
+                return True
+        return False
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _over_share_victim(self, tenant: bytes, gain: int, batch: ScheduledBatch) -> Sequence | None:
+        """The latest running arrival of the tenant furthest over its share, if that tenant is
+        over it by more than tenant will be once it gains `gain` blocks (and by more than 0)."""
+        bm = self.block_manager
+        shares = bm.shares(tenant)
+        floor = max(0, bm.excess(tenant, shares) + gain)
+        candidates = [s for s in self.running if s.tenant != tenant and bm.excess(s.tenant, shares) > floor]
+        return max(candidates, key=lambda s: (bm.excess(s.tenant, shares), s.arrival_index), default=None)
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch | None = None) -> None:
         self.num_preemptions += 1
+        if batch is not None:
+            batch.preempted.append(seq)
+            if seq in batch.seqs:  # scheduled earlier in this step: it gives its tokens back too
+                i = batch.seqs.index(seq)
+                del batch.seqs[i], batch.num_new_tokens[i]
+                if seq in batch.admitted:
+                    batch.admitted.remove(seq)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0

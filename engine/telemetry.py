@@ -74,6 +74,8 @@ class StepRecord:
     num_preempted: int
     num_waiting: int
     regime: str  # normal | memory_pressured | queue_degraded | isolation_strict
+    # (tenant digest, blocks held, blocks cached, guaranteed share) per tenant charged with KV
+    kv_tenants: tuple[tuple[str, int, int, int], ...] = ()
 
 
 class RecordSink(Protocol):

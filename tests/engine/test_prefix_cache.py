@@ -9,20 +9,12 @@ import pytest
 from engine.block_manager import BlockManager
 from engine.llm_engine import RequestError
 from engine.sampling_params import SamplingParams
-from tests.engine.test_block_manager import make_seq
+from engine.telemetry import ListSink
+from tests.engine.test_block_manager import compute_and_cache, make_seq
 from tests.utils.envelopes import envelope
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = list(range(2, 90))  # 88 tokens: five full blocks of 16 and a tail
-
-
-def compute_and_cache(bm: BlockManager, seq, keep: bool = False) -> None:
-    """What the engine does for a prompt: allocate, compute every token, publish, free."""
-    assert bm.allocate(seq, seq.num_tokens)
-    seq.num_computed_tokens = seq.num_tokens
-    bm.register_full_blocks(seq)
-    if not keep:
-        bm.free(seq)
 
 
 def run(engine, request_id, prompt, env, params=GREEDY):
@@ -160,3 +152,27 @@ def test_requests_without_an_envelope_are_refused(tiny_dir, make_engine) -> None
     engine = make_engine(model=str(tiny_dir))
     with pytest.raises(RequestError, match="execution envelope"):
         engine.add_request("bare", PROMPT, GREEDY, None)
+
+
+def test_a_flood_past_the_pool_leaves_a_neighbours_share_alone(tiny_dir, make_engine) -> None:
+    # 32 blocks, quotas of 20 and 32 that oversubscribe it: shares of 12 and 19.
+    sink = ListSink()
+    engine = make_engine(model=str(tiny_dir), num_kv_blocks=32, block_size=16, max_model_len=512)
+    engine.sinks.append(sink)
+    a, b = envelope("tenant-a", quota=20), envelope("tenant-b", quota=32)
+    run(engine, "a1", PROMPT, a)  # a's five cached blocks
+    flood = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(6):  # b floods: 6 x 10 blocks, and its quota is the whole pool
+        engine.add_request(f"b{i}", [(i * 37 + j) % 500 + 2 for j in range(120)], flood, b)
+    # a's running request (5 blocks) arrives last: the latest arrival, once the first victim.
+    long = SamplingParams(temperature=0, max_tokens=56, ignore_eos=True)
+    a2, _ = run(engine, "a2", [(j * 11) % 500 + 2 for j in range(24)], a, long)
+    a3, _ = run(engine, "a3", PROMPT, a)
+
+    assert a2.num_preemptions == 0
+    assert a3.num_cached_tokens == 80  # a's cached prefix survived the flood
+    both = [{tag: (held + cached, share) for tag, held, cached, share in s.kv_tenants} for s in sink.steps]
+    both = [h for h in both if a.tenant_tag in h and b.tenant_tag in h]
+    assert both and all((h[a.tenant_tag][1], h[b.tenant_tag][1]) == (12, 19) for h in both)
+    assert max(h[b.tenant_tag][0] for h in both) > 19  # b still bursts past its share into what a leaves free
+    assert sum(s.num_preempted for s in sink.steps) > 0  # the pool was under pressure

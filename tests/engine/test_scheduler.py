@@ -3,8 +3,9 @@ from __future__ import annotations
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, SequenceStatus
+from engine.sequence import FinishReason, Sequence, SequenceStatus
 from tests.engine.test_block_manager import make_seq
+from tests.utils.envelopes import envelope
 
 
 def run_step(scheduler: Scheduler, sampled_token: int = 7):
@@ -123,3 +124,54 @@ def test_finish_releases_blocks_of_waiting_and_running_sequences() -> None:
     assert bm.num_free_blocks == 16
     assert not scheduler.has_unfinished()
     bm.check_invariants([])
+
+
+# -- guaranteed shares -------------------------------------------------------------------
+
+
+def b_bursts_then_a_arrives(num_b: int, a_tokens: int) -> tuple[Scheduler, list[Sequence], Sequence]:
+    """Tenants a and b, each with a quota of 8 on an 8-block pool: shares of 4 once both are
+    active. b, alone, runs num_b 5-token prompts (2 blocks each, its share is the pool);
+    then a's prompt arrives."""
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8), BlockManager(8, 4))
+    bs = [make_seq(f"b{i}", 5, envelope("b", quota=8)) for i in range(num_b)]
+    for seq in bs:
+        scheduler.add(seq)
+    run_step(scheduler)
+    a1 = make_seq("a1", a_tokens, envelope("a", quota=8))
+    scheduler.add(a1)
+    return scheduler, bs, a1
+
+
+def test_a_tenant_over_its_share_preempts_its_own_not_a_later_arrival_within_its_share() -> None:
+    scheduler, bs, a1 = b_bursts_then_a_arrives(3, 5)
+    run_step(scheduler)  # a1 takes the last 2 blocks: b holds 6 of its share of 4, a 2
+    run_step(scheduler)
+    run_step(scheduler)
+    batch = run_step(scheduler)  # b's sequences need a third block now
+    assert batch.preempted == [bs[2]]  # its own latest, not a1, the latest arrival
+    assert batch.seqs == [bs[0], bs[1], a1]
+    scheduler.block_manager.check_invariants(scheduler.live_sequences())
+
+
+def test_a_tenant_within_its_share_preempts_a_sequence_over_its_share_scheduled_earlier_in_the_step() -> None:
+    scheduler, bs, a1 = b_bursts_then_a_arrives(3, 8)
+    run_step(scheduler)  # a1 takes the last 2 blocks, and fills them
+    batch = run_step(scheduler)  # b's decodes go first and fit; a1 needs a third block
+    assert batch.preempted == [bs[2]]
+    assert batch.seqs == [bs[0], bs[1], a1] and batch.num_new_tokens == [1, 1, 1]
+    scheduler.block_manager.check_invariants(scheduler.live_sequences())
+
+
+def test_a_tenant_within_its_share_is_admitted_into_a_pool_another_filled_by_bursting() -> None:
+    scheduler, bs, a1 = b_bursts_then_a_arrives(4, 5)  # b holds all 8 blocks
+    batch = run_step(scheduler)
+    assert batch.preempted == [bs[3]]  # b's latest gives its blocks back for a's share
+    assert batch.seqs == [*bs[:3], a1] and batch.admitted == [a1]
+    bm = scheduler.block_manager
+    assert (bm.charged[a1.tenant], bm.charged[bs[0].tenant]) == (2, 6)
+    bm.check_invariants(scheduler.live_sequences())
+    for _ in range(8):  # a1 grows to its share of 4 blocks; b, over its share, cannot take them back
+        run_step(scheduler)
+    assert a1.num_preemptions == 0 and len(a1.block_table) == 4
+    bm.check_invariants(scheduler.live_sequences())

@@ -41,6 +41,7 @@ def test_records_hold_digests_and_numbers_only(tiny_dir, make_engine) -> None:
         assert step.lane == "tenant" and step.regime == "isolation_strict"
         assert step.num_seqs == len(step.members) and step.step_ms > 0
         assert len(step.batch_fingerprint) == 32
+        assert [tag for tag, *_ in step.kv_tenants] == [env.tenant_tag]  # per-tenant KV by digest only
 
     exposition = generate_latest(metrics.registry).decode()
     assert "gen_ai_server_time_to_first_token_seconds_count 2.0" in exposition
