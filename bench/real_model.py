@@ -14,7 +14,9 @@ greedy decoding, EOS ignored, so each produces exactly the requested tokens.
   slots sharing one KV buffer, driven with concurrent HTTP requests on /completion,
   `cache_prompt: false`.
 
-Measured, every round, in rotating order, with the load average printed beside each:
+Measured, every round, in rotating order, with the load average printed beside each and
+the CPU cores each system got (well under --threads means other processes had the CPU;
+2-thread kernels stall badly then, so compare only rounds run on a quiet machine):
 - decode tok/s at concurrency 1: (new tokens - 1) / (last token time - first token time);
 - output tok/s at concurrency 8 and 32: new tokens / wall time, prefill included;
 - TTFT of a 1,024-token prompt (median of 3 per round).
@@ -105,6 +107,15 @@ class Single:
         return (self.tokens - 1) / (self.last - self.first)
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (None: this one); Linux /proc for another."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def check_tokens(system: str, got: int, want: int) -> None:
     if got != want:
         raise SystemExit(f"{system} produced {got} new tokens, expected {want}: the comparison would be unfair")
@@ -137,6 +148,7 @@ class StepTimes:
 
 class Tenantgate:
     name = "tenantgate"
+    pid = None  # runs in this process
 
     def __init__(self, model: str, max_num_seqs: int, dtype: str) -> None:
         from engine.config import EngineConfig
@@ -203,6 +215,7 @@ class HF:
         self.model.generation_config.eos_token_id = None  # run every request to its requested length
         self.name = self.label = f"HF {dtype}"
         self.note = ""
+        self.pid = None
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], n: int, streamer=None) -> int:
@@ -276,6 +289,7 @@ class LlamaCpp:
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.note = ""  # the server's own timings of the last call
+        self.pid = self.proc.pid
         self._wait_ready(timeout=120)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -512,7 +526,10 @@ def main() -> None:
             for system in systems[shift:] + systems[:shift]:
                 load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
                 print(f" {system.label} (load average {load})")
+                cpu, wall = cpu_seconds(system.pid), time.monotonic()
                 run_round(system, work, figures[system.name])
+                cores = (cpu_seconds(system.pid) - cpu) / (time.monotonic() - wall)
+                print(f"  {system.label}: {cores:.2f} CPU cores used on average ({args.threads} threads)")
             round_time = time.monotonic() - round_start
         if llama is not None and args.batched_bench:
             print(f"\nllama-batched-bench (decode-only reference; S_TG is decode tok/s), "
