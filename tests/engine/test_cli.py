@@ -42,6 +42,14 @@ def test_chat_flag_needs_a_template(tiny_dir) -> None:
 
 def test_demo_model_generates_with_chat_template(demo_model_dir) -> None:
     # The subprocess inherits TENANTGATE_CACHE_DIR, so "demo" resolves to the session's build.
-    result = run_cli("generate", "--prompt", "Hello", "--chat", "--max-tokens", "6", "--seed", "1")
+    result = run_cli("generate", "--model", "demo", "--prompt", "Hello", "--chat", "--max-tokens", "6", "--seed", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+
+
+def test_generate_serves_smollm2_with_default_flags(smollm2_dir) -> None:
+    # An 8k-context model in the default 256 MiB KV cache: served with what the cache holds, not refused.
+    result = run_cli("generate", "--chat", "--prompt", "What is the capital of France?", "--temperature", "0",
+                     "--max-tokens", "12")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "The capital of France is Paris."
