@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import ConfigError, EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.envelope import local_envelope
+from engine.llm_engine import LLMEngine, RequestError
 from engine.model.loader import WeightsError
+from engine.sampling_params import SamplingParams
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:
@@ -122,11 +124,18 @@ def test_missing_directory_and_config(tmp_path) -> None:
         engine_for(tmp_path / "empty")
 
 
-def test_kv_budget_too_small_for_one_sequence_fails_at_start(tiny_dir) -> None:
+def test_kv_budget_too_small_for_the_asked_max_model_len_fails_at_start(tiny_dir) -> None:
     with pytest.raises(ConfigError, match="fewer than one sequence of max_model_len=512"):
-        LLMEngine(EngineConfig(model=str(tiny_dir), kv_cache_memory_bytes=64 << 10))
+        LLMEngine(EngineConfig(model=str(tiny_dir), kv_cache_memory_bytes=64 << 10, max_model_len=512))
     with pytest.raises(ConfigError, match="max_model_len=512"):
-        LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=4, block_size=16))
+        LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=4, block_size=16, max_model_len=512))
+
+
+def test_without_a_max_model_len_the_engine_serves_what_the_kv_cache_holds(tiny_dir) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=4, block_size=16))
+    assert engine.max_model_len == 64 < engine.model_config.max_position_embeddings
+    with pytest.raises(RequestError, match="context is 64 tokens"):
+        engine.add_request("long", list(range(2, 70)), SamplingParams(max_tokens=1), local_envelope())
 
 
 @pytest.mark.parametrize(
