@@ -294,13 +294,18 @@ class BlockManager:
         del self.cached[block.hash]
         block.hash = None
         block.token_ids = None
-        self.charged[block.owner] -= 1
+        self._uncharge(block.owner)
         block.owner = None
 
     def _release(self, block: Block) -> None:
-        self.charged[block.owner] -= 1
+        self._uncharge(block.owner)
         block.owner = None
         self.free_block_ids.append(block.block_id)
+
+    def _uncharge(self, tenant: bytes) -> None:
+        self.charged[tenant] -= 1
+        if not self.charged[tenant]:  # tenants come and go: keep only those charged
+            del self.charged[tenant]
 
     # -- reporting ----------------------------------------------------------------------
 
