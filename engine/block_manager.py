@@ -20,6 +20,9 @@ its share, provided that tenant stays at least as far over as the taker will be 
 nobody's cache is cut into its share for another, and two tenants over their shares do
 not trade blocks back and forth); failing that, one of its own cached blocks. A tenant
 at its quota only recycles its own. Blocks held by running sequences are never evicted.
+Only as a last resort (the scheduler's, when nothing runs and nothing waiting fits: a
+request larger than its share would otherwise wait forever behind idle caches) may a
+tenant take cached blocks within another's share, furthest over (or least under) first.
 """
 
 from __future__ import annotations
@@ -191,10 +194,10 @@ class BlockManager:
         """Blocks seq must gain so that its table covers num_tokens slots."""
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
-    def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = (), last_resort: bool = False) -> bool:
         """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or nothing."""
         needed = self.blocks_needed(seq, num_tokens) - len(prefix)
-        sources = self._plan(seq.tenant, needed, exclude=prefix)
+        sources = self._plan(seq.tenant, needed, prefix, last_resort)
         if len(sources) < needed:
             return False
         for block_id in prefix:
@@ -211,7 +214,7 @@ class BlockManager:
             self._holders[seq.request_id] = seq
         return True
 
-    def _plan(self, tenant: bytes, needed: int, exclude: Iterable[int] = ()) -> list[bytes | None]:
+    def _plan(self, tenant: bytes, needed: int, exclude: Iterable[int], last_resort: bool) -> list[bytes | None]:
         """Where tenant's next blocks come from, up to needed of them: None for the free list,
         else the owner whose least recently used cached block is taken. Running blocks and
         the excluded (prefix) blocks are never taken. Fewer than needed: no more can be had."""
@@ -233,7 +236,7 @@ class BlockManager:
                 num_free -= 1
                 owner = None
             else:
-                owner = self._evict_from(tenant, quota, shares, charged, evictable)
+                owner = self._evict_from(tenant, quota, shares, charged, evictable, last_resort)
                 if owner is None:
                     break
                 evictable[owner] -= 1
@@ -243,7 +246,13 @@ class BlockManager:
         return sources
 
     def _evict_from(
-        self, tenant: bytes, quota: int, shares: Mapping[bytes, int], charged: Counter, evictable: Mapping[bytes, int]
+        self,
+        tenant: bytes,
+        quota: int,
+        shares: Mapping[bytes, int],
+        charged: Counter,
+        evictable: Mapping[bytes, int],
+        last_resort: bool,
     ) -> bytes | None:
         """Whose cached block tenant may take when no free block is open to it (None: nobody's)."""
         own = tenant if evictable.get(tenant) else None
@@ -252,7 +261,11 @@ class BlockManager:
         floor = max(0, charged[tenant] - shares.get(tenant, 0) + 1)  # the taker's excess once it has the block
         excess = {t: charged[t] - shares.get(t, 0) for t, n in evictable.items() if n and t != tenant}
         victims = [t for t, e in excess.items() if e > floor]
-        return max(victims, key=excess.__getitem__, default=own)
+        if victims:
+            return max(victims, key=excess.__getitem__)
+        if own is None and last_resort:
+            return max(excess, key=excess.__getitem__, default=None)
+        return own
 
     def _take_block(self, tenant: bytes, owner: bytes | None) -> Block:
         if owner is None:
@@ -294,13 +307,18 @@ class BlockManager:
         del self.cached[block.hash]
         block.hash = None
         block.token_ids = None
-        self.charged[block.owner] -= 1
+        self._uncharge(block.owner)
         block.owner = None
 
     def _release(self, block: Block) -> None:
-        self.charged[block.owner] -= 1
+        self._uncharge(block.owner)
         block.owner = None
         self.free_block_ids.append(block.block_id)
+
+    def _uncharge(self, tenant: bytes) -> None:
+        self.charged[tenant] -= 1
+        if not self.charged[tenant]:  # tenants come and go: keep only those charged
+            del self.charged[tenant]
 
     # -- reporting ----------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ own. A waiting sequence whose tenant stays within its share may preempt running
 sequences of tenants over theirs to be admitted, so a burst that filled the pool while
 a tenant was idle gives its share back. A tenant at or under its share is never
 preempted for another. A victim's blocks are freed (its full blocks stay in the prefix
-cache, still charged to it) and it is recomputed from its tokens later.
+cache, still charged to it) and it is recomputed from its tokens later. When nothing
+runs and nothing waiting fits, cached blocks within others' shares give way (a request
+larger than its share must not wait forever behind idle caches).
 """
 
 from __future__ import annotations
@@ -114,13 +116,21 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         # The least-served lane may be unable to run (no sequence slot or KV left while
         # other lanes hold them): then the next lane gets the step, so nothing livelocks.
-        for lane in self._lanes_in_turn():
+        lanes = self._lanes_in_turn()
+        for lane in lanes:
             batch = self._schedule_lane(lane)
             if batch or batch.preempted:
                 return batch
+        if not self.running:
+            # Nothing runs and nothing waiting fits: the pool is free or cached, and a request
+            # larger than its share would wait forever behind idle caches. They give way.
+            for lane in lanes:
+                batch = self._schedule_lane(lane, last_resort=True)
+                if batch:
+                    return batch
         return ScheduledBatch()
 
-    def _schedule_lane(self, lane: tuple) -> ScheduledBatch:
+    def _schedule_lane(self, lane: tuple, last_resort: bool = False) -> ScheduledBatch:
         batch = ScheduledBatch(lane=lane)
         exclusive = lane[0] == Isolation.EXCLUSIVE.value
 
@@ -156,7 +166,7 @@ class Scheduler:
             if num_new < remaining and not self.chunked_prefill:
                 break
             self.block_manager.set_quota(seq.tenant, seq.envelope.kv_block_quota)
-            if not self._admit(seq, num_cached + num_new, prefix, batch):
+            if not self._admit(seq, num_cached + num_new, prefix, batch, last_resort):
                 break
             self.waiting.remove(seq)
             self.block_manager.num_prefix_hit_tokens += num_cached
@@ -203,10 +213,12 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, seq: Sequence, num_tokens: int, prefix: list[int], batch: ScheduledBatch) -> bool:
+    def _admit(
+        self, seq: Sequence, num_tokens: int, prefix: list[int], batch: ScheduledBatch, last_resort: bool
+    ) -> bool:
         """Allocate for a waiting seq; a tenant that stays within its share preempts those over theirs."""
         bm = self.block_manager
-        if bm.allocate(seq, num_tokens, prefix):
+        if bm.allocate(seq, num_tokens, prefix, last_resort):
             return True
         needed = bm.blocks_needed(seq, num_tokens) - len(prefix)
         if bm.excess(seq.tenant, bm.shares(seq.tenant)) + needed > 0:

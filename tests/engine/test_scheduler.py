@@ -4,7 +4,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
-from tests.engine.test_block_manager import make_seq
+from tests.engine.test_block_manager import cache_blocks, make_seq, still_cached
 from tests.utils.envelopes import envelope
 
 
@@ -174,4 +174,21 @@ def test_a_tenant_within_its_share_is_admitted_into_a_pool_another_filled_by_bur
     for _ in range(8):  # a1 grows to its share of 4 blocks; b, over its share, cannot take them back
         run_step(scheduler)
     assert a1.num_preemptions == 0 and len(a1.block_table) == 4
+    bm.check_invariants(scheduler.live_sequences())
+
+
+def test_a_request_larger_than_its_share_still_runs_once_nothing_else_does() -> None:
+    # Three tenants with a quota of 8 on 8 blocks: shares of 2. a and c keep 2 cached
+    # blocks each, within their shares; b's prompt needs 5 blocks and nothing is running.
+    bm = BlockManager(8, 4)
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8), bm)
+    a_cached = cache_blocks(bm, envelope("a", quota=8), 2, 0)
+    c_cached = cache_blocks(bm, envelope("c", quota=8), 2, 100)
+    big = make_seq("big", 20, envelope("b", quota=8))
+    bm.set_quota(big.tenant, 8)
+    assert not bm.allocate(big, 20)  # the shares alone would keep it waiting forever
+    scheduler.add(big)
+    batch = run_step(scheduler)
+    assert batch.seqs == [big]  # the idle caches gave way: the least recently used block of one of them
+    assert sum(still_cached(bm, [b]) for b in a_cached + c_cached) == 3
     bm.check_invariants(scheduler.live_sequences())
