@@ -11,7 +11,7 @@ greedy decoding, EOS ignored, so each produces exactly the requested tokens.
   static batch per concurrency level; "HF's best batch" is its best output tok/s over
   batch 1, 8 and 32 and both dtypes.
 - llama.cpp: `llama-server` on 127.0.0.1 (built by bench/build_llamacpp.sh, cached), 32
-  slots sharing one KV buffer, driven with concurrent HTTP requests on /completion,
+  slots with a KV stream each, driven with concurrent HTTP requests on /completion,
   `cache_prompt: false`.
 
 Measured, every round, in rotating order, with the load average printed beside each and
@@ -277,15 +277,17 @@ def free_port() -> int:
 class LlamaCpp:
     name = label = "llama.cpp"
 
-    def __init__(self, bin_dir: Path, gguf_file: Path, threads: int, slots: int, ctx: int) -> None:
+    def __init__(self, bin_dir: Path, gguf_file: Path, threads: int, slots: int, slot_ctx: int) -> None:
         self.bin_dir, self.gguf_file, self.threads = bin_dir, gguf_file, threads
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [str(bin_dir / "llama-server"), "-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port),
-             "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(ctx), "--kv-unified",
-             "--cache-ram", "0", "--no-webui"],
+             "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(slots * slot_ctx),
+             # A KV stream per slot: with one unified buffer and no RAM cache, idle slots keep their
+             # cells and every later request attends over them (a 1,024-token TTFT took 2x as long).
+             "--no-kv-unified", "--cache-ram", "0", "--no-webui"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.note = ""  # the server's own timings of the last call
@@ -374,8 +376,9 @@ class LlamaCpp:
     def ttft(self, prompt: list[int]) -> float:
         return self.single(prompt, 1).first
 
-    def batched_bench(self, work: Workload, ctx: int) -> str:
+    def batched_bench(self, work: Workload) -> str:
         npl = ",".join(str(c) for c in [1, *work.concurrency])
+        ctx = max(work.concurrency) * (len(work.single) + work.new_tokens)
         done = subprocess.run(
             [str(self.bin_dir / "llama-batched-bench"), "-m", str(self.gguf_file), "-c", str(ctx), "-t",
              str(self.threads), "-tb", str(self.threads), "--kv-unified", "-npp", str(len(work.single)),
@@ -503,10 +506,10 @@ def main() -> None:
         systems += [HF(gguf_file, dtype) for dtype in args.hf_dtypes.split(",")]
     llama = None
     if "llamacpp" in selected:
-        ctx = max(concurrency) * (args.prompt_len + args.new_tokens)
-        ctx = max(ctx, args.ttft_prompt_len + args.new_tokens)
+        slot_ctx = max(args.prompt_len, args.ttft_prompt_len) + args.new_tokens
         try:
-            llama = LlamaCpp(args.llamacpp_bin or llamacpp_bin_dir(), gguf_file, args.threads, max(concurrency), ctx)
+            llama = LlamaCpp(args.llamacpp_bin or llamacpp_bin_dir(), gguf_file, args.threads, max(concurrency),
+                             slot_ctx)
             systems.append(llama)
         except (RuntimeError, OSError) as exc:
             print(f"llama.cpp: SKIPPED ({exc})")
@@ -534,7 +537,7 @@ def main() -> None:
         if llama is not None and args.batched_bench:
             print(f"\nllama-batched-bench (decode-only reference; S_TG is decode tok/s), "
                   f"load average {os.getloadavg()}")
-            print(llama.batched_bench(work, ctx))
+            print(llama.batched_bench(work))
     finally:
         if llama is not None:
             llama.close()
