@@ -22,7 +22,8 @@ class InferenceBackend(Protocol):
     max_model_len: int
     expects_records: bool  # whether engine_record() will see an x-record for each request
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+    # parse_special: read special-token strings in text as those tokens (only when the decision allows it).
+    def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]: ...
     def encode_chat(self, messages: list[dict]) -> list[int]: ...
     def token_text(self, token_id: int) -> str: ...
     def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
@@ -75,8 +76,8 @@ class EngineBackend:
     def engine_record(self, request_id: str):
         return self._records.pop(request_id)
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return self._tokenizer.encode_chat(messages, add_generation_prompt=True)
@@ -112,7 +113,7 @@ class NullBackend:
     def engine_record(self, request_id: str):
         return None
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]:
         # One token per four bytes, like a typical BPE on English text.
         return list(range(max(1, len(text.encode()) // 4)))
 

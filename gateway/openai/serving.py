@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -174,7 +174,9 @@ def effective_max_tokens(gateway: Gateway, decision: Decision, requested: int | 
 
 async def admit(gateway: Gateway, request: Request, principal: Principal, body: SamplingFields, *,
                 route: str, request_id: str, token_ids: list[int], requested_max_tokens: int | None,
-                logprobs: int | None) -> Admitted:
+                logprobs: int | None, special_token_ids: Callable[[], list[int]] | None = None) -> Admitted:
+    """Judges, clamps and reserves a request. The policy sees the prompt's count as plain text;
+    when its decision reads special tokens, special_token_ids() gives the ids that run instead."""
     unsupported(body)
     document = policy_input(gateway, principal, request, route=route, model=body.model, stream=body.stream,
                             prompt_tokens=len(token_ids), max_tokens=requested_max_tokens,
@@ -186,6 +188,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
         # and any other deny the same 403, whether the name is served or not.
         check_model(gateway, body.model)
         decision = judgement.decision
+        if decision.prompt.special_tokens and special_token_ids is not None:
+            token_ids = special_token_ids()
         max_tokens = effective_max_tokens(gateway, decision, requested_max_tokens, len(token_ids))
         envelope = envelope_for(gateway, principal, judgement)
         try:
@@ -214,7 +218,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, body: 
 def _decision_summary(decision: Decision) -> dict:
     return {"allow": decision.allow, "reasons": decision.reasons, "cache_scope": decision.cache.scope,
             "isolation": decision.batching.isolation, "deterministic": decision.batching.deterministic,
-            "logging": decision.logging.content, "max_tokens": decision.limits.max_tokens}
+            "logging": decision.logging.content, "special_tokens": decision.prompt.special_tokens,
+            "max_tokens": decision.limits.max_tokens}
 
 
 def audit_refusal(gateway: Gateway, request_id: str, route: str, principal: Principal,

@@ -44,6 +44,11 @@ class LoggingDecision(_Strict):
     retention_days: NonNegativeInt
 
 
+class PromptDecision(_Strict):
+    # Whether special-token strings in a text-completion prompt are read as special tokens.
+    special_tokens: bool
+
+
 class LimitsDecision(_Strict):
     max_tokens: NonNegativeInt
     max_context_tokens: NonNegativeInt
@@ -63,6 +68,7 @@ class Decision(_Strict):
     cache: CacheDecision
     batching: BatchingDecision
     logging: LoggingDecision
+    prompt: PromptDecision
     limits: LimitsDecision
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ import data.tenantgate.batching
 import data.tenantgate.cache
 import data.tenantgate.limits
 import data.tenantgate.logging
+import data.tenantgate.prompt
 
 # Anything this policy cannot compute ends here: denied, nothing shared, nothing logged.
 default decision := {
@@ -28,6 +29,7 @@ default decision := {
 		],
 		"retention_days": 30,
 	},
+	"prompt": {"special_tokens": false},
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,
@@ -50,7 +52,7 @@ _deny_reasons := authz.deny | limits.deny
 
 _allowed := {
 	"allow": true,
-	"reasons": sort(((cache.notes | batching.notes) | (logging.notes | limits.notes))),
+	"reasons": sort((((cache.notes | batching.notes) | (logging.notes | limits.notes)) | prompt.notes)),
 	"cache": {"scope": cache.scope, "namespace": cache.namespace},
 	"batching": {"isolation": batching.isolation, "deterministic": batching.deterministic},
 	"logging": {
@@ -58,6 +60,7 @@ _allowed := {
 		"redact": logging.redact,
 		"retention_days": logging.retention_days,
 	},
+	"prompt": {"special_tokens": prompt.special_tokens},
 	"limits": {
 		"max_tokens": limits.max_tokens,
 		"max_context_tokens": limits.max_context_tokens,
@@ -78,6 +81,7 @@ _denied := {
 	"cache": {"scope": "none", "namespace": ""},
 	"batching": {"isolation": "exclusive", "deterministic": false},
 	"logging": {"content": "none", "redact": sort(logging.base_redact), "retention_days": 30},
+	"prompt": {"special_tokens": false},
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,

@@ -16,12 +16,13 @@ from gateway.openai.stream import sse_response
 ROUTE = "completions"
 
 
-def prompt_token_ids(gateway: Gateway, body: CompletionRequest) -> list[int]:
+def prompt_token_ids(gateway: Gateway, body: CompletionRequest, *, parse_special: bool = False) -> list[int]:
+    """The prompt's ids; special-token strings in a text prompt stay text unless parse_special."""
     prompt = body.prompt_value()
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        return gateway.backend.encode(prompt, add_special_tokens=True)
+        return gateway.backend.encode(prompt, add_special_tokens=True, parse_special=parse_special)
     return list(prompt)
 
 
@@ -30,7 +31,8 @@ async def create_completion(gateway: Gateway, principal: Principal, body: Comple
     request_id = new_request_id("cmpl")
     token_ids = prompt_token_ids(gateway, body) if body.model == gateway.backend.model_name else []
     admitted = await admit(gateway, request, principal, body, route=ROUTE, request_id=request_id,
-                           token_ids=token_ids, requested_max_tokens=body.max_tokens, logprobs=body.logprobs)
+                           token_ids=token_ids, requested_max_tokens=body.max_tokens, logprobs=body.logprobs,
+                           special_token_ids=lambda: prompt_token_ids(gateway, body, parse_special=True))
     fingerprint = system_fingerprint(gateway.backend.fingerprint)
     base = {"id": request_id, "object": "text_completion", "created": admitted.created, "model": body.model,
             "system_fingerprint": fingerprint}

@@ -29,6 +29,7 @@ EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90
 ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down
 THETA = "77777777-0000-4000-8000-000000000007"  # like Alpha, but logs redacted content (minus /request/user)
+IOTA = "66666666-0000-4000-8000-000000000006"  # like Theta, logs no content; completion prompts may spell special tokens
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
