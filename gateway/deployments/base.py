@@ -1,0 +1,45 @@
+"""What every deployment client shares: its errors, its load report, what it is asked to run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.envelope import ExecutionEnvelope
+
+
+class UpstreamUnavailable(Exception):
+    """The server could not be reached, timed out, or failed (5xx) before its first output:
+    another replica may take the request. The message names the deployment, never content."""
+
+
+class UpstreamRejected(Exception):
+    """The server refused the request itself (4xx): the caller's to fix, never retried.
+
+    `message` is shown to the caller only (it may quote the caller's own input); it is never logged.
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(f"the upstream refused the request with {status}")
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What a replica reports for routing (GET /v1/engine/load on a tenantgate engine server)."""
+
+    queue_depth: int  # requests waiting or running
+    kv_usage: float  # share of KV blocks in use, 0..1
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    """One request for an OpenAI-compatible upstream, after admission."""
+
+    route: str  # "chat.completions" or "completions"
+    body: dict  # the caller's validated request (wire names), without the fields the gateway owns
+    max_tokens: int  # already clamped by the decision and the context caps
+    envelope: ExecutionEnvelope  # what the decision allows: the cache namespace digest, priority, ...
+    request_id: str
+    tenant_id: str

@@ -1,0 +1,137 @@
+"""Deployments: which servers run each model the gateway serves.
+
+`TENANTGATE_DEPLOYMENTS_FILE` names a JSON file:
+
+    {"models": {
+        "smollm2-135m-instruct": [{"name": "local", "kind": "embedded"}],
+        "llama-3.1-8b-instruct": [
+            {"name": "vllm-a", "kind": "openai", "dialect": "vllm", "url": "http://vllm:8000/v1",
+             "upstream_model": "meta-llama/Llama-3.1-8B-Instruct", "batch_invariant": true,
+             "api_key_file": "/mnt/secrets/vllm-api-key"}],
+        "qwen2.5-7b-instruct": [
+            {"name": "engines", "kind": "tenantgate", "replicas": ["http://engine-0:8100", "http://engine-1:8100"]}]
+    }}
+
+Without the file the gateway serves one embedded deployment of the `model` setting, as it
+always has. A model listed here is still only usable by tenants whose policy names it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Dialect = Literal["vllm", "sglang", "llamacpp", "azure-openai", "openai"]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+
+class DeploymentsError(ValueError):
+    """The deployments file is missing, unreadable or invalid; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Credentials(_Strict):
+    """How the gateway authenticates to an upstream. At most one source; none sends no credential."""
+
+    api_key_env: str | None = None  # the name of an environment variable holding the key
+    api_key_file: Path | None = None  # a mounted secret (read at start and again when it changes)
+    # Azure OpenAI: an Entra token from azure-identity (managed or workload identity) for this scope.
+    entra_scope: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if sum(x is not None for x in (self.api_key_env, self.api_key_file, self.entra_scope)) > 1:
+            raise ValueError("give at most one of api_key_env, api_key_file and entra_scope")
+        return self
+
+
+class Deployment(Credentials):
+    name: Name  # unique across the file; in audit records and metrics
+    kind: Literal["embedded", "tenantgate", "openai"]
+    dialect: Dialect | None = None  # kind openai only
+    url: str | None = None  # kind openai: the base URL up to /v1 (Azure: the resource endpoint)
+    replicas: list[str] = []  # kind tenantgate: the engine servers' base URLs
+    upstream_model: str | None = None  # the name the upstream knows the model by; default: the served name
+    azure_deployment: str | None = None  # azure-openai: the deployment name in the URL path
+    azure_api_version: str = "2024-10-21"  # azure-openai: the api-version query parameter
+    # What the server guarantees, declared by whoever deployed it; routing trusts these.
+    batch_invariant: bool = False  # outputs do not depend on batch composition (vLLM's VLLM_BATCH_INVARIANT=1)
+    dedicated_tenants: list[str] = []  # Entra tenant ids whose requests alone this server runs
+    # The gateway's own tokenizer for counting an upstream's prompts (a model reference, as for
+    # the embedded engine); without one, upstream prompts are counted by estimate.
+    tokenizer: str | None = None
+    context_tokens: int | None = Field(None, gt=0)  # the upstream's context window, enforced before sending
+    timeout_s: float = Field(300.0, gt=0, le=3600)  # a whole request
+    connect_timeout_s: float = Field(2.0, gt=0, le=60)
+    first_token_timeout_s: float = Field(60.0, gt=0, le=3600)  # before it, a request may fail over
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> Self:
+        if self.kind == "openai":
+            if self.dialect is None or not self.url:
+                raise ValueError("kind openai needs a dialect and a url")
+            if self.dialect == "azure-openai" and not self.azure_deployment:
+                raise ValueError("dialect azure-openai needs azure_deployment")
+        elif self.dialect is not None or self.url is not None:
+            raise ValueError(f"dialect and url are for kind openai, not {self.kind}")
+        if self.kind == "tenantgate" and not self.replicas:
+            raise ValueError("kind tenantgate needs at least one replica URL")
+        if self.kind != "tenantgate" and self.replicas:
+            raise ValueError("replicas are for kind tenantgate")
+        for url in [self.url, *self.replicas]:
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return self
+
+
+class DeploymentsFile(_Strict):
+    models: dict[Name, Annotated[list[Deployment], Field(min_length=1)]]
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> Self:
+        names = [d.name for deployments in self.models.values() for d in deployments]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"deployment names must be unique; repeated: {', '.join(duplicated)}")
+        embedded = [d.name for d in self.models_of_kind("embedded")]
+        if len(embedded) > 1:
+            raise ValueError(f"at most one embedded deployment per gateway; found {', '.join(embedded)}")
+        return self
+
+    def models_of_kind(self, kind: str) -> list[Deployment]:
+        return [d for deployments in self.models.values() for d in deployments if d.kind == kind]
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in item['loc']) or '<file>'}: {item['msg']}"
+                     for item in error.errors(include_url=False, include_input=False))
+
+
+def parse_deployments(document: str | bytes) -> DeploymentsFile:
+    try:
+        return DeploymentsFile.model_validate_json(document)
+    except ValidationError as exc:
+        raise DeploymentsError(f"invalid deployments: {_problems(exc)}") from None
+
+
+def load_deployments(path: Path) -> DeploymentsFile:
+    try:
+        document = path.read_bytes()
+    except OSError as exc:
+        raise DeploymentsError(f"cannot read the deployments file {path}: {exc.strerror}") from None
+    try:
+        json.loads(document)
+    except ValueError as exc:
+        raise DeploymentsError(f"the deployments file {path} is not JSON: {exc}") from None
+    return parse_deployments(document)
+
+
+def embedded_only(model_name: str) -> DeploymentsFile:
+    """What a gateway without a deployments file serves: its embedded engine under one name."""
+    return DeploymentsFile(models={model_name: [Deployment(name="embedded", kind="embedded")]})
