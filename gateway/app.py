@@ -17,13 +17,16 @@ from fastapi.responses import Response
 
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
 from gateway.audit import boot_chain_id, load_or_create_signing_key
+from gateway.deployments.config import DeploymentsError, load_deployments
+from gateway.deployments.registry import ServedModel, embedded_model
+from gateway.deployments.routing import Router
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown
-from gateway.openai.serving import ClientGone
+from gateway.pipeline.execution import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
 
@@ -44,9 +47,9 @@ def build_policy(settings: Settings) -> PolicyEngine:
                           reload_interval_s=settings.policy_reload_interval_s)
 
 
-async def build_backend(settings: Settings, metrics: GatewayMetrics) -> InferenceBackend:
+async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str | None = None) -> InferenceBackend:
     if settings.engine == "null":
-        return NullBackend(model_name=settings.served_model_name or "null")
+        return NullBackend(model_name=name or settings.served_model_name or "null")
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import served_model_name
@@ -58,8 +61,32 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics) -> Inferenc
         max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
     )
     engine = await asyncio.to_thread(LLMEngine, config, False, [PrometheusSink(metrics.registry)])
-    name = settings.served_model_name or served_model_name(settings.model)
+    name = name or settings.served_model_name or served_model_name(settings.model)
     return EngineBackend(engine, model_name=name)
+
+
+async def build_models(settings: Settings, metrics: GatewayMetrics, stack: AsyncExitStack,
+                       backend: InferenceBackend | None) -> tuple[dict[str, ServedModel], InferenceBackend | None]:
+    """The served models from the deployments file, or the embedded engine alone without one.
+    A backend passed in is the embedded deployment's (tests and benchmarks)."""
+    deployments = load_deployments(settings.deployments_file) if settings.deployments_file else None
+    embedded = [(model, d) for model, ds in (deployments.models.items() if deployments else ()) for d in ds
+                if d.kind == "embedded"]
+    engine = backend
+    if engine is None and (deployments is None or embedded):
+        engine = await build_backend(settings, metrics, name=embedded[0][0] if embedded else None)
+        stack.push_async_callback(engine.aclose)
+    if deployments is None:
+        return {engine.model_name: embedded_model(engine.model_name, "embedded", engine)}, engine
+    models = {}
+    for model, entries in deployments.models.items():
+        served = None
+        for deployment in entries:
+            if deployment.kind != "embedded":
+                raise DeploymentsError(f"deployment {deployment.name}: kind {deployment.kind} is not wired yet")
+            served = embedded_model(model, deployment.name, engine)
+        models[model] = served
+    return models, engine
 
 
 def build_limiter(settings: Settings) -> Limiter:
@@ -142,10 +169,12 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             await app_verifier.start()
             app_metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
 
-            app_backend = backend or await build_backend(settings, app_metrics)
-            if backend is None:
-                stack.push_async_callback(app_backend.aclose)
-            await app_backend.start()
+            models, app_backend = await build_models(settings, app_metrics, stack, backend)
+            if app_backend is not None:
+                await app_backend.start()
+            router = Router(max_attempts=settings.route_max_attempts, breaker_failures=settings.breaker_failures,
+                            breaker_open_s=settings.breaker_open_s, load_factor=settings.route_load_factor,
+                            metrics=app_metrics)
 
             if settings.metrics_port:
                 port = app_metrics.serve(settings.metrics_host, settings.metrics_port)
@@ -162,7 +191,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
 
             app.state.gateway = Gateway(
                 settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
-                limiter=app_limiter, audit=app_audit,
+                limiter=app_limiter, audit=app_audit, models=models, router=router,
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
             yield

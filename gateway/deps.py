@@ -13,6 +13,8 @@ from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
+    from gateway.deployments.registry import ServedModel
+    from gateway.deployments.routing import Router
     from gateway.auth import EntraVerifier, LocalIssuer
     from gateway.inference import InferenceBackend
     from gateway.limits import Limiter
@@ -28,10 +30,12 @@ class Gateway:
     settings: Settings
     verifier: EntraVerifier
     policy: PolicyEngine
-    backend: InferenceBackend
+    backend: InferenceBackend | None  # the embedded engine, when one of the deployments is embedded
     limiter: Limiter
     audit: AuditRecorder
     metrics: GatewayMetrics
+    models: dict[str, ServedModel] = field(default_factory=dict)  # by the name callers use
+    router: Router | None = None
     issuer: LocalIssuer | None = None
     extras: dict = field(default_factory=dict)
     background: set = field(default_factory=set)  # tasks that must outlive their request

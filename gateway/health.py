@@ -25,7 +25,9 @@ async def healthz() -> dict:
 
 @router.get("/readyz", include_in_schema=False)
 async def readyz(gateway: GatewayDep) -> JSONResponse:
-    checks = {"engine": gateway.backend.ready(), "policy": gateway.policy.ready()}
+    # Ready when every model has a target that can take requests (remote ones fail over among themselves).
+    engines = all(any(t.ready() for t in served.targets) for served in gateway.models.values())
+    checks = {"engine": engines, "policy": gateway.policy.ready()}
     if hasattr(gateway.limiter, "ping"):
         checks["quota_store"] = await gateway.limiter.ping()
     _record(gateway, checks)

@@ -29,6 +29,13 @@ class GatewayMetrics:
             "tenantgate_quota_rejections", "Quota outcomes other than a plain admit: budget (refused), "
             "store_unavailable (refused, fail closed), fail_open (served unaccounted).", ["reason"],
             registry=self.registry)
+        self.deployment_failures = Counter(
+            "tenantgate_deployment_failures", "Requests a deployment target failed (unreachable, timed out or 5xx), "
+            "by target and whether output had been sent (before: the request moved to the next target).",
+            ["target", "when"], registry=self.registry)
+        self.deployment_requests = Counter(
+            "tenantgate_deployment_requests", "Requests that a deployment target answered.",
+            ["target"], registry=self.registry)
         self.tokens = Counter(
             "gen_ai_client_token_usage", "Tokens processed, by type (input or output) and tenant (digest).",
             ["gen_ai_token_type", "tenant"], registry=self.registry)

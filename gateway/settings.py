@@ -46,6 +46,19 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(None, gt=0)
     record_key: SecretStr = SecretStr("")
 
+    # -- deployments (docs/upstreams.md) ----------------------------------------------
+    # A JSON file mapping served model names to deployments (embedded, tenantgate engine replicas,
+    # OpenAI-compatible upstreams); without it the embedded engine serves `model` alone.
+    deployments_file: Path | None = None
+    # The Ed25519 key that signs envelopes for tenantgate engine replicas (they hold its public key).
+    envelope_signing_key: Path | None = None
+    envelope_ttl_s: float = Field(30.0, gt=0, le=60)
+    route_max_attempts: int = Field(3, ge=1, le=10)  # targets tried before the first output, per request
+    breaker_failures: int = Field(3, ge=1, le=100)  # consecutive failures that open a target's breaker
+    breaker_open_s: float = Field(10.0, gt=0, le=600)  # how long an open breaker sends requests elsewhere
+    route_load_factor: float = Field(1.25, ge=1.0, le=10.0)  # bounded load: a target takes ≤ factor × mean
+    load_poll_interval_s: float = Field(1.0, gt=0, le=60)  # how often replicas' queue depth and KV usage are read
+
     # -- authentication (Microsoft Entra ID) ----------------------------------------
     authority: str = "https://login.microsoftonline.com"
     v1_issuer_host: str = "https://sts.windows.net"

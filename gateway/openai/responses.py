@@ -7,7 +7,7 @@ import json
 from engine.envelope import CacheScope
 from engine.outputs import RequestOutput
 from engine.sampler import TokenLogprobs
-from gateway.openai.serving import Admitted
+from gateway.pipeline.admission import Admitted
 
 DONE = b"data: [DONE]\n\n"
 
@@ -17,7 +17,7 @@ def sse(payload: dict) -> bytes:
 
 
 def usage(admitted: Admitted) -> dict:
-    prompt = len(admitted.token_ids)
+    prompt = admitted.prompt_tokens
     # In the shared scope a hit may come from another tenant's prompt: reporting it would tell the
     # caller what others sent. The audit record keeps the real figure.
     shared = admitted.envelope.cache_scope is CacheScope.SHARED
@@ -34,8 +34,10 @@ def finish_reason(reason: str | None) -> str | None:
     return "stop" if reason == "abort" else reason
 
 
-def system_fingerprint(fingerprint: str) -> str:
-    return "fp_" + fingerprint[:12]
+def system_fingerprint(admitted: Admitted) -> str:
+    """The fingerprint of the target that answered (before the first output: the first choice)."""
+    target = admitted.deployment or admitted.targets[0]
+    return "fp_" + target.fingerprint[:12]
 
 
 def chat_logprobs(token_text, logprobs: list[TokenLogprobs]) -> list[dict]:

@@ -14,7 +14,9 @@ from engine.outputs import RequestOutput
 from gateway.deps import Gateway
 from gateway.errors import GatewayError
 from gateway.openai.responses import DONE, sse, usage
-from gateway.openai.serving import Admitted, finish, stream_outputs, until_disconnect
+from gateway.pipeline.accounting import finish
+from gateway.pipeline.admission import Admitted
+from gateway.pipeline.execution import stream_outputs, until_disconnect
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -29,8 +31,8 @@ async def _next(iterator: AsyncIterator[RequestOutput]):
 
 
 async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
-                       chunks: Callable[[RequestOutput], list[dict]], usage_chunk: dict | None,
-                       opening: dict | None = None) -> StreamingResponse:
+                       chunks: Callable[[RequestOutput], list[dict]], usage_chunk: Callable[[], dict] | None,
+                       opening: Callable[[], dict] | None = None) -> StreamingResponse:
     """Streams `chunks(output)` for each engine delta, then the usage chunk (if asked) and [DONE]."""
     outputs = stream_outputs(gateway, admitted)
     first = await until_disconnect(request, _next(outputs))
@@ -39,14 +41,14 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
         status, outcome = 200, "client_disconnected"
         try:
             if opening is not None:
-                yield sse(opening)
+                yield sse(opening())
             output = first
             while output is not _EXHAUSTED:
                 for chunk in chunks(output):
                     yield sse(chunk)
                 output = await _next(outputs)
             if usage_chunk is not None:
-                yield sse(usage_chunk | {"usage": usage(admitted)})
+                yield sse(usage_chunk() | {"usage": usage(admitted)})
             yield DONE
             outcome = "completed"
         except GatewayError as exc:

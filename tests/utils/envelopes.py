@@ -1,31 +1,36 @@
-"""Execution envelopes for engine tests, built the way the gateway builds them."""
+"""Execution envelopes for engine tests, built by the gateway's own Decision → envelope mapping."""
 
 from __future__ import annotations
 
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest
+import copy
+import json
+from pathlib import Path
+
+from engine.envelope import ExecutionEnvelope
+from gateway.pipeline.knobs import envelope_for_decision
+from gateway.policy.schema import Decision, validate_decision
 
 SECRET = b"test-deployment-secret"
+_SAMPLE = Path(__file__).parents[2] / "policies" / "samples" / "allow_standard_app_token.json"
+_ALLOWED = json.loads(_SAMPLE.read_text())["allow_standard_app_token"]["expected"]
 
 
-def envelope(
-    tenant: str = "tenant-a",
-    scope: str = "tenant",
-    isolation: str = "shared",
-    deterministic: bool = False,
-    quota: int = 1 << 30,
-    priority: int = 0,
-    principal: str = "user-1",
-) -> ExecutionEnvelope:
-    names = {"tenant": f"tenant:{tenant}", "principal": f"principal:{tenant}:{principal}", "shared": "shared"}
-    return ExecutionEnvelope(
-        cache_namespace=keyed_digest(SECRET, names[scope]) if scope != "none" else None,
-        cache_scope=CacheScope(scope),
-        isolation=Isolation(isolation),
-        isolation_key=keyed_digest(SECRET, f"tenant:{tenant}"),
-        deterministic=deterministic,
-        kv_block_quota=quota,
-        priority=priority,
-    )
+def decision(tenant: str = "tenant-a", scope: str = "tenant", isolation: str = "shared", deterministic: bool = False,
+             quota: int = 1 << 30, priority: int = 0, principal: str = "user-1") -> Decision:
+    """An allowed decision with these settings (the rest as in a policy sample)."""
+    names = {"tenant": f"tenant:{tenant}", "principal": f"principal:{tenant}:{principal}", "shared": "shared",
+             "none": ""}
+    document = copy.deepcopy(_ALLOWED)
+    document["cache"] = {"scope": scope, "namespace": names[scope]}
+    document["batching"] = {"isolation": isolation, "deterministic": deterministic}
+    document["limits"] |= {"kv_blocks": quota, "priority": priority}
+    return validate_decision(document)
+
+
+def envelope(tenant: str = "tenant-a", scope: str = "tenant", isolation: str = "shared", deterministic: bool = False,
+             quota: int = 1 << 30, priority: int = 0, principal: str = "user-1") -> ExecutionEnvelope:
+    return envelope_for_decision(SECRET, tenant, decision(tenant, scope, isolation, deterministic, quota, priority,
+                                                          principal))
 
 
 ENV = envelope()

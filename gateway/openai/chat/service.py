@@ -7,68 +7,81 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.tokenizer import TokenizerError
 from gateway.auth.principal import Principal
+from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
+from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
-from gateway.openai.serving import accounted, admit, collect, finish, new_request_id
 from gateway.openai.stream import sse_response
+from gateway.pipeline.accounting import accounted, finish
+from gateway.pipeline.admission import admit, new_request_id
+from gateway.pipeline.execution import collect
 
 ROUTE = "chat.completions"
 
 
-def prompt_token_ids(gateway: Gateway, body: ChatCompletionRequest) -> list[int]:
+def prompt_token_ids(served: ServedModel, body: ChatCompletionRequest) -> list[int]:
     try:
         # Only the template's own control tokens are special; message text that spells one stays text.
-        return gateway.backend.encode_chat(body.template_messages())
+        return served.tokenizer.encode_chat(body.template_messages())
     except TokenizerError:
         # The template's own message may quote the conversation; say what failed, not what it saw.
         raise InvalidRequest("the messages cannot be rendered with this model's chat template "
                              "(check the order of roles)", param="messages") from None
 
 
+def prompt_text(body: ChatCompletionRequest) -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in body.template_messages())
+
+
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,
                                  request: Request) -> Response:
     request_id = new_request_id("chatcmpl")
-    token_ids = prompt_token_ids(gateway, body) if body.model == gateway.backend.model_name else []
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    admitted = await admit(gateway, request, principal, body, route=ROUTE, request_id=request_id,
-                           token_ids=token_ids, requested_max_tokens=body.requested_max_tokens, logprobs=logprobs)
-    base = {"id": request_id, "object": "chat.completion.chunk", "created": admitted.created,
-            "model": body.model, "system_fingerprint": system_fingerprint(gateway.backend.fingerprint)}
+    ask = build_ask(gateway, body, route=ROUTE, request_id=request_id,
+                    encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
+                    max_tokens=body.requested_max_tokens, logprobs=logprobs)
+    admitted = await admit(gateway, request, principal, ask)
+    token_text = gateway.models[body.model].tokenizer.token_text if logprobs is not None else None
+
+    def base() -> dict:
+        return {"id": request_id, "object": "chat.completion.chunk", "created": admitted.created,
+                "model": body.model, "system_fingerprint": system_fingerprint(admitted)}
+
     with accounted(gateway, admitted):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            if include_usage:
-                base["usage"] = None
+            extra = {"usage": None} if include_usage else {}
 
             def chunks(output) -> list[dict]:
                 out = []
                 if output.new_text or output.logprobs:
                     choice = {"index": 0, "delta": {"content": output.new_text}, "finish_reason": None,
-                              "logprobs": ({"content": chat_logprobs(gateway.backend.token_text, output.logprobs)}
+                              "logprobs": ({"content": chat_logprobs(token_text, output.logprobs)}
                                            if logprobs is not None else None)}
-                    out.append(base | {"choices": [choice]})
+                    out.append(base() | extra | {"choices": [choice]})
                 if output.finished:
-                    out.append(base | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                                    "finish_reason": finish_reason(output.finish_reason)}]})
+                    out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                              "finish_reason": finish_reason(output.finish_reason)}]})
                 return out
 
-            opening = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                           "logprobs": None, "finish_reason": None}]}
+            def opening() -> dict:
+                return base() | extra | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}]}
+
             return await sse_response(gateway, admitted, request, chunks,
-                                      base | {"choices": []} if include_usage else None, opening)
+                                      (lambda: base() | {"choices": []}) if include_usage else None, opening)
 
         outputs = await collect(gateway, admitted, request)
         text, token_logprobs = joined(outputs)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": {"content": chat_logprobs(gateway.backend.token_text, token_logprobs),
+            "logprobs": {"content": chat_logprobs(token_text, token_logprobs),
                          "refusal": None} if logprobs is not None else None,
             "finish_reason": finish_reason(admitted.finish_reason),
         }
-        body_out = {"id": request_id, "object": "chat.completion", "created": admitted.created, "model": body.model,
-                    "system_fingerprint": base["system_fingerprint"], "choices": [choice], "usage": usage(admitted)}
+        body_out = base() | {"object": "chat.completion", "choices": [choice], "usage": usage(admitted)}
         finish(gateway, admitted, status=200, outcome="completed")
         return JSONResponse(body_out, headers={"X-Request-Id": request_id})

@@ -7,7 +7,7 @@ from gateway.deps import Gateway, GatewayDep, PrincipalDep
 from gateway.errors import ModelNotFound, PolicyDenied
 from gateway.openai.protocol import Model, ModelList
 from gateway.openai.routes import ERROR_RESPONSES
-from gateway.openai.serving import judge, policy_input
+from gateway.pipeline.admission import judge, policy_input
 
 router = APIRouter()
 
@@ -26,13 +26,12 @@ async def _allowed(gateway: Gateway, principal: Principal, request: Request, mod
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, summary="List the models this caller may use")
 async def list_models(principal: PrincipalDep, gateway: GatewayDep, request: Request) -> ModelList:
-    name = gateway.backend.model_name
-    models = [name] if await _allowed(gateway, principal, request, name) else []
+    models = [name for name in gateway.models if await _allowed(gateway, principal, request, name)]
     return ModelList(data=[Model(id=m, created=gateway.extras.get("started", 0)) for m in models])
 
 
 @router.get("/v1/models/{model}", responses=ERROR_RESPONSES, summary="Describe one model")
 async def retrieve_model(model: str, principal: PrincipalDep, gateway: GatewayDep, request: Request) -> Model:
-    if model != gateway.backend.model_name or not await _allowed(gateway, principal, request, model):
+    if model not in gateway.models or not await _allowed(gateway, principal, request, model):
         raise ModelNotFound()
     return Model(id=model, created=gateway.extras.get("started", 0))

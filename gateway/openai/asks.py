@@ -1,0 +1,60 @@
+"""From an OpenAI request body to the pipeline's Ask: refuse what no deployment can do, count
+and encode the prompt with the model's tokenizer (or estimate it where the gateway has none)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.deployments.registry import ServedModel
+from gateway.deps import Gateway
+from gateway.errors import InvalidRequest
+from gateway.openai.protocol import SamplingFields
+from gateway.pipeline.admission import Ask
+
+# Without the model's tokenizer a prompt is counted as one token per this many UTF-8 bytes: a
+# typical BPE on English text. The budget settles on the upstream's own count afterwards.
+BYTES_PER_TOKEN_ESTIMATE = 4
+
+
+def unsupported(body: SamplingFields) -> None:
+    """OpenAI fields the engine has no equivalent for: refused, never silently ignored."""
+    if body.n != 1:
+        raise InvalidRequest("n must be 1: this gateway returns one choice per request", param="n")
+    if body.presence_penalty or body.frequency_penalty:
+        param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
+        raise InvalidRequest(f"{param} is not supported (only 0)", param=param)
+    if body.logit_bias:
+        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
+    if body.seed is not None and not 0 <= body.seed < 2**63:
+        raise InvalidRequest("seed must be an integer in [0, 2**63)", param="seed")
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN_ESTIMATE))
+
+
+def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str,
+              encode: Callable[[ServedModel], list[int]], text: Callable[[], str], max_tokens: int | None,
+              logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None) -> Ask:
+    """`encode(served)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
+    for models the gateway has no tokenizer for."""
+    unsupported(body)
+    served = gateway.models.get(body.model)
+    token_ids, prompt_tokens, special = [], 0, None
+    if served is not None:
+        if logprobs is not None and not served.logprobs:
+            raise InvalidRequest("logprobs are not available for this model", param="logprobs")
+        if served.tokenizer is not None:
+            token_ids = encode(served)
+            prompt_tokens = len(token_ids)
+            if special_token_ids is not None:
+                special = lambda: special_token_ids(served)  # noqa: E731 - bound to this model
+        else:
+            prompt_tokens = estimate_tokens(text())
+        if not served.takes_token_ids:
+            token_ids = []
+    return Ask(route=route, request_id=request_id, model=body.model, stream=body.stream,
+               prompt_tokens=prompt_tokens, token_ids=token_ids, max_tokens=max_tokens,
+               temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
+               logprobs=logprobs, body=body.model_dump(mode="json", exclude_none=True),
+               special_token_ids=special)

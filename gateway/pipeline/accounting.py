@@ -1,0 +1,60 @@
+"""Accounting: settle the budget on the real counts and write the audit record, once per request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gateway.deps import Gateway
+from gateway.errors import GatewayError
+from gateway.pipeline.admission import Admitted, decision_summary
+
+
+@contextmanager
+def accounted(gateway: Gateway, admitted: Admitted) -> Iterator[None]:
+    """Finishes an admitted request that fails before its response is handed over."""
+    try:
+        yield
+    except GatewayError as exc:
+        finish(gateway, admitted, status=exc.status_code, outcome="error")
+        raise
+    except BaseException:
+        finish(gateway, admitted, status=499, outcome="client_disconnected")
+        raise
+
+
+def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> None:
+    """Settles the token budget and writes the audit record (once per request)."""
+    used = admitted.prompt_tokens + admitted.output_tokens
+    # A task of its own: settling must happen even when the caller's task is being cancelled.
+    settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
+    gateway.background.add(settle)
+    settle.add_done_callback(gateway.background.discard)
+    tenant_tag = admitted.ticket.admission.tenant[:12]
+    gateway.metrics.tokens.labels("input", tenant_tag).inc(admitted.prompt_tokens)
+    gateway.metrics.tokens.labels("output", tenant_tag).inc(admitted.output_tokens)
+    decision = admitted.judgement.decision
+    target = admitted.deployment
+    record = {
+        "request_id": admitted.request_id,
+        "route": admitted.route,
+        **gateway.audit.principal_digests(admitted.principal),
+        "policy_revision": admitted.judgement.revision,
+        "decision": decision_summary(decision) | {"max_tokens": admitted.params.max_tokens},
+        "model": admitted.ask.model,
+        "deployment": target.name if target is not None else None,
+        "model_fingerprint": target.fingerprint if target is not None else None,
+        "usage": {"prompt_tokens": admitted.prompt_tokens, "completion_tokens": admitted.output_tokens,
+                  "cached_tokens": admitted.cached_tokens},
+        "finish_reason": admitted.finish_reason,
+        "latency_ms": round((time.perf_counter() - admitted.started) * 1000, 3),
+        "status": status,
+        "outcome": outcome,
+    }
+    if admitted.keeps_content:
+        content = gateway.audit.content(decision, admitted.ask.body, "".join(admitted.texts or ()))
+        if content is not None:
+            record["content"] = content
+    gateway.audit.write_after_engine(target, admitted.request_id, record)

@@ -1,0 +1,262 @@
+"""Admission: judge a request, clamp it, pick where it may run, reserve its budget.
+
+Each step raises a GatewayError that the protocol layer renders in its own error shape;
+nothing reaches a deployment unless every step before it said yes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from engine.envelope import EnvelopeError, ExecutionEnvelope
+from engine.sampling_params import SamplingParams, SamplingParamsError
+from gateway.auth.principal import Principal
+from gateway.deps import Gateway
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelDenied,
+    ModelNotFound,
+    PolicyDenied,
+    RateLimited,
+    Unavailable,
+)
+from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
+from gateway.pipeline.knobs import envelope_for_decision
+from gateway.policy.exceptions import PolicyError
+from gateway.policy.schema import Decision
+from gateway.policy.service import Judgement
+
+logger = logging.getLogger("tenantgate.gateway")
+
+CLASSIFICATION_HEADER = "x-data-classification"
+# The reason policies/authz gives when a tenant may not use the model; such a deny is answered as 404.
+MODEL_DENIED_REASON = "the requested model is not available to this tenant"
+QUOTA_STORE_RETRY_S = 2.0
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a caller asked for, in the pipeline's terms (a protocol's service builds it)."""
+
+    route: str
+    request_id: str
+    model: str
+    stream: bool
+    prompt_tokens: int  # as the policy sees it: the prompt counted as plain text
+    token_ids: list[int]  # what runs on a deployment that takes ids; [] when the model has no tokenizer here
+    max_tokens: int | None  # as requested
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
+    # When the decision reads special tokens (completions), the ids that run instead of token_ids.
+    special_token_ids: Callable[[], list[int]] | None = None
+
+
+@dataclass
+class Admitted:
+    """A request that passed every check, with what the deployment and the accounting need."""
+
+    ask: Ask
+    principal: Principal
+    judgement: Judgement
+    envelope: ExecutionEnvelope
+    params: SamplingParams
+    token_ids: list[int]
+    prompt_tokens: int  # the gateway's count until a deployment reports its own
+    ticket: Ticket
+    targets: list = field(default_factory=list)  # where it may run, in the order to try
+    deployment: object | None = None  # the target that ran it
+    started: float = field(default_factory=time.perf_counter)
+    created: int = field(default_factory=lambda: int(time.time()))
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
+
+    @property
+    def request_id(self) -> str:
+        return self.ask.request_id
+
+    @property
+    def route(self) -> str:
+        return self.ask.route
+
+    @property
+    def keeps_content(self) -> bool:
+        return self.judgement.decision.logging.content == "redacted"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def policy_input(gateway: Gateway, principal: Principal, request: Request, *, route: str, model: str,
+                 stream: bool, prompt_tokens: int, max_tokens: int | None, temperature: float | None) -> dict:
+    settings = gateway.settings
+    document = {
+        "principal": principal.policy_input(),
+        "request": {
+            "route": route,
+            "model": model,
+            "stream": stream,
+            "prompt_tokens": prompt_tokens,
+            "temperature": 1.0 if temperature is None else temperature,
+            "data_classification": request.headers.get(CLASSIFICATION_HEADER, settings.default_data_classification),
+        },
+        "deployment": {"region": settings.region, "environment": settings.environment},
+    }
+    if max_tokens is not None:
+        document["request"]["max_tokens"] = max_tokens
+    return document
+
+
+async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement:
+    backend = gateway.settings.policy_backend
+    started = time.perf_counter()
+    try:
+        judgement = await gateway.policy.decide(document)
+    except PolicyError as exc:
+        # The reason goes to the server log (it names a rule or a field, never content).
+        logger.error("policy failed closed: %s", exc)
+        request.state.decision = "error"
+        raise Unavailable("the policy engine could not decide this request; it is denied") from None
+    finally:
+        gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
+    request.state.decision = "allow" if judgement.decision.allow else "deny"
+    if not judgement.decision.allow:
+        reasons = judgement.decision.reasons
+        denied = (ModelDenied if MODEL_DENIED_REASON in reasons else PolicyDenied)(reasons, judgement.revision)
+        denied.judgement = judgement  # for the audit record
+        raise denied
+    return judgement
+
+
+def envelope_for(gateway: Gateway, principal: Principal, judgement: Judgement) -> ExecutionEnvelope:
+    decision = judgement.decision
+    if decision.limits.kv_blocks < 1:
+        raise PolicyDenied(["the tenant's policy grants no KV cache blocks"], judgement.revision)
+    try:
+        return envelope_for_decision(gateway.settings.namespace_key, principal.tenant_id, decision)
+    except (EnvelopeError, ValueError):
+        logger.error("a decision could not become an execution envelope")
+        raise Unavailable("the policy decision could not be applied; the request is denied") from None
+
+
+def effective_max_tokens(decision: Decision, context_cap: int | None, requested: int | None,
+                         prompt_tokens: int) -> int:
+    """The decision's max_tokens, clamped again by the context caps (the policy may be older than the model)."""
+    context = decision.limits.max_context_tokens
+    if context_cap is not None:
+        context = min(context, context_cap)
+    room = context - prompt_tokens
+    if room < 1:
+        raise InvalidRequest(
+            f"the prompt has {prompt_tokens} tokens and leaves no room in the {context}-token context window",
+            param="messages", code="context_length_exceeded")
+    wanted = decision.limits.max_tokens if requested is None else requested
+    return max(1, min(wanted, decision.limits.max_tokens, room))
+
+
+def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if ask.temperature is None else ask.temperature,
+            top_p=1.0 if ask.top_p is None else ask.top_p,
+            seed=ask.seed,
+            stop=ask.stop,
+            logprobs=ask.logprobs,
+        )
+    except SamplingParamsError as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
+
+
+async def admit(gateway: Gateway, request: Request, principal: Principal, ask: Ask) -> Admitted:
+    """Judges, clamps, routes and reserves a request. The policy sees the prompt's count as plain
+    text; when its decision reads special tokens, ask.special_token_ids() gives the ids that run."""
+    document = policy_input(gateway, principal, request, route=ask.route, model=ask.model, stream=ask.stream,
+                            prompt_tokens=ask.prompt_tokens, max_tokens=ask.max_tokens, temperature=ask.temperature)
+    judgement = None
+    token_ids, prompt_tokens = ask.token_ids, ask.prompt_tokens
+    try:
+        judgement = await judge(gateway, request, document)
+        # After the policy: a model the tenant may not use and one not served get the same 404,
+        # and any other deny the same 403, whether the name is served or not.
+        served = gateway.models.get(ask.model)
+        if served is None:
+            raise ModelNotFound()
+        decision = judgement.decision
+        if decision.prompt.special_tokens and ask.special_token_ids is not None:
+            token_ids = ask.special_token_ids()
+            prompt_tokens = len(token_ids)
+        max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
+        envelope = envelope_for(gateway, principal, judgement)
+        targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
+        params = _sampling_params(ask, max_tokens)
+        ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
+    except GatewayError as exc:
+        judgement = judgement or getattr(exc, "judgement", None)
+        audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc)
+        raise
+    admitted = Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, targets)
+    if admitted.keeps_content:
+        admitted.texts = []
+    return admitted
+
+
+def decision_summary(decision: Decision) -> dict:
+    return {"allow": decision.allow, "reasons": decision.reasons, "cache_scope": decision.cache.scope,
+            "isolation": decision.batching.isolation, "deterministic": decision.batching.deterministic,
+            "logging": decision.logging.content, "special_tokens": decision.prompt.special_tokens,
+            "max_tokens": decision.limits.max_tokens}
+
+
+def audit_refusal(gateway: Gateway, ask: Ask, principal: Principal, judgement: Judgement | None,
+                  prompt_tokens: int, error: GatewayError) -> None:
+    """A judged request that never reached a deployment still leaves its record."""
+    gateway.audit.write({
+        "request_id": ask.request_id, "route": ask.route, **gateway.audit.principal_digests(principal),
+        "policy_revision": judgement.revision if judgement else None,
+        "decision": decision_summary(judgement.decision) if judgement else None,
+        # A name this gateway does not serve is the caller's text: it stays out of the trail.
+        "model": ask.model if ask.model in gateway.models else None, "deployment": None,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0},
+        "status": error.status_code, "outcome": error.code or error.type,
+    })
+
+
+async def reserve(gateway: Gateway, principal: Principal, decision: Decision, request_id: str,
+                  tokens: int) -> Ticket:
+    """Admits the request against its budgets; fail closed when the quota store is down,
+    unless the tenant's decision allows fail-open (then served, unaccounted)."""
+    limits = decision.limits
+    admission = Admission(
+        **gateway.audit.principal_digests(principal),
+        request_id=request_id, tokens=tokens,
+        requests_per_minute=limits.requests_per_minute, tokens_per_minute=limits.tokens_per_minute,
+        principal_requests_per_minute=limits.principal_requests_per_minute,
+        principal_tokens_per_minute=limits.principal_tokens_per_minute,
+        concurrent_requests=limits.concurrent_requests,
+    )
+    try:
+        return await gateway.limiter.admit(admission)
+    except RateLimited:
+        gateway.metrics.rate_limited.labels("budget").inc()
+        raise
+    except QuotaStoreUnavailable:
+        if limits.fail_open:
+            gateway.metrics.rate_limited.labels("fail_open").inc()
+            return Ticket(admission, accounted=False)
+        gateway.metrics.rate_limited.labels("store_unavailable").inc()
+        raise RateLimited("the quota store is unreachable, so this request is refused (fail closed); "
+                          "retry shortly", QUOTA_STORE_RETRY_S, code="quota_store_unavailable") from None

@@ -1,0 +1,103 @@
+"""Running an admitted request on its deployments.
+
+A request may move to the next target (replica or deployment) while nothing has been sent:
+on a connection error, a timeout or a 5xx before the first output. After the first output it
+never moves; a failure then ends the response with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from engine.async_engine import EngineDeadError
+from engine.llm_engine import RequestError
+from engine.outputs import RequestOutput
+from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
+from gateway.deps import Gateway
+from gateway.errors import InvalidRequest, Unavailable
+from gateway.pipeline.admission import Admitted
+
+logger = logging.getLogger("tenantgate.gateway")
+
+
+class ClientGone(Exception):
+    """The caller disconnected before the answer was ready."""
+
+
+async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[RequestOutput]:
+    """The deployment's deltas for an admitted request; deployment trouble becomes a GatewayError."""
+    for target in admitted.targets:
+        outputs = target.run(admitted)
+        sent = False
+        gateway.router.started(target)
+        try:
+            async for output in outputs:
+                if not sent:
+                    sent = True
+                    admitted.deployment = target
+                    gateway.router.succeeded(target)
+                admitted.output_tokens = output.num_output_tokens
+                admitted.cached_tokens = output.num_cached_tokens
+                if output.num_prompt_tokens:
+                    admitted.prompt_tokens = output.num_prompt_tokens  # the deployment's own count
+                if admitted.texts is not None:
+                    admitted.texts.append(output.new_text)
+                if output.finished:
+                    admitted.finish_reason = output.finish_reason
+                yield output
+            return
+        except UpstreamUnavailable as exc:
+            gateway.router.failed(target, after_output=sent)
+            logger.warning("deployment %s failed %s: %s", target.name,
+                           "mid-stream" if sent else "before its first output", exc)
+            if sent:
+                raise Unavailable("the deployment failed while answering; the response is incomplete") from None
+        except UpstreamRejected as exc:
+            admitted.deployment = target
+            raise InvalidRequest(exc.message, param=exc.param) from None
+        except RequestError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
+        except EngineDeadError:
+            raise Unavailable("the inference engine is not running") from None
+        finally:
+            gateway.router.ended(target)
+            await outputs.aclose()  # a request left unfinished is aborted here, not when collected
+    raise Unavailable("no deployment of this model could take the request; retry shortly",
+                      headers={"Retry-After": "1"})
+
+
+async def until_disconnect(request: Request, awaitable):
+    """Awaits `awaitable`, or cancels it and raises ClientGone when the caller disconnects first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.create_task(disconnected())
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()  # inside the engine stream, cancellation aborts the engine request
+    if work not in done:
+        try:
+            await work
+        except asyncio.CancelledError:
+            pass
+        raise ClientGone()
+    return work.result()
+
+
+async def collect(gateway: Gateway, admitted: Admitted, request: Request) -> list[RequestOutput]:
+    """Runs a non-streaming request to its end, aborting it if the caller disconnects first."""
+
+    async def run() -> list[RequestOutput]:
+        return [output async for output in stream_outputs(gateway, admitted)]
+
+    return await until_disconnect(request, run())
