@@ -11,7 +11,17 @@ import pytest
 import yaml
 
 from gateway.deployments.config import parse_deployments
-from tests.infra.conftest import CHART, INFRA, KUBERNETES_VERSION, UPSTREAMS_VALUES, Tools, extract_settings, render_chart, run
+from tests.infra.conftest import (
+    CHART,
+    INFRA,
+    KUBERNETES_VERSION,
+    RENDER_MODES,
+    UPSTREAMS_VALUES,
+    Tools,
+    extract_settings,
+    render_chart,
+    run,
+)
 
 WORKLOADS = ("Deployment", "StatefulSet")
 # Kinds from CRDs, for which kubernetes-validate bundles no schema: the CSI driver's and Gateway API's.
@@ -36,8 +46,9 @@ def _env(container: dict) -> dict[str, str | None]:
     return {item["name"]: item.get("value") for item in container["env"]}
 
 
-def test_helm_lint_passes_strict(tools: Tools) -> None:
-    result = run([tools.helm, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION])
+@pytest.mark.parametrize("mode", list(RENDER_MODES))
+def test_helm_lint_passes_strict(tools: Tools, mode: str) -> None:
+    result = run([tools.helm, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION, *RENDER_MODES[mode]])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
