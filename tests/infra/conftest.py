@@ -116,16 +116,20 @@ def render_chart(tools: Tools, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+UPSTREAMS_VALUES = REPO / "tests" / "infra" / "values" / "upstreams.yaml"
+
 RENDER_MODES = {
     "embedded": (),
-    "remote": ("--set", "engine.mode=remote", "--set", "engine.args={serve}"),
+    "remote": ("--set", "engine.mode=remote"),
     "mig": ("--set", "engine.gpuResource=nvidia.com/mig-1g.10gb", "--set", "image.digest=sha256:" + "0" * 64),
+    # Remote engines with an InferencePool upstream and a vLLM server from `deployments`.
+    "upstreams": ("--values", str(UPSTREAMS_VALUES)),
 }
 
 
 @pytest.fixture(scope="session")
 def rendered_manifests(tools: Tools, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The chart rendered once per engine mode, each into its own file."""
+    """The chart rendered once per RENDER_MODES entry, each into its own file."""
     directory = tmp_path_factory.mktemp("rendered")
     files = {}
     for mode, extra in RENDER_MODES.items():

@@ -4,12 +4,28 @@ deny-by-default networking, workload identity)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.infra.conftest import CHART, INFRA, KUBERNETES_VERSION, Tools, extract_settings, render_chart, run
+from gateway.deployments.config import parse_deployments
+from tests.infra.conftest import (
+    CHART,
+    INFRA,
+    KUBERNETES_VERSION,
+    RENDER_MODES,
+    UPSTREAMS_VALUES,
+    Tools,
+    extract_settings,
+    render_chart,
+    run,
+)
+
+WORKLOADS = ("Deployment", "StatefulSet")
+# Kinds from CRDs, for which kubernetes-validate bundles no schema: the CSI driver's and Gateway API's.
+CUSTOM_KINDS = {"SecretProviderClass", "HTTPRoute"}
 
 
 def _objects(path: Path) -> list[dict]:
@@ -23,11 +39,16 @@ def _one(objects: list[dict], kind: str, name_suffix: str) -> dict:
 
 
 def _containers(objects: list[dict]) -> list[dict]:
-    return [c for o in objects if o["kind"] == "Deployment" for c in o["spec"]["template"]["spec"]["containers"]]
+    return [c for o in objects if o["kind"] in WORKLOADS for c in o["spec"]["template"]["spec"]["containers"]]
 
 
-def test_helm_lint_passes_strict(tools: Tools) -> None:
-    result = run([tools.helm, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION])
+def _env(container: dict) -> dict[str, str | None]:
+    return {item["name"]: item.get("value") for item in container["env"]}
+
+
+@pytest.mark.parametrize("mode", list(RENDER_MODES))
+def test_helm_lint_passes_strict(tools: Tools, mode: str) -> None:
+    result = run([tools.helm, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION, *RENDER_MODES[mode]])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -35,18 +56,19 @@ def test_rendered_manifests_validate_strict(tools: Tools, rendered_manifests: di
     for mode, path in rendered_manifests.items():
         result = run([tools.kubernetes_validate, "--strict", "--kubernetes-version", KUBERNETES_VERSION, path])
         assert result.returncode == 0, f"{mode}:\n{result.stdout}{result.stderr}"
-        # The one kind without a schema in kubernetes-validate is the CSI driver's CRD.
+        # The only kinds without a schema in kubernetes-validate are the CRDs' (checked below).
         warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("WARN")]
-        assert all("SecretProviderClass" in line for line in warnings), warnings
+        assert all(any(f"kind {kind} " in line for kind in CUSTOM_KINDS) for line in warnings), warnings
         passed = [line for line in result.stdout.splitlines() if line.startswith("INFO") and "passed" in line]
-        assert len(passed) == len(_objects(path)) - 1, f"{mode}: not every object was validated"
+        builtin = [o for o in _objects(path) if o["kind"] not in CUSTOM_KINDS]
+        assert len(passed) == len(builtin), f"{mode}: not every object was validated"
 
 
 def test_pods_run_with_restricted_security(rendered_manifests: dict[str, Path]) -> None:
     for mode, path in rendered_manifests.items():
         objects = _objects(path)
-        for deployment in (o for o in objects if o["kind"] == "Deployment"):
-            pod = deployment["spec"]["template"]["spec"]
+        for workload in (o for o in objects if o["kind"] in WORKLOADS):
+            pod = workload["spec"]["template"]["spec"]
             assert pod["securityContext"]["runAsNonRoot"] is True, mode
             assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", mode
             assert pod["automountServiceAccountToken"] is False, mode
@@ -61,10 +83,14 @@ def test_pods_run_with_restricted_security(rendered_manifests: dict[str, Path]) 
 
 
 def test_engine_runs_on_the_gpu_pool(rendered_manifests: dict[str, Path]) -> None:
-    expectations = {"embedded": ("-gateway", "nvidia.com/gpu"), "remote": ("-engine", "nvidia.com/gpu"), "mig": ("-gateway", "nvidia.com/mig-1g.10gb")}
-    for mode, (deployment_suffix, resource) in expectations.items():
+    expectations = {
+        "embedded": ("Deployment", "-gateway", "nvidia.com/gpu"),
+        "remote": ("StatefulSet", "-engine", "nvidia.com/gpu"),
+        "mig": ("Deployment", "-gateway", "nvidia.com/mig-1g.10gb"),
+    }
+    for mode, (kind, name_suffix, resource) in expectations.items():
         objects = _objects(rendered_manifests[mode])
-        pod = _one(objects, "Deployment", deployment_suffix)["spec"]["template"]["spec"]
+        pod = _one(objects, kind, name_suffix)["spec"]["template"]["spec"]
         engine = pod["containers"][0]
         assert engine["resources"]["limits"][resource] == 1, mode
         assert pod["nodeSelector"] == {"tenantgate.io/pool": "gpu"}, mode
@@ -131,8 +157,12 @@ def test_network_policies_deny_by_default_and_allow_only_the_gateway_paths(rende
     egress = policies["gateway-egress"]["egress"]
     ports = {port["port"] for rule in egress for port in rule["ports"]}
     assert ports == {10000, 443, 8100}, "gateway -> Redis, Entra ID/bundles, engine"
-    engine_from = policies["engine-ingress"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    engine_ingress = policies["engine-ingress"]["ingress"]
+    assert [rule["ports"] for rule in engine_ingress] == [[{"port": 8100, "protocol": "TCP"}]] * 2
+    engine_from = engine_ingress[0]["from"][0]["podSelector"]["matchLabels"]
     assert engine_from["app.kubernetes.io/component"] == "gateway", "only the gateway reaches the engine"
+    assert engine_ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}], "and metrics scrapes"
+    assert "engine-egress" not in policies, "engines send nothing but DNS"
     assert "engine-ingress" not in {
         o["metadata"]["name"].removeprefix("tg-tenantgate-") for o in _objects(rendered_manifests["embedded"]) if o["kind"] == "NetworkPolicy"
     }
@@ -147,10 +177,152 @@ def test_gateway_scales_and_survives_disruption(rendered_manifests: dict[str, Pa
     assert {port["name"] for port in service["ports"]} == {"http", "metrics"}
 
 
+def _deployments_file(objects: list[dict]) -> dict:
+    """The gateway's deployments file as the gateway finds it: the env var's path, in a mounted ConfigMap."""
+    pod = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    path = Path(_env(pod["containers"][0])["TENANTGATE_DEPLOYMENTS_FILE"])
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if Path(m["mountPath"]) == path.parent)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = _one(objects, "ConfigMap", volume["configMap"]["name"])
+    return config_map["data"][path.name]
+
+
+def _engine_replica_urls(objects: list[dict], namespace: str = "tenantgate") -> list[str]:
+    engines = _one(objects, "StatefulSet", "-engine")
+    headless = _one(objects, "Service", "-engine")
+    assert headless["spec"]["clusterIP"] == "None" and engines["spec"]["serviceName"] == headless["metadata"]["name"]
+    port = engines["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    name, service = engines["metadata"]["name"], headless["metadata"]["name"]
+    return [f"http://{name}-{i}.{service}.{namespace}.svc.cluster.local:{port}" for i in range(engines["spec"]["replicas"])]
+
+
+def _csi_objects(provider: dict) -> list[dict]:
+    return [yaml.safe_load(item) for item in yaml.safe_load(provider["spec"]["parameters"]["objects"])["array"]]
+
+
+@pytest.mark.parametrize("mode", ["remote", "upstreams"])
+def test_deployments_file_lists_each_engine_replica_by_its_stable_name(mode: str, rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests[mode])
+    deployments = parse_deployments(_deployments_file(objects))
+    engines = deployments.models_of_kind("tenantgate")
+    assert len(engines) == 1
+    assert engines[0].replicas == _engine_replica_urls(objects)
+    assert len(engines[0].replicas) == (3 if mode == "upstreams" else 2)
+
+
+def test_deployments_file_routes_a_model_to_its_inference_pool_and_the_values_upstreams(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["upstreams"])
+    values = yaml.safe_load(UPSTREAMS_VALUES.read_text(encoding="utf-8"))
+    pool = values["inferencePools"][0]
+    deployments = parse_deployments(_deployments_file(objects))
+    assert set(deployments.models) == {values["engine"]["model"], pool["model"]}
+    via_pool, fallback = deployments.models[pool["model"]]
+    assert (via_pool.kind, via_pool.dialect, via_pool.url) == ("openai", "vllm", pool["url"])
+    assert via_pool.upstream_model == pool["upstreamModel"] and via_pool.batch_invariant is True
+    assert fallback.name == "vllm-fallback"
+    assert deployments.models[values["engine"]["model"]][0].first_token_timeout_s == 30
+    # Every API key file is one the gateway's Key Vault volume holds.
+    gateway_pod = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    secrets_dir = next(m["mountPath"] for m in gateway_pod["containers"][0]["volumeMounts"] if m["name"] == "keyvault")
+    mounted = {f"{secrets_dir}/{o.get('objectAlias', o['objectName'])}" for o in _csi_objects(_one(objects, "SecretProviderClass", "-keyvault"))}
+    assert {str(via_pool.api_key_file), str(fallback.api_key_file)} <= mounted
+
+
+def test_embedded_default_has_no_deployments_file(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["embedded"])
+    gateway = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "TENANTGATE_DEPLOYMENTS_FILE" not in _env(gateway)
+    assert not [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-deployments")]
+
+
+def test_embedded_engine_with_an_inference_pool_keeps_serving_its_own_model(tools: Tools) -> None:
+    pool = {"model": "llama", "poolName": "pool", "gateway": {"name": "igw"}, "url": "https://igw.example/v1"}
+    result = render_chart(tools, "--set-json", f"inferencePools=[{json.dumps(pool)}]")
+    assert result.returncode == 0, result.stderr
+    deployments = parse_deployments(_deployments_file([o for o in yaml.safe_load_all(result.stdout) if o]))
+    assert [d.kind for d in deployments.models["demo"]] == ["embedded"]
+    assert deployments.models["llama"][0].url == "https://igw.example/v1"
+
+
+@pytest.mark.parametrize("mode", ["remote", "upstreams"])
+def test_engines_mount_only_the_envelope_public_keys(mode: str, rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests[mode])
+    values = yaml.safe_load(UPSTREAMS_VALUES.read_text(encoding="utf-8")) if mode == "upstreams" else {}
+    public_keys = values.get("azure", {}).get("envelopePublicKeySecretNames", ["tenantgate-envelope-public-key"])
+    providers = {o["metadata"]["name"]: o for o in objects if o["kind"] == "SecretProviderClass"}
+
+    pod = _one(objects, "StatefulSet", "-engine")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    engine = pod["containers"][0]
+    assert not [item for item in engine["env"] if "valueFrom" in item] and "envFrom" not in engine
+    csi = [v for v in pod["volumes"] if "csi" in v]
+    assert {tuple(sorted(v)) for v in pod["volumes"]} <= {("emptyDir", "name"), ("csi", "name")}, "no Secret or other volume"
+    assert len(csi) == 1
+    engine_provider = providers[csi[0]["csi"]["volumeAttributes"]["secretProviderClass"]]
+    assert [o["objectName"] for o in _csi_objects(engine_provider)] == public_keys
+    assert "secretObjects" not in engine_provider["spec"], "the public keys stay files; nothing is synced"
+    mount = next(m for m in engine["volumeMounts"] if m["name"] == csi[0]["name"])
+    assert _env(engine)["TENANTGATE_ENGINE_ENVELOPE_PUBLIC_KEYS"] == mount["mountPath"]
+
+    # The private key is in the gateway's class only, where TENANTGATE_ENVELOPE_SIGNING_KEY finds it.
+    gateway_pod = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    gateway_provider = providers[next(v for v in gateway_pod["volumes"] if "csi" in v)["csi"]["volumeAttributes"]["secretProviderClass"]]
+    signing = next(o for o in _csi_objects(gateway_provider) if o["objectName"] == "tenantgate-envelope-signing-key")
+    secrets_dir = next(m["mountPath"] for m in gateway_pod["containers"][0]["volumeMounts"] if m["name"] == "keyvault")
+    assert _env(gateway_pod["containers"][0])["TENANTGATE_ENVELOPE_SIGNING_KEY"] == f"{secrets_dir}/{signing['objectAlias']}"
+    assert engine_provider is not gateway_provider
+    assert "tenantgate-envelope-signing-key" not in json.dumps(engine_provider)
+
+
+def test_engines_read_key_vault_with_their_own_identity_when_given_one(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["upstreams"])
+    pod = _one(objects, "StatefulSet", "-engine")["spec"]["template"]["spec"]
+    account = _one(objects, "ServiceAccount", pod["serviceAccountName"])
+    assert account["metadata"]["name"] == "tenantgate-engine"
+    client_id = account["metadata"]["annotations"]["azure.workload.identity/client-id"]
+    assert _one(objects, "SecretProviderClass", "-engine-keys")["spec"]["parameters"]["clientID"] == client_id
+    assert client_id != _one(objects, "SecretProviderClass", "-keyvault")["spec"]["parameters"]["clientID"]
+    # Without one, the engines use the gateway's account (the CSI driver's reads only; no token in the pod).
+    remote = _one(_objects(rendered_manifests["remote"]), "StatefulSet", "-engine")["spec"]["template"]["spec"]
+    assert remote["serviceAccountName"] == "tenantgate-gateway"
+
+
+def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["upstreams"])
+    pool = yaml.safe_load(UPSTREAMS_VALUES.read_text(encoding="utf-8"))["inferencePools"][0]
+    route = _one(objects, "HTTPRoute", pool["poolName"])
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["metadata"]["namespace"] == pool["poolNamespace"], "beside the pool: no ReferenceGrant needed"
+    (parent,) = route["spec"]["parentRefs"]
+    assert parent == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": pool["gateway"]["name"],
+                      "namespace": pool["poolNamespace"], "sectionName": pool["gateway"]["sectionName"]}
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["poolName"]}]
+    (match,) = rule["matches"]
+    assert match["path"] == {"type": "PathPrefix", "value": "/v1"}
+    assert match["headers"] == [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": pool["upstreamModel"]}]
+    assert rule["timeouts"]["request"] == "600s", "the deployment's timeout_s"
+    # The gateway may reach the inference Gateway's proxies on the URL's port, and nothing more there.
+    egress = _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"]
+    to_pool = [rule for rule in egress if any(
+        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": pool["poolNamespace"]} for peer in rule["to"])]
+    assert len(to_pool) == 1
+    assert to_pool[0]["to"][0]["podSelector"]["matchLabels"] == pool["gateway"]["podLabels"]
+    assert to_pool[0]["ports"] == [{"port": 80, "protocol": "TCP"}]
+    assert not [o for o in _objects(rendered_manifests["remote"]) if o["kind"] == "HTTPRoute"]
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        (("--set", "engine.mode=remote"), "engine.args"),
+        (("--set", "engine.mode=remote", "--set", "engine.replicas=0"), "/engine/replicas"),
+        (("--set", "engine.mode=remote", "--set", "azure.envelopePublicKeySecretNames=null"), "envelopePublicKeySecretNames"),
+        (("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "url": "http://igw/v1"}]'), "/inferencePools/0"),
+        (("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "gateway": {"name": "g"}, "url": "igw"}]'), "/inferencePools/0/url"),
+        (
+            ("--set-json", 'deployments={"m": [{"name": "v", "kind": "openai", "dialect": "vllm", "url": "http://v/v1", "api_key_file": "/etc/key"}]}'),
+            "api_key_file /etc/key is not mounted",
+        ),
         (("--set", "engine.mode=sidecar"), "/engine/mode"),
         (("--set", "gateway.settings.environment=development"), "/gateway/settings/environment"),
         (("--set", "image.tag=latest"), "/image/tag"),

@@ -75,3 +75,95 @@ tolerations:
 - name: TENANTGATE_CACHE_DIR
   value: /tmp/cache/tenantgate
 {{- end -}}
+
+{{/* Where the gateway mounts its Key Vault objects (the namespace secret, the envelope signing key, upstream API keys). */}}
+{{- define "tenantgate.gatewaySecretsDir" -}}
+/mnt/secrets-store
+{{- end -}}
+
+{{/* Upstream API keys the gateway mounts: the named ones and each InferencePool's. */}}
+{{- define "tenantgate.upstreamKeySecretNames" -}}
+{{- $names := .Values.azure.upstreamKeySecretNames -}}
+{{- range .Values.inferencePools -}}
+{{- with .apiKeySecret -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq $names) -}}
+{{- end -}}
+
+{{/* Whether the gateway reads a deployments file: always with remote engines or other upstreams. */}}
+{{- define "tenantgate.hasDeploymentsFile" -}}
+{{- if or (eq .Values.engine.mode "remote") .Values.inferencePools .Values.deployments -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The deployments file (gateway/deployments/config.py): the served model's own deployment (the
+StatefulSet's replicas, one stable URL per pod, or the embedded engine), an `openai` deployment
+per InferencePool upstream, then `deployments` from the values, appended per model.
+*/}}
+{{- define "tenantgate.deploymentsFile" -}}
+{{- $models := dict -}}
+{{- $served := .Values.engine.servedModelName | default .Values.engine.model -}}
+{{- if eq .Values.engine.mode "remote" -}}
+{{- $engines := printf "%s-engine" (include "tenantgate.fullname" .) -}}
+{{- $replicas := list -}}
+{{- range $i := until (int .Values.engine.replicas) -}}
+{{- $replicas = append $replicas (printf "http://%s-%d.%s.%s.svc.cluster.local:%d" $engines $i $engines $.Release.Namespace (int $.Values.engine.port)) -}}
+{{- end -}}
+{{- $entry := merge (dict "name" "engines" "kind" "tenantgate" "replicas" $replicas) (deepCopy .Values.engine.deployment) -}}
+{{- $_ := set $models $served (list $entry) -}}
+{{- else -}}
+{{- $_ := set $models $served (list (dict "name" "embedded" "kind" "embedded")) -}}
+{{- end -}}
+{{- range .Values.inferencePools -}}
+{{- $entry := dict "name" (.name | default (printf "inferencepool-%s" .poolName)) "kind" "openai" "dialect" (.dialect | default "vllm") "url" .url -}}
+{{- with .upstreamModel -}}
+{{- $_ := set $entry "upstream_model" . -}}
+{{- end -}}
+{{- with .apiKeySecret -}}
+{{- $_ := set $entry "api_key_file" (printf "%s/%s" (include "tenantgate.gatewaySecretsDir" $) .) -}}
+{{- end -}}
+{{- $entry = merge $entry (deepCopy (.deployment | default dict)) -}}
+{{- $_ := set $models .model (append (get $models .model | default list) $entry) -}}
+{{- end -}}
+{{- $mounted := include "tenantgate.upstreamKeySecretNames" . | fromJsonArray -}}
+{{- range $model, $deployments := .Values.deployments -}}
+{{- range $deployments -}}
+{{- with .api_key_file -}}
+{{- if not (and (eq (dir .) (include "tenantgate.gatewaySecretsDir" $)) (has (base .) $mounted)) -}}
+{{- fail (printf "deployments.%s: api_key_file %s is not mounted; name the Key Vault secret in azure.upstreamKeySecretNames and use %s/<name>" $model . (include "tenantgate.gatewaySecretsDir" $)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $models $model (concat (get $models $model | default list) $deployments) -}}
+{{- end -}}
+{{- dict "models" $models | toPrettyJson -}}
+{{- end -}}
+
+{{/* The TCP port a URL's server listens on: the explicit one, else the scheme's. */}}
+{{- define "tenantgate.urlPort" -}}
+{{- $url := urlParse . -}}
+{{- $host := $url.host -}}
+{{- if regexMatch ":[0-9]+$" $host -}}
+{{- regexFind "[0-9]+$" $host -}}
+{{- else if eq $url.scheme "https" -}}
+443
+{{- else -}}
+80
+{{- end -}}
+{{- end -}}
+
+{{/* The engines' service account: their own when they have an identity of their own, else the gateway's. */}}
+{{- define "tenantgate.engineServiceAccount" -}}
+{{- if .Values.azure.engineClientId -}}
+{{- .Values.serviceAccount.engineName -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An InferencePool upstream's HTTPRoute: dict "root" $ "pool" <the inferencePools entry>. */}}
+{{- define "tenantgate.routeName" -}}
+{{- printf "%s-%s" (include "tenantgate.fullname" .root) .pool.poolName | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
