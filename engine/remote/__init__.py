@@ -2,6 +2,9 @@
 
 from engine.remote.protocol import (
     ENVELOPE_HEADER,
+    GENERATE_PATH,
+    INFO_PATH,
+    LOAD_PATH,
     envelope_from_json,
     envelope_to_json,
     output_from_json,
@@ -24,6 +27,9 @@ from engine.remote.signing import (
 
 __all__ = [
     "ENVELOPE_HEADER",
+    "GENERATE_PATH",
+    "INFO_PATH",
+    "LOAD_PATH",
     "MAX_TTL_S",
     "REJECTION_REASONS",
     "EnvelopeRejected",

@@ -17,9 +17,9 @@ import httpx
 from engine.envelope import ExecutionEnvelope
 from engine.outputs import RequestOutput
 from engine.remote import (
-    ENVELOPE_HEADER, REJECTION_REASONS, EnvelopeSigner, output_from_json, params_to_json, record_from_json,
+    ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, REJECTION_REASONS, EnvelopeSigner, output_from_json,
+    params_to_json, record_from_json,
 )
-from engine.remote.protocol import GENERATE_PATH, INFO_PATH, LOAD_PATH
 from engine.sampling_params import SamplingParams
 from engine.telemetry import PendingRecords
 from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected, UpstreamUnavailable
