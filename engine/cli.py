@@ -9,6 +9,7 @@ import uuid
 
 from engine.config import ConfigError, EngineConfig
 from engine.model.catalog import DEFAULT_MODEL
+from engine.remote.cli import add_parser as add_engine_parser
 from gateway.audit.cli import add_parser as add_audit_parser
 from gateway.auth.cli import add_parser as add_token_parser
 from gateway.cli import add_parser as add_serve_parser
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     add_audit_parser(sub)
+    add_engine_parser(sub)
     add_policy_parser(sub)
     add_serve_parser(sub)
     add_token_parser(sub)

@@ -10,7 +10,9 @@ are bounded enums (scope class, regime, lane), never tenant ids.
 from __future__ import annotations
 
 import hashlib
+import threading
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence as Seq
 
@@ -98,6 +100,29 @@ class ListSink:
         self.steps.append(record)
 
 
+class PendingRecords:
+    """Holds x-records until their reader picks them up (the gateway's audit, an engine server's stream)."""
+
+    LIMIT = 10_000  # records nobody asked for (requests that never reached an audit) age out
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def request(self, record) -> None:
+        with self._lock:
+            self._records[record.request_id] = record
+            if len(self._records) > self.LIMIT:
+                self._records.popitem(last=False)
+
+    def step(self, record) -> None:
+        pass
+
+    def pop(self, request_id: str):
+        with self._lock:
+            return self._records.pop(request_id, None)
+
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -134,8 +159,13 @@ class PrometheusSink:
         )
         self.steps = Counter("tenantgate_steps", "Engine steps by regime and lane", ["regime", "lane"], registry=r)
         self.kv_waste = Gauge("tenantgate_kv_waste_ratio", "Allocated KV slots holding no token", registry=r)
+        self.finished = Counter(
+            "tenantgate_engine_requests", "Requests the engine ended, by finish reason (stop, length, abort)",
+            ["finish_reason"], registry=r,
+        )
 
     def request(self, record: RequestRecord) -> None:
+        self.finished.labels(record.finish_reason).inc()
         self.e2e.observe(record.e2e_ms / 1000)
         self.queue.observe(record.queue_ms / 1000)
         if record.ttft_ms is not None:

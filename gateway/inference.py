@@ -7,14 +7,14 @@ the whole gateway in front of it to measure what the gateway itself costs.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from engine.envelope import ExecutionEnvelope
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.telemetry import PendingRecords
+
 
 class InferenceBackend(Protocol):
     model_name: str  # the name callers use in "model"
@@ -32,29 +32,6 @@ class InferenceBackend(Protocol):
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
-
-
-class PendingRecords:
-    """An engine record sink that holds x-records until the gateway's audit picks them up."""
-
-    LIMIT = 10_000  # records nobody asked for (requests that never reached an audit) age out
-
-    def __init__(self) -> None:
-        self._records: OrderedDict[str, object] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def request(self, record) -> None:
-        with self._lock:
-            self._records[record.request_id] = record
-            if len(self._records) > self.LIMIT:
-                self._records.popitem(last=False)
-
-    def step(self, record) -> None:
-        pass
-
-    def pop(self, request_id: str):
-        with self._lock:
-            return self._records.pop(request_id, None)
 
 
 class EngineBackend:

@@ -12,6 +12,17 @@ class UpstreamUnavailable(Exception):
     another replica may take the request. The message names the deployment, never content."""
 
 
+class EnvelopeRefused(UpstreamUnavailable):
+    """A tenantgate engine replica refused the gateway's signed envelope (403): its keys do not
+    include this gateway's (a rotation half done), or the clocks disagree. Nothing ran there, so
+    another replica may take the request; the distinct type is for the operator's alert.
+    `reason` is the replica's code (engine.remote.REJECTION_REASONS), or "unknown"."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class UpstreamRejected(Exception):
     """The server refused the request itself (4xx): the caller's to fix, never retried.
 

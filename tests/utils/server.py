@@ -59,7 +59,7 @@ def gateway_env(**settings: str) -> dict[str, str]:
 
 def wait_ready(base_url: str, process: subprocess.Popen, *, timeout_s: float = 120.0,
                output: Callable[[], str] = lambda: "") -> None:
-    """Waits until a `tenantgate serve` subprocess answers /readyz with 200; fails, with its
+    """Waits until a `tenantgate serve` (or `engine serve`) subprocess answers /readyz with 200; fails, with its
     output, if it exits or takes longer than timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -69,9 +69,9 @@ def wait_ready(base_url: str, process: subprocess.Popen, *, timeout_s: float = 1
         except httpx.TransportError:
             pass
         if process.poll() is not None:
-            raise AssertionError(f"the gateway exited during start-up:\n{output()[-2000:]}")
+            raise AssertionError(f"the server exited during start-up:\n{output()[-2000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"the gateway did not become ready:\n{output()[-2000:]}")
+            raise AssertionError(f"the server did not become ready:\n{output()[-2000:]}")
         time.sleep(0.2)
 
 
@@ -104,13 +104,15 @@ class ServeProcess:
 
 
 @contextmanager
-def tenantgate_serve(directory: Path, env: dict[str, str], *args: str) -> Iterator[ServeProcess]:
-    """`tenantgate serve` on a free loopback port, its stdout and stderr in files under `directory`;
-    yields once it is ready, and stops it (SIGTERM, then SIGKILL after 30 s) when the block ends."""
+def tenantgate_serve(directory: Path, env: dict[str, str], *args: str,
+                     command: tuple[str, ...] = ("serve",)) -> Iterator[ServeProcess]:
+    """`tenantgate serve` (or another serving `command`, such as ("engine", "serve")) on a free
+    loopback port, its stdout and stderr in files under `directory`; yields once it is ready, and
+    stops it (SIGTERM, then SIGKILL after 30 s) when the block ends."""
     port = free_port()
     stdout, stderr = directory / f"serve-{port}.stdout", directory / f"serve-{port}.stderr"
     with stdout.open("w") as out, stderr.open("w") as err:
-        process = subprocess.Popen([TENANTGATE, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err)
+        process = subprocess.Popen([TENANTGATE, *command, "--port", str(port), *args], env=env, stdout=out, stderr=err)
     try:
         wait_ready(f"http://127.0.0.1:{port}", process, output=stderr.read_text)
         yield ServeProcess(process, port, stdout, stderr)

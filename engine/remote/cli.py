@@ -1,0 +1,70 @@
+"""`tenantgate engine serve`: an engine server that runs only envelopes a gateway signed."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from engine.model.catalog import DEFAULT_MODEL
+
+PUBLIC_KEYS_ENV = "TENANTGATE_ENGINE_ENVELOPE_PUBLIC_KEYS"
+RECORD_KEY_ENV = "TENANTGATE_RECORD_KEY"  # the gateway's setting of the same name: records compare across hosts
+EXIT_CONFIG = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    engine = subparsers.add_parser("engine", help="run the decode engine as a service for gateways")
+    commands = engine.add_subparsers(dest="engine_command", required=True)
+    serve = commands.add_parser("serve", help="serve the engine over HTTP; only gateway-signed envelopes run")
+    serve.add_argument("--model", default=DEFAULT_MODEL, help=f"as for `tenantgate generate` (default {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8100, help="listen port (default 8100)")
+    serve.add_argument("--envelope-public-keys", metavar="PATH", default=os.environ.get(PUBLIC_KEYS_ENV),
+                       help="the gateways' Ed25519 public keys: a PEM file or a directory of them "
+                            f"(required; default ${PUBLIC_KEYS_ENV})")
+    serve.add_argument("--kv-cache-memory", type=int, default=256 << 20, help="bytes for the paged KV cache")
+    serve.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded at once")
+    serve.add_argument("--max-model-len", type=int, default=None,
+                       help="longest sequence in tokens; default: the model's context, or what the KV cache holds")
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="SECONDS",
+                       help="on SIGTERM, how long running requests may finish (default 20)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from engine.remote.signing import EnvelopeVerifier, load_public_keys
+
+    if not args.envelope_public_keys:
+        print(f"tenantgate: error: --envelope-public-keys (or {PUBLIC_KEYS_ENV}) is required: "
+              "the engine server runs only envelopes signed by a gateway whose public key it holds", file=sys.stderr)
+        return EXIT_CONFIG
+    keys = load_public_keys(args.envelope_public_keys)
+    if not keys:
+        print(f"tenantgate: error: no public key in {args.envelope_public_keys}", file=sys.stderr)
+        return EXIT_CONFIG
+    verifier = EnvelopeVerifier(keys)
+
+    import uvicorn  # here, after the checks that need none of it
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model.catalog import served_model_name
+    from engine.remote.server import EngineServer, create_app
+
+    config = EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        record_key=os.environ.get(RECORD_KEY_ENV, "").encode(),
+    )
+    server = EngineServer(LLMEngine(config), verifier, model_name=served_model_name(args.model))
+    logging.getLogger("tenantgate.engine.server").info(
+        "accepting envelopes signed by key ids %s", ", ".join(verifier.key_ids))
+    app = create_app(server)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, server_header=False,
+                proxy_headers=False, timeout_graceful_shutdown=args.shutdown_timeout)
+    return 0

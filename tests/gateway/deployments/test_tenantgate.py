@@ -1,0 +1,132 @@
+"""TenantgateReplica against replicas that fail: real HTTP on loopback, each failure the kind
+the router must tell apart (unreachable, slow, 5xx, cut mid-stream, malformed, refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.remote import EnvelopeSigner
+from engine.sampling_params import SamplingParams
+from gateway.deployments.base import EnvelopeRefused, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.tenantgate import TenantgateReplica
+from tests.utils.envelopes import ENV
+from tests.utils.server import free_port, serving
+
+SIGNER = EnvelopeSigner(Ed25519PrivateKey.generate())
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0)
+OUTPUT = {"type": "output", "new_token_ids": [7], "new_text": " ok", "num_prompt_tokens": 2, "num_output_tokens": 1,
+          "num_cached_tokens": 0, "finished": False, "finish_reason": None, "logprobs": []}
+
+
+def replica_app() -> FastAPI:
+    """A stand-in replica whose behaviour the request id picks."""
+    app = FastAPI()
+
+    @app.post("/v1/engine/generate")
+    async def generate(body: dict):
+        behaviour = body["request_id"]
+        if behaviour == "503":
+            return JSONResponse({"error": {"message": "x", "type": "unavailable"}}, status_code=503)
+        if behaviour == "403":
+            return JSONResponse({"error": {"message": "x", "type": "forbidden", "code": "expired"}}, status_code=403)
+        if behaviour == "400":
+            return JSONResponse({"error": {"message": "the prompt is empty", "type": "invalid_request_error",
+                                           "param": "prompt"}}, status_code=400)
+
+        async def lines():
+            if behaviour == "slow":
+                await asyncio.sleep(5)
+            yield json.dumps(OUTPUT) + "\n"
+            if behaviour == "garbage":
+                yield "not json\n"
+            elif behaviour == "stalls":
+                await asyncio.sleep(5)
+            elif behaviour == "error":
+                yield json.dumps({"type": "error", "error": {"message": "stopped", "type": "unavailable"}}) + "\n"
+            # "cut": the stream ends without a finished output
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.get("/v1/engine/load")
+    async def load():
+        return {"queue_depth": "many", "kv_usage": 0.5}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with serving(replica_app()) as url:
+        yield url
+
+
+async def run(replica: TenantgateReplica, request_id: str) -> list:
+    seen = []
+    try:
+        async for output in replica.generate([1, 2], PARAMS, ENV, request_id):
+            seen.append(output)
+    finally:
+        await replica.aclose()
+    return seen
+
+
+def outcome(replica: TenantgateReplica, request_id: str, error: type[Exception]) -> Exception:
+    with pytest.raises(error) as caught:
+        asyncio.run(run(replica, request_id))
+    assert type(caught.value) is error
+    return caught.value
+
+
+def test_an_unreachable_replica_is_unavailable() -> None:
+    error = outcome(TenantgateReplica(f"http://127.0.0.1:{free_port()}", SIGNER, name="engine-9"), "x",
+                    UpstreamUnavailable)
+    assert "engine-9" in str(error) and "ConnectError" in str(error)
+
+
+def test_a_5xx_and_a_slow_first_output_are_unavailable(base_url) -> None:
+    assert "503" in str(outcome(TenantgateReplica(base_url, SIGNER), "503", UpstreamUnavailable))
+    slow = TenantgateReplica(base_url, SIGNER, first_token_timeout_s=0.5)
+    assert "before its first output" in str(outcome(slow, "slow", UpstreamUnavailable))
+
+
+@pytest.mark.parametrize("behaviour", ["cut", "garbage", "error", "stalls"])
+def test_a_stream_that_breaks_after_its_first_output_is_unavailable(base_url, behaviour) -> None:
+    seen = []
+
+    async def consume():
+        replica = TenantgateReplica(base_url, SIGNER, timeout_s=1.0)
+        try:
+            async for output in replica.generate([1, 2], PARAMS, ENV, behaviour):
+                seen.append(output)
+        finally:
+            await replica.aclose()
+
+    with pytest.raises(UpstreamUnavailable) as caught:
+        asyncio.run(consume())
+    assert type(caught.value) is UpstreamUnavailable
+    assert [o.new_token_ids for o in seen] == [[7]]  # the router knows a token went out
+
+
+def test_a_403_is_envelope_refused_and_a_400_is_rejected_with_the_replicas_message(base_url) -> None:
+    refused = outcome(TenantgateReplica(base_url, SIGNER), "403", EnvelopeRefused)
+    assert refused.reason == "expired" and isinstance(refused, UpstreamUnavailable)
+    rejected = outcome(TenantgateReplica(base_url, SIGNER), "400", UpstreamRejected)
+    assert (rejected.status, rejected.message, rejected.param) == (400, "the prompt is empty", "prompt")
+
+
+def test_a_malformed_load_report_is_unavailable(base_url) -> None:
+    async def load():
+        replica = TenantgateReplica(base_url, SIGNER)
+        try:
+            return await replica.load()
+        finally:
+            await replica.aclose()
+
+    with pytest.raises(UpstreamUnavailable, match="malformed load report"):
+        asyncio.run(load())
