@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gateway.deployments.openai import OpenAIUpstream, compile_request
-from tests.utils.server import free_port
+from tests.utils.server import free_port, stop
 from tests.utils.upstreams import deployment, upstream_call
 
 pytestmark = pytest.mark.upstream
@@ -63,12 +63,7 @@ def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -
             time.sleep(0.25)
         yield url + "/v1"
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 10)
 
 
 def chat(question: str, **fields) -> dict:

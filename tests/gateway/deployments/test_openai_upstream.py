@@ -172,22 +172,15 @@ async def test_no_first_token_in_time_is_unavailable(fake):
     assert time.monotonic() - started < 2.5
 
 
-async def test_a_stream_that_stalls_after_output_times_out_on_the_whole_request(fake):
-    fake.mode = "stall"
-    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", timeout_s=0.8), "m")
+@pytest.mark.parametrize(("mode", "fields", "why"), [
+    ("stall", {"timeout_s": 0.8}, "timed out$"),  # the whole-request timeout, once output has begun
+    ("break", {}, "ended its stream before finishing"),
+])
+async def test_a_stream_that_fails_after_output_is_unavailable(fake, mode, fields, why):
+    fake.mode = mode
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", **fields), "m")
     texts = []
-    with pytest.raises(UpstreamUnavailable, match="timed out$"):
-        async for output in upstream.stream(upstream_call()):
-            texts.append(output.new_text)
-    await upstream.aclose()
-    assert texts == ["Paris", "."]
-
-
-async def test_a_stream_that_breaks_after_output_is_unavailable(fake):
-    fake.mode = "break"
-    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
-    texts = []
-    with pytest.raises(UpstreamUnavailable, match="ended its stream before finishing"):
+    with pytest.raises(UpstreamUnavailable, match=why):
         async for output in upstream.stream(upstream_call()):
             texts.append(output.new_text)
     await upstream.aclose()
