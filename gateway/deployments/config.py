@@ -63,6 +63,13 @@ class Deployment(Credentials):
     # What the server guarantees, declared by whoever deployed it; routing trusts these.
     batch_invariant: bool = False  # outputs do not depend on batch composition (vLLM's VLLM_BATCH_INVARIANT=1)
     dedicated_tenants: list[str] = []  # Entra tenant ids whose requests alone this server runs
+    # How the server orders its queue by a request's priority: vLLM `--scheduling-policy priority`
+    # is lower-first; SGLang `--enable-priority-scheduling` is higher-first, lower-first with
+    # `--schedule-low-priority-values-first`. "off" sends no priority (vLLM refuses one then).
+    priority_scheduling: Literal["off", "lower-first", "higher-first"] = "off"
+    # llamacpp: let the server reuse prompt KV (`cache_prompt: true`). It has one cache for all its
+    # requests, so it then only takes requests that may all share (docs/upstreams.md).
+    cache_prompt: bool = False
     # The gateway's own tokenizer for counting an upstream's prompts (a model reference, as for
     # the embedded engine); without one, upstream prompts are counted by estimate.
     tokenizer: str | None = None
@@ -78,6 +85,12 @@ class Deployment(Credentials):
                 raise ValueError("kind openai needs a dialect and a url")
             if self.dialect == "azure-openai" and not self.azure_deployment:
                 raise ValueError("dialect azure-openai needs azure_deployment")
+            allowed = {"vllm": {"off", "lower-first"}, "sglang": {"off", "lower-first", "higher-first"}}
+            if self.priority_scheduling not in allowed.get(self.dialect, {"off"}):
+                raise ValueError(f"priority_scheduling {self.priority_scheduling} is not possible "
+                                 f"for dialect {self.dialect}")
+            if self.cache_prompt and self.dialect != "llamacpp":
+                raise ValueError("cache_prompt is for dialect llamacpp")
         elif self.dialect is not None or self.url is not None:
             raise ValueError(f"dialect and url are for kind openai, not {self.kind}")
         if self.kind == "tenantgate" and not self.replicas:

@@ -117,10 +117,15 @@ def tenantgate_serve(directory: Path, env: dict[str, str], *args: str,
         wait_ready(f"http://127.0.0.1:{port}", process, output=stderr.read_text)
         yield ServeProcess(process, port, stdout, stderr)
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after timeout_s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

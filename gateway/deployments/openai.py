@@ -1,0 +1,390 @@
+"""The client for OpenAI-compatible upstreams, with the decision compiled into each dialect's knobs.
+
+docs/upstreams.md has the table and the documentation behind every field. In short:
+
+- Cache scope. vLLM and SGLang partition their prefix caches by `cache_salt`: the gateway sends a
+  salt derived per deployment from the keyed namespace digest, and for scope none a fresh random
+  one (vLLM's OpenAI server has no per-request switch to skip its cache; a salt nobody else holds
+  means nothing is read and what is written is never reached). llama.cpp's server has one cache
+  for all its requests, and `cache_prompt: false` stops a request reading it but not leaving its
+  KV behind for the next `cache_prompt: true` one; so the gateway sends `cache_prompt: false`
+  to every request unless the deployment declares `cache_prompt`, and then routes there only
+  requests that may all share. Azure OpenAI and OpenAI always cache, across the subscription or
+  organisation, with no switch: the same rule as a caching llama.cpp server.
+- Priority: `priority` for vLLM and SGLang, in the order the deployment declares.
+- Usage: the gateway always streams upstream with `stream_options.include_usage`, so usage
+  arrives from every dialect, and the first-token timeout means the same for every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import httpx
+
+from engine.envelope import CacheScope, ExecutionEnvelope
+from engine.outputs import RequestOutput
+from gateway.deployments.base import UpstreamCall, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.config import Deployment
+
+logger = logging.getLogger("tenantgate.gateway.upstream")
+
+PATHS = {"chat.completions": "chat/completions", "completions": "completions"}
+
+# The caller's fields that mean the same upstream and go as they are. The rest are the gateway's
+# (model, max_tokens, max_completion_tokens, stream, stream_options), an extension a client may
+# not set (cache_salt, priority, cache_prompt, extra_key, ...), or dropped: user and metadata
+# (who calls stays inside the gateway), store (a caller never opts into storage upstream), n,
+# logprobs, top_logprobs, best_of and echo (see unsupported_fields).
+FORWARDED = frozenset({"messages", "prompt", "suffix", "temperature", "top_p", "stop", "seed",
+                       "presence_penalty", "frequency_penalty", "logit_bias", "response_format"})
+
+# Statuses that are about the request itself; any other error status is the deployment's
+# (401/403: the gateway's credential, 404: its URL or model name, 408/429/5xx: load or failure).
+CALLER_ERRORS = frozenset({400, 413, 422})
+
+SHARED_CACHE_REASON = ("cache scope {scope} needs a server that keeps prompt caches apart, "
+                       "and this one shares one cache across its requests")
+TOKEN_REFRESH_MARGIN_S = 300  # an Entra token is renewed this long before it expires
+MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """What the gateway sends, less the credential (added when sending, never logged)."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    json: dict
+
+
+@dataclass
+class UpstreamOutput(RequestOutput):
+    # True on the last delta when its counts are the upstream's `usage`; otherwise the counts are
+    # the client's own (output: content deltas seen; prompt: 0) and the caller settles on its own.
+    usage_reported: bool = False
+
+
+def cache_salt(namespace: bytes, deployment_name: str) -> str:
+    """The salt for one namespace on one deployment: a keyed digest, so one upstream's salt says
+    nothing about another's, and 43 base64url characters (256 bits), as vLLM's docs ask."""
+    digest = hmac.new(namespace, f"cache_salt:{deployment_name}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _partitions_cache(deployment: Deployment) -> bool:
+    return deployment.dialect in ("vllm", "sglang")
+
+
+def _caches_always(deployment: Deployment) -> bool:
+    """One cache for every request it runs, with no per-request partition."""
+    return deployment.dialect in ("azure-openai", "openai") or (
+        deployment.dialect == "llamacpp" and deployment.cache_prompt)
+
+
+def unmet_cache_scope(deployment: Deployment, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+    """None when this deployment can honour the decision's cache scope; else why not (safe to show).
+
+    A server that partitions by salt honours every scope, and one that never caches honours
+    every scope by not caching. One shared cache honours a scope only when everything else it
+    runs may share with the request: scope shared on a deployment that is not dedicated (all it
+    runs is then shared too) or dedicated to this tenant among others; scope tenant on one
+    dedicated to this tenant alone. Principal and none never: their own tenant shares it."""
+    if not _caches_always(deployment):
+        return None
+    scope, dedicated = envelope.cache_scope, deployment.dedicated_tenants
+    if scope is CacheScope.SHARED and (not dedicated or tenant_id in dedicated):
+        return None
+    if scope is CacheScope.TENANT and dedicated == [tenant_id]:
+        return None
+    return SHARED_CACHE_REASON.format(scope=scope.value)
+
+
+def _cache_fields(deployment: Deployment, envelope: ExecutionEnvelope) -> dict:
+    if _partitions_cache(deployment):
+        # vLLM ChatCompletionRequest.cache_salt; SGLang's cache_salt, folded into its radix-cache extra_key.
+        if envelope.cache_namespace is None:
+            return {"cache_salt": secrets.token_urlsafe(32)}
+        return {"cache_salt": cache_salt(envelope.cache_namespace, deployment.name)}
+    if deployment.dialect == "llamacpp":
+        return {"cache_prompt": deployment.cache_prompt}
+    return {}  # azure-openai, openai: no per-request knob
+
+
+def _priority_fields(deployment: Deployment, envelope: ExecutionEnvelope) -> dict:
+    # Our priority: higher is served first. vLLM: "lower means earlier handling".
+    if deployment.priority_scheduling == "off":
+        return {}
+    sign = -1 if deployment.priority_scheduling == "lower-first" else 1
+    return {"priority": sign * envelope.priority}
+
+
+def _max_tokens_field(deployment: Deployment, route: str) -> str:
+    # Chat: max_tokens is deprecated for max_completion_tokens (OpenAI, Azure, vLLM, SGLang), and
+    # refused by OpenAI's reasoning models; llama.cpp's server documents max_tokens.
+    if route == "chat.completions" and deployment.dialect != "llamacpp":
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def unsupported_fields(body: dict) -> list[str]:
+    """The caller's fields an upstream cannot honour through this client (refuse them with 400):
+    one choice per request, and no logprobs (the engine's token-id logprobs have no upstream twin)."""
+    names = []
+    if body.get("n", 1) != 1:
+        names.append("n")
+    if body.get("logprobs") is not None and body.get("logprobs") is not False:  # completions' 0 asks for some
+        names.append("logprobs")
+    if body.get("top_logprobs") is not None:
+        names.append("top_logprobs")
+    if body.get("best_of") not in (None, 1):
+        names.append("best_of")
+    if body.get("echo"):
+        names.append("echo")
+    return names
+
+
+def compile_request(deployment: Deployment, call: UpstreamCall, served_model: str) -> UpstreamRequest:
+    """The exact request for this deployment. Raises ValueError for a deployment that cannot
+    honour the call's cache scope: routing asks unmet_cache_scope first and never picks one."""
+    if deployment.kind != "openai" or deployment.url is None:
+        raise ValueError(f"deployment {deployment.name} is not an OpenAI-compatible upstream")
+    if call.route not in PATHS:
+        raise ValueError(f"no upstream route for {call.route!r}")
+    reason = unmet_cache_scope(deployment, call.envelope, call.tenant_id)
+    if reason is not None:
+        raise ValueError(f"deployment {deployment.name}: {reason}")
+    base = deployment.url.rstrip("/")
+    body = {name: value for name, value in call.body.items() if name in FORWARDED}
+    if deployment.dialect == "azure-openai":
+        # The deployment is in the path; the 2024-10-21 request schema has no model field.
+        url = (f"{base}/openai/deployments/{quote(deployment.azure_deployment, safe='')}/{PATHS[call.route]}"
+               f"?api-version={quote(deployment.azure_api_version, safe='')}")
+    else:
+        url = f"{base}/{PATHS[call.route]}"
+        body["model"] = deployment.upstream_model or served_model
+    body[_max_tokens_field(deployment, call.route)] = call.max_tokens
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    body |= _cache_fields(deployment, call.envelope)
+    body |= _priority_fields(deployment, call.envelope)
+    headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": call.request_id}
+    return UpstreamRequest("POST", url, headers, body)
+
+
+class _KeyFile:
+    """A mounted secret, read again when its modification time changes (rotation)."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.path, self.name = deployment.api_key_file, deployment.name
+        self._stamp: int | None = None
+        self._key = ""
+        self.read()
+
+    def read(self) -> str:
+        try:
+            stamp = self.path.stat().st_mtime_ns
+            if stamp != self._stamp:
+                self._key, self._stamp = self.path.read_text().strip(), stamp
+        except OSError:
+            raise UpstreamUnavailable(f"deployment {self.name}: its API key file cannot be read") from None
+        if not self._key:
+            raise UpstreamUnavailable(f"deployment {self.name}: its API key file is empty")
+        return self._key
+
+
+class _Credentials:
+    """The deployment's credential as request headers. Values are never logged or put in errors."""
+
+    def __init__(self, deployment: Deployment, entra_credential=None) -> None:
+        self.deployment = deployment
+        self._key_file = _KeyFile(deployment) if deployment.api_key_file is not None else None
+        self._env_key = None
+        if deployment.api_key_env is not None:
+            self._env_key = os.environ.get(deployment.api_key_env, "").strip()
+            if not self._env_key:
+                raise ValueError(f"deployment {deployment.name}: environment variable "
+                                 f"{deployment.api_key_env} is not set")
+        self._entra = entra_credential
+        self._owns_entra = False
+        self._token = None
+        self._token_lock = asyncio.Lock()
+
+    async def headers(self) -> dict[str, str]:
+        deployment = self.deployment
+        if deployment.entra_scope is not None:
+            return {"authorization": f"Bearer {await self._entra_token()}"}
+        key = self._key_file.read() if self._key_file is not None else self._env_key
+        if key is None:
+            return {}
+        if deployment.dialect == "azure-openai":
+            return {"api-key": key}
+        return {"authorization": f"Bearer {key}"}
+
+    async def _entra_token(self) -> str:
+        async with self._token_lock:
+            if self._token is None or self._token.expires_on - TOKEN_REFRESH_MARGIN_S <= time.time():
+                if self._entra is None:
+                    from azure.identity.aio import DefaultAzureCredential  # workload or managed identity
+
+                    self._entra, self._owns_entra = DefaultAzureCredential(), True
+                try:
+                    self._token = await self._entra.get_token(self.deployment.entra_scope)
+                except Exception:  # noqa: BLE001 - azure-identity raises many kinds; none is the caller's
+                    raise UpstreamUnavailable(f"deployment {self.deployment.name}: no Entra token") from None
+            return self._token.token
+
+    async def aclose(self) -> None:
+        if self._owns_entra:
+            await self._entra.close()
+
+
+def _error_message(raw: bytes, status: int) -> tuple[str, str | None]:
+    """The upstream's own message for a refused request: OpenAI's {"error": {...}}, or vLLM's
+    {"object": "error", "message": ...}."""
+    fallback = f"the upstream refused the request with {status}"
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return fallback, None
+    error = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(error, dict):
+        error = document if isinstance(document, dict) else {}
+    message, param = error.get("message"), error.get("param")
+    return (message[:1000] if isinstance(message, str) and message else fallback,
+            param if isinstance(param, str) else None)
+
+
+def _usage(event: dict) -> tuple[int, int, int] | None:
+    usage = event.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    details = usage.get("prompt_tokens_details")  # vLLM: only with --enable-prompt-tokens-details
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return prompt, completion, cached if isinstance(cached, int) else 0
+
+
+def _choice(event: dict, route: str) -> tuple[str, str | None]:
+    """The text and finish reason of choice 0 in one chunk; ("", None) when it has none."""
+    choices = event["choices"]
+    if not isinstance(choices, list):
+        raise ValueError("choices is not a list")
+    for choice in choices:
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        if route == "chat.completions":
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else None
+        else:
+            text = choice.get("text")
+        reason = choice.get("finish_reason")
+        return (text if isinstance(text, str) else ""), (reason if isinstance(reason, str) else None)
+    return "", None
+
+
+class OpenAIUpstream:
+    """One OpenAI-compatible deployment: streams an admitted call as engine-style deltas."""
+
+    def __init__(self, deployment: Deployment, served_model: str, *, entra_credential=None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.deployment, self.served_model = deployment, served_model
+        self._credentials = _Credentials(deployment, entra_credential)
+        timeout = httpx.Timeout(deployment.timeout_s, connect=deployment.connect_timeout_s)
+        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
+
+    def _unavailable(self, why: str) -> UpstreamUnavailable:
+        logger.warning("upstream %s unavailable: %s", self.deployment.name, why)
+        return UpstreamUnavailable(f"deployment {self.deployment.name} {why}")
+
+    async def stream(self, call: UpstreamCall) -> AsyncIterator[UpstreamOutput]:
+        """Deltas with new_text (new_token_ids stay empty), then a last one with finished set,
+        the finish reason and the counts. Raises UpstreamUnavailable when the deployment cannot
+        be reached, times out, fails or breaks the stream; UpstreamRejected when it refuses the
+        request itself. Closing the generator closes the upstream stream."""
+        deployment = self.deployment
+        compiled = compile_request(deployment, call, self.served_model)
+        headers = compiled.headers | await self._credentials.headers()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        whole = started + deployment.timeout_s
+        first = min(started + deployment.first_token_timeout_s, whole)
+        outputs = 0
+        finish_reason, usage = None, None
+        request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
+        try:
+            async with asyncio.timeout_at(first):
+                response = await self._client.send(request, stream=True)
+        except TimeoutError:
+            raise self._unavailable("timed out before its first token") from None
+        except httpx.TransportError as exc:
+            raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
+        try:
+            if response.status_code >= 400:
+                raw = await self._read_error(response)
+                if response.status_code not in CALLER_ERRORS:
+                    raise self._unavailable(f"answered {response.status_code}")
+                logger.info("upstream %s refused a request with %d", deployment.name, response.status_code)
+                message, param = _error_message(raw, response.status_code)
+                raise UpstreamRejected(response.status_code, message, param=param)
+            lines = response.aiter_lines()
+            while True:
+                try:
+                    async with asyncio.timeout_at(whole if outputs else first):
+                        line = await anext(lines)
+                except StopAsyncIteration:
+                    break
+                if not line.startswith("data:"):
+                    continue  # blank separators, comments (": ping"), event names
+                data = line.removeprefix("data:").strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
+                    raise self._unavailable("sent an error in its stream")
+                usage = _usage(event) or usage
+                text, reason = _choice(event, call.route) if "choices" in event else ("", None)
+                finish_reason = reason or finish_reason
+                if text:
+                    outputs += 1
+                    yield UpstreamOutput(call.request_id, [], text, 0, outputs)
+        except TimeoutError:
+            raise self._unavailable("timed out" if outputs else "timed out before its first token") from None
+        except httpx.TransportError as exc:
+            raise self._unavailable(f"broke its stream ({type(exc).__name__})") from None
+        except ValueError:  # a malformed chunk (json.JSONDecodeError is one)
+            raise self._unavailable("sent a malformed stream") from None
+        finally:
+            await response.aclose()
+        if finish_reason is None:
+            raise self._unavailable("ended its stream before finishing")
+        prompt, completion, cached = usage or (0, outputs, 0)
+        yield UpstreamOutput(call.request_id, [], "", prompt, completion, cached, finished=True,
+                             finish_reason=finish_reason, usage_reported=usage is not None)
+
+    @staticmethod
+    async def _read_error(response: httpx.Response) -> bytes:
+        raw = bytearray()
+        async for piece in response.aiter_bytes():
+            raw += piece
+            if len(raw) >= MAX_ERROR_BODY:
+                break
+        return bytes(raw[:MAX_ERROR_BODY])
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._credentials.aclose()

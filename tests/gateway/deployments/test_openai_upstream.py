@@ -1,0 +1,256 @@
+"""OpenAIUpstream against a real HTTP server on loopback that speaks SSE like an OpenAI server:
+usage parsing, credentials, and which failures are the deployment's and which the caller's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from azure.core.credentials import AccessToken
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.openai import OpenAIUpstream
+from tests.utils.server import free_port, serving
+from tests.utils.upstreams import deployment, upstream_call
+
+USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 4}}
+
+
+def sse(event: dict | str) -> bytes:
+    return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
+
+
+def chat_chunk(content: str | None = None, finish: str | None = None) -> dict:
+    delta = {} if content is None else {"content": content}
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+class FakeUpstream:
+    """One scripted OpenAI-compatible server; `mode` picks what the next request gets."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.received: list[dict] = []
+        self.disconnected = threading.Event()
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["POST"])])
+
+    async def handle(self, request: Request):
+        body = await request.json()
+        self.received.append({"path": request.url.path, "query": request.url.query,
+                              "headers": dict(request.headers), "json": body})
+        if self.mode == "503":
+            return JSONResponse({"error": {"message": "overloaded", "type": "server_error"}}, status_code=503)
+        if self.mode == "400":
+            return JSONResponse({"object": "error", "message": "This model's maximum context length is 2048 tokens",
+                                 "type": "BadRequestError", "param": "messages", "code": 400}, status_code=400)
+        if self.mode == "401":
+            return JSONResponse({"error": {"message": "Incorrect API key provided: sk-...", "code": 401}},
+                                status_code=401)
+        return StreamingResponse(self.events(body), media_type="text/event-stream")
+
+    async def events(self, body: dict):
+        completions = "prompt" in body
+        try:
+            if self.mode == "slow":
+                await asyncio.sleep(3)
+            if self.mode == "endless":
+                for _ in range(400):  # bounded: 20 s at most
+                    yield sse(chat_chunk("x"))
+                    await asyncio.sleep(0.05)
+                return
+            for piece in ("Paris", "."):
+                yield sse({"choices": [{"index": 0, "text": piece, "finish_reason": None}]} if completions
+                          else chat_chunk(piece))
+            if self.mode == "break":
+                return  # the connection ends mid-answer: no finish_reason, no [DONE]
+            if self.mode == "stall":
+                await asyncio.sleep(3)
+            yield sse({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]} if completions
+                      else chat_chunk(finish="stop"))
+            if self.mode != "no-usage":
+                yield sse({"choices": [], "usage": USAGE})  # vLLM and OpenAI: a last chunk with usage only
+            yield sse("[DONE]")
+        finally:
+            self.disconnected.set()
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUpstream]:
+    server = FakeUpstream()
+    with serving(server.app) as url:
+        server.url = url
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def fresh(fake: FakeUpstream) -> None:
+    fake.mode, fake.received[:] = "ok", []
+    fake.disconnected.clear()
+
+
+async def collect(upstream: OpenAIUpstream, call=None) -> list:
+    return [output async for output in upstream.stream(call or upstream_call())]
+
+
+async def test_chat_stream_yields_text_deltas_then_the_upstream_usage(fake):
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    outputs = await collect(upstream)
+    await upstream.aclose()
+    assert [(o.new_text, o.new_token_ids, o.finished) for o in outputs] == [
+        ("Paris", [], False), (".", [], False), ("", [], True)]
+    last = outputs[-1]
+    assert (last.finish_reason, last.num_prompt_tokens, last.num_output_tokens, last.num_cached_tokens,
+            last.usage_reported) == ("stop", 9, 2, 4, True)
+    sent = fake.received[0]
+    assert sent["path"] == "/v1/chat/completions"
+    assert sent["json"]["stream"] is True and sent["json"]["stream_options"] == {"include_usage": True}
+    assert sent["headers"]["x-request-id"] == "chatcmpl-test" and "authorization" not in sent["headers"]
+
+
+async def test_completions_stream(fake):
+    upstream = OpenAIUpstream(deployment("llamacpp", url=fake.url + "/v1"), "m")
+    outputs = await collect(upstream, upstream_call({"prompt": "The capital of France is"}, route="completions"))
+    await upstream.aclose()
+    assert "".join(o.new_text for o in outputs) == "Paris." and outputs[-1].usage_reported
+    assert fake.received[0]["path"] == "/v1/completions"
+
+
+async def test_without_usage_the_counts_are_the_clients_own_and_say_so(fake):
+    fake.mode = "no-usage"
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    last = (await collect(upstream))[-1]
+    await upstream.aclose()
+    assert (last.finished, last.usage_reported, last.num_output_tokens, last.num_prompt_tokens) == (True, False, 2, 0)
+
+
+async def test_connection_refused_is_unavailable():
+    upstream = OpenAIUpstream(deployment("vllm", url=f"http://127.0.0.1:{free_port()}/v1"), "m")
+    with pytest.raises(UpstreamUnavailable, match="cannot be reached"):
+        await collect(upstream)
+    await upstream.aclose()
+
+
+@pytest.mark.parametrize("status", ["503", "401"])
+async def test_deployment_errors_before_the_first_token_are_unavailable_and_say_nothing_of_them(fake, status):
+    # 401 is the gateway's own credential, not the caller's to fix: another replica may do better.
+    fake.mode = status
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    with pytest.raises(UpstreamUnavailable) as caught:
+        await collect(upstream)
+    await upstream.aclose()
+    assert str(caught.value) == f"deployment vllm-a answered {status}"
+
+
+async def test_a_400_is_rejected_with_the_upstreams_message_for_the_caller(fake):
+    fake.mode = "400"
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    with pytest.raises(UpstreamRejected) as caught:
+        await collect(upstream)
+    await upstream.aclose()
+    rejected = caught.value
+    assert (rejected.status, rejected.message, rejected.param) == (
+        400, "This model's maximum context length is 2048 tokens", "messages")
+    assert "maximum context" not in str(rejected)  # what may reach a log names the status only
+
+
+async def test_no_first_token_in_time_is_unavailable(fake):
+    fake.mode = "slow"
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", first_token_timeout_s=0.3), "m")
+    started = time.monotonic()
+    with pytest.raises(UpstreamUnavailable, match="timed out before its first token"):
+        await collect(upstream)
+    await upstream.aclose()
+    assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize(("mode", "fields", "why"), [
+    ("stall", {"timeout_s": 0.8}, "timed out$"),  # the whole-request timeout, once output has begun
+    ("break", {}, "ended its stream before finishing"),
+])
+async def test_a_stream_that_fails_after_output_is_unavailable(fake, mode, fields, why):
+    fake.mode = mode
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", **fields), "m")
+    texts = []
+    with pytest.raises(UpstreamUnavailable, match=why):
+        async for output in upstream.stream(upstream_call()):
+            texts.append(output.new_text)
+    await upstream.aclose()
+    assert texts == ["Paris", "."]
+
+
+async def test_closing_the_generator_early_closes_the_upstream_stream(fake):
+    fake.mode = "endless"
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    outputs = upstream.stream(upstream_call())
+    assert (await anext(outputs)).new_text == "x"
+    await outputs.aclose()
+    assert await asyncio.to_thread(fake.disconnected.wait, 10), "the server kept streaming to a closed client"
+    await upstream.aclose()
+
+
+async def test_api_key_file_is_read_again_when_it_changes(fake, tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("first-key\n")
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", api_key_file=key), "m")
+    await collect(upstream)
+    key.write_text("second-key\n")
+    os.utime(key, ns=(time.time_ns(), time.time_ns() + 10**9))  # a rotation: a new mtime
+    await collect(upstream)
+    await upstream.aclose()
+    assert [r["headers"]["authorization"] for r in fake.received] == ["Bearer first-key", "Bearer second-key"]
+
+
+async def test_azure_api_key_goes_in_the_api_key_header(fake, monkeypatch):
+    # https://learn.microsoft.com/azure/ai-services/openai/reference#authentication: "api-key" header.
+    monkeypatch.setenv("TEST_AZURE_OPENAI_KEY", "azure-key")
+    azure = deployment("azure-openai", url=fake.url, api_key_env="TEST_AZURE_OPENAI_KEY")
+    upstream = OpenAIUpstream(azure, "m")
+    await collect(upstream, upstream_call(scope="shared"))
+    await upstream.aclose()
+    sent = fake.received[0]
+    assert (sent["path"], sent["query"]) == ("/openai/deployments/gpt-4o-mini/chat/completions",
+                                              "api-version=2024-10-21")
+    assert sent["headers"]["api-key"] == "azure-key" and "authorization" not in sent["headers"]
+
+
+def test_a_missing_key_variable_fails_at_start_naming_the_variable_only(monkeypatch):
+    monkeypatch.delenv("TEST_MISSING_KEY", raising=False)
+    with pytest.raises(ValueError, match="environment variable TEST_MISSING_KEY is not set"):
+        OpenAIUpstream(deployment("vllm", api_key_env="TEST_MISSING_KEY"), "m")
+
+
+class FakeEntraCredential:
+    """azure.identity.aio's get_token contract: AccessToken(token, expires_on in epoch seconds)."""
+
+    def __init__(self, lifetime_s: int) -> None:
+        self.lifetime_s, self.scopes = lifetime_s, []
+
+    async def get_token(self, *scopes: str) -> AccessToken:
+        self.scopes.append(scopes)
+        return AccessToken(f"entra-token-{len(self.scopes)}", int(time.time()) + self.lifetime_s)
+
+
+@pytest.mark.parametrize(("lifetime_s", "tokens"), [(3600, ["entra-token-1", "entra-token-1"]),
+                                                    (60, ["entra-token-1", "entra-token-2"])])
+async def test_azure_entra_token_is_a_bearer_cached_until_near_expiry(fake, lifetime_s, tokens):
+    # https://learn.microsoft.com/azure/ai-services/openai/how-to/managed-identity: Authorization: Bearer
+    # with a token for https://cognitiveservices.azure.com/.default.
+    scope = "https://cognitiveservices.azure.com/.default"
+    credential = FakeEntraCredential(lifetime_s)
+    azure = deployment("azure-openai", url=fake.url, entra_scope=scope)
+    upstream = OpenAIUpstream(azure, "m", entra_credential=credential)
+    for _ in range(2):
+        await collect(upstream, upstream_call(scope="shared"))
+    await upstream.aclose()
+    assert [r["headers"]["authorization"] for r in fake.received] == [f"Bearer {t}" for t in tokens]
+    assert set(credential.scopes) == {(scope,)}
+    assert all("api-key" not in r["headers"] for r in fake.received)
