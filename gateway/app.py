@@ -18,7 +18,8 @@ from fastapi.responses import Response
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
 from gateway.audit import boot_chain_id, load_or_create_signing_key
 from gateway.deployments.config import DeploymentsError, load_deployments
-from gateway.deployments.registry import ServedModel, embedded_model
+from gateway.deployments.registry import ServedModel, embedded_model, served_model_for
+from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
@@ -78,14 +79,30 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         stack.push_async_callback(engine.aclose)
     if deployments is None:
         return {engine.model_name: embedded_model(engine.model_name, "embedded", engine)}, engine
-    models = {}
+    signer = None
+    if deployments.models_of_kind("tenantgate"):
+        if settings.envelope_signing_key is None:
+            raise DeploymentsError("tenantgate deployments need envelope_signing_key (TENANTGATE_ENVELOPE_SIGNING_KEY)")
+        from engine.remote import EnvelopeSigner, load_private_key
+
+        signer = EnvelopeSigner(load_private_key(settings.envelope_signing_key), ttl_s=settings.envelope_ttl_s)
+    models, replicas = {}, []
     for model, entries in deployments.models.items():
-        served = None
-        for deployment in entries:
-            if deployment.kind != "embedded":
-                raise DeploymentsError(f"deployment {deployment.name}: kind {deployment.kind} is not wired yet")
-            served = embedded_model(model, deployment.name, engine)
+        served = await asyncio.to_thread(served_model_for, model, entries, engine, signer)
+        for target in served.targets:
+            closer = getattr(getattr(target, "replica", None) or getattr(target, "upstream", None), "aclose", None)
+            if closer is not None:
+                stack.push_async_callback(closer)
+            if isinstance(target, ReplicaTarget):
+                replicas.append(target)
         models[model] = served
+    poller = LoadPoller(replicas, settings.load_poll_interval_s)
+    await poller.start()
+    stack.push_async_callback(poller.aclose)
+    for served in models.values():
+        lengths = [t.max_model_len for t in served.targets if isinstance(t, ReplicaTarget) and t.max_model_len]
+        if lengths and served.max_model_len is None:
+            served.max_model_len = min(lengths)
     return models, engine
 
 

@@ -34,7 +34,23 @@ class InferenceBackend(Protocol):
     async def aclose(self) -> None: ...
 
 
-class EngineBackend:
+class GatewayTokenizer:
+    """An engine Tokenizer with the calls the gateway makes (chat ends with the assistant's prompt)."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self._tokenizer.encode_chat(messages, add_generation_prompt=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tokenizer.token_text(token_id)
+
+
+class EngineBackend(GatewayTokenizer):
     """The embedded decode engine, stepped on its own thread (AsyncLLMEngine)."""
 
     def __init__(self, engine, *, model_name: str) -> None:
@@ -52,15 +68,6 @@ class EngineBackend:
 
     def engine_record(self, request_id: str):
         return self._records.pop(request_id)
-
-    def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self._tokenizer.encode_chat(messages, add_generation_prompt=True)
-
-    def token_text(self, token_id: int) -> str:
-        return self._tokenizer.token_text(token_id)
 
     def generate(self, token_ids, params, envelope, request_id):
         return self.async_engine.generate(list(token_ids), params, envelope, request_id=request_id)

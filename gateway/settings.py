@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     deployments_file: Path | None = None
     # The Ed25519 key that signs envelopes for tenantgate engine replicas (they hold its public key).
     envelope_signing_key: Path | None = None
-    envelope_ttl_s: float = Field(30.0, gt=0, le=60)
+    envelope_ttl_s: int = Field(30, ge=1, le=60)
     route_max_attempts: int = Field(3, ge=1, le=10)  # targets tried before the first output, per request
     breaker_failures: int = Field(3, ge=1, le=100)  # consecutive failures that open a target's breaker
     breaker_open_s: float = Field(10.0, gt=0, le=600)  # how long an open breaker sends requests elsewhere

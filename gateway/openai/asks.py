@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.deployments.openai import unsupported_fields
 from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
@@ -44,6 +45,10 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
     if served is not None:
         if logprobs is not None and not served.logprobs:
             raise InvalidRequest("logprobs are not available for this model", param="logprobs")
+        if not served.takes_token_ids:
+            refused = unsupported_fields(body.model_dump(exclude_none=True))
+            if refused:
+                raise InvalidRequest(f"{refused[0]} is not supported for this model", param=refused[0])
         if served.tokenizer is not None:
             token_ids = encode(served)
             prompt_tokens = len(token_ids)

@@ -1,0 +1,132 @@
+"""Targets for the remote kinds: one per tenantgate engine replica, one per OpenAI-compatible deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator
+
+from engine.envelope import ExecutionEnvelope, Isolation
+from engine.outputs import RequestOutput
+from gateway.deployments.base import ReplicaLoad, UpstreamCall, UpstreamUnavailable
+from gateway.deployments.config import Deployment
+from gateway.deployments.openai import OpenAIUpstream, unmet_cache_scope
+from gateway.deployments.tenantgate import TenantgateReplica
+
+logger = logging.getLogger("tenantgate.gateway")
+
+NOT_BATCH_INVARIANT = ("this tenant's deterministic lane needs a batch-invariant deployment, "
+                       "and no deployment of this model is declared one")
+NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment dedicated to it, "
+                 "and no deployment of this model is")
+
+
+class ReplicaTarget:
+    """One `tenantgate engine serve` replica: its engine enforces every decision itself."""
+
+    expects_records = True
+
+    def __init__(self, name: str, replica: TenantgateReplica) -> None:
+        self.name = name
+        self.replica = replica
+        self.fingerprint = "unknown"  # the replica's, once it has answered /v1/engine/info
+        self.max_model_len: int | None = None
+        self._load: ReplicaLoad | None = None
+        self._ready = False
+
+    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+        return None
+
+    def run(self, admitted) -> AsyncIterator[RequestOutput]:
+        return self.replica.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id)
+
+    def engine_record(self, request_id: str):
+        return self.replica.engine_record(request_id)
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return self._load
+
+    def ready(self) -> bool:
+        return self._ready
+
+    async def poll(self) -> None:
+        """Reads the replica's load (and, until it has it, its info); a failure marks it not ready."""
+        try:
+            if self.fingerprint == "unknown":
+                info = await self.replica.info()
+                self.fingerprint = str(info.get("fingerprint") or "unknown")
+                length = info.get("max_model_len")
+                self.max_model_len = length if type(length) is int and length > 0 else None
+            self._load = await self.replica.load()
+            self._ready = True
+        except UpstreamUnavailable as exc:
+            if self._ready:
+                logger.warning("engine replica %s is not answering: %s", self.name, exc)
+            self._ready, self._load = False, None
+
+
+class UpstreamTarget:
+    """One OpenAI-compatible deployment. It honours a decision only as far as it is declared to:
+    batch-invariant for the deterministic lane, dedicated to the tenant for tenant or exclusive
+    isolation, and a cache scope its dialect can keep apart (gateway/deployments/openai.py)."""
+
+    expects_records = False
+
+    def __init__(self, deployment: Deployment, upstream: OpenAIUpstream) -> None:
+        self.name = deployment.name
+        self.deployment = deployment
+        self.upstream = upstream
+        identity = f"{deployment.dialect}\0{deployment.url}\0{deployment.upstream_model or ''}"
+        self.fingerprint = "upstream-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+        if envelope.deterministic and not self.deployment.batch_invariant:
+            return NOT_BATCH_INVARIANT
+        if envelope.isolation is not Isolation.SHARED and self.deployment.dedicated_tenants != [tenant_id]:
+            return NOT_DEDICATED.format(isolation=envelope.isolation.value)
+        return unmet_cache_scope(self.deployment, envelope, tenant_id)
+
+    def run(self, admitted) -> AsyncIterator[RequestOutput]:
+        call = UpstreamCall(route=admitted.route, body=admitted.ask.body, max_tokens=admitted.params.max_tokens,
+                            envelope=admitted.envelope, request_id=admitted.request_id,
+                            tenant_id=admitted.principal.tenant_id)
+        return self.upstream.stream(call)
+
+    def engine_record(self, request_id: str):
+        return None
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return None
+
+    def ready(self) -> bool:
+        return True  # its breaker says otherwise
+
+
+class LoadPoller:
+    """Reads every replica's load in the background, every `interval_s`."""
+
+    def __init__(self, targets: list[ReplicaTarget], interval_s: float) -> None:
+        self.targets = targets
+        self.interval_s = interval_s
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self.targets:
+            await self.poll_once()  # the first figures (and fingerprints) before the first request
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(target.poll() for target in self.targets))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.poll_once()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
