@@ -1,0 +1,55 @@
+"""llama.cpp's llama-server on SmolLM2, for the tests of the `upstream` marker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.utils.server import free_port, stop
+
+
+def llama_server_binary() -> Path:
+    named = os.environ.get("TENANTGATE_LLAMA_SERVER")
+    if named:
+        if not Path(named).is_file():
+            pytest.fail(f"TENANTGATE_LLAMA_SERVER={named} is not a file")
+        return Path(named)
+    # The build script's cache (the test session points TENANTGATE_CACHE_DIR elsewhere).
+    cached = sorted(Path.home().glob(".cache/tenantgate/llama.cpp/*/bin/llama-server"))
+    if not cached:
+        pytest.skip("llama-server not built: run `make test-upstream` (bench/build_llamacpp.sh, ~10 min)")
+    return cached[-1]
+
+
+@pytest.fixture(scope="module")
+def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """llama-server on 127.0.0.1 with one slot, so a repeated prompt meets its own KV."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(llama_server_binary()), "-m", str(smollm2_gguf), "--host", "127.0.0.1", "--port", str(port),
+             "-t", "2", "-np", "1", "-c", "2048", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"llama-server exited {process.returncode}:\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama-server not ready after 120 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.25)
+        yield url + "/v1"
+    finally:
+        stop(process, 10)
