@@ -92,11 +92,12 @@ def serve_bare(port: int, body_file: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def start_server(args: list[str], port: int, profile: Path | None = None) -> subprocess.Popen:
+def start_server(args: list[str], port: int, profile: Path | None = None, script: str = __file__) -> subprocess.Popen:
+    """`script --serve ARGS --port PORT` in a process of its own, once it answers."""
     command = [sys.executable]
     if profile is not None:
         command += ["-m", "cProfile", "-o", str(profile)]
-    command += [str(Path(__file__).resolve()), "--serve", *args, "--port", str(port)]
+    command += [str(Path(script).resolve()), "--serve", *args, "--port", str(port)]
     process = subprocess.Popen(command, cwd=ROOT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -157,9 +158,10 @@ class Connection:
         self.writer.close()
 
 
-async def run_load(url: str, token: str, bodies: list[bytes], concurrency: int) -> tuple[list[float], float]:
+async def run_load(url: str, token: str, bodies: list[bytes], concurrency: int,
+                   path: str = "/v1/chat/completions") -> tuple[list[float], float]:
     target = httpx.URL(url)
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: ").encode()
     latencies: list[float] = []
     connections = [await Connection.open(target.host, target.port) for _ in range(concurrency)]
