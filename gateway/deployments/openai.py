@@ -328,7 +328,13 @@ class OpenAIUpstream:
         request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
         try:
             async with asyncio.timeout_at(first):
-                response = await self._client.send(request, stream=True)
+                try:
+                    response = await self._client.send(request, stream=True)
+                except httpx.RemoteProtocolError:
+                    # The server closed a kept-alive connection as this request went out (llama-server
+                    # does so every few dozen streamed requests): it answered nothing, so once more
+                    # on a fresh connection.
+                    response = await self._client.send(request, stream=True)
         except TimeoutError:
             raise self._unavailable("timed out before its first token") from None
         except httpx.TransportError as exc:
@@ -352,7 +358,9 @@ class OpenAIUpstream:
                     continue  # blank separators, comments (": ping"), event names
                 data = line.removeprefix("data:").strip()
                 if data == "[DONE]":
-                    break
+                    # Read on to the end of the body: a response read to its end hands its
+                    # connection back to the pool, one closed early closes it.
+                    continue
                 event = json.loads(data)
                 if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
                     raise self._unavailable("sent an error in its stream")

@@ -254,3 +254,43 @@ async def test_azure_entra_token_is_a_bearer_cached_until_near_expiry(fake, life
     assert [r["headers"]["authorization"] for r in fake.received] == [f"Bearer {t}" for t in tokens]
     assert set(credential.scopes) == {(scope,)}
     assert all("api-key" not in r["headers"] for r in fake.received)
+
+
+async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_fresh_one() -> None:
+    # Like llama-server every few dozen streamed requests: the server reads the next request on a
+    # kept-alive connection and closes it without an answer.
+    body = (sse(chat_chunk("Paris")) + sse(chat_chunk(finish="stop")) + sse({"choices": [], "usage": USAGE})
+            + b"data: [DONE]\n\n")
+    connections = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            if served:
+                break  # the second request on this connection: closed, unanswered
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            served += 1
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = OpenAIUpstream(deployment(url=f"http://127.0.0.1:{port}/v1"), "served-model")
+    try:
+        for _ in range(2):
+            outputs = [output async for output in upstream.stream(upstream_call())]
+            assert "".join(o.new_text for o in outputs) == "Paris" and outputs[-1].usage_reported
+        assert len(connections) == 2  # the second request went out on the first connection, then a fresh one
+    finally:
+        await upstream.aclose()
+        server.close()
+        await server.wait_closed()
