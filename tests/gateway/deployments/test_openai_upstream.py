@@ -261,10 +261,11 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
     # kept-alive connection and closes it without an answer.
     body = (sse(chat_chunk("Paris")) + sse(chat_chunk(finish="stop")) + sse({"choices": [], "usage": USAGE})
             + b"data: [DONE]\n\n")
-    connections = []
+    connections, handlers = [0], []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
+        connections[0] += 1
+        handlers.append(asyncio.current_task())
         served = 0
         while True:
             try:
@@ -281,6 +282,7 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
             await writer.drain()
             served += 1
         writer.close()
+        await writer.wait_closed()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -289,8 +291,9 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
         for _ in range(2):
             outputs = [output async for output in upstream.stream(upstream_call())]
             assert "".join(o.new_text for o in outputs) == "Paris" and outputs[-1].usage_reported
-        assert len(connections) == 2  # the second request went out on the first connection, then a fresh one
+        assert connections[0] == 2  # the second request went out on the first connection, then a fresh one
     finally:
-        await upstream.aclose()
+        await upstream.aclose()  # closes the pooled connection: its handler reads EOF and ends
+        await asyncio.wait_for(asyncio.gather(*handlers), 5)
         server.close()
         await server.wait_closed()
