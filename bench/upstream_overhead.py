@@ -37,6 +37,9 @@ from tests.utils.server import free_port  # noqa: E402
 TARGET_ADDED_P50_MS = 1.0
 MAX_TOKENS = 4
 SLOTS = 4
+# One thread: the gateway gets the other core. With both cores, any work of the gateway
+# process preempts one of llama-server's two threads, and its step waits for it.
+THREADS = 1
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "What is the capital of France?"}]
 
@@ -85,7 +88,7 @@ def main() -> int:
 
     bin_dir = llamacpp_bin_dir()  # the build's cache, before the gateway gets a cache of its own
     os.environ.setdefault("TENANTGATE_CACHE_DIR", tempfile.mkdtemp(prefix="tenantgate-bench-"))
-    llama = LlamaCpp(bin_dir, packaged_model_file("smollm2-135m-instruct"), threads=2, slots=SLOTS, slot_ctx=512)
+    llama = LlamaCpp(bin_dir, packaged_model_file("smollm2-135m-instruct"), threads=THREADS, slots=SLOTS, slot_ctx=512)
     with tempfile.TemporaryDirectory() as tmp, LocalIssuer(port=0) as issuer:
         tmp_path = Path(tmp)
         deployments = tmp_path / "deployments.json"
@@ -103,7 +106,7 @@ def main() -> int:
                                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                                timeout=60)
             check.raise_for_status()
-            print(f"upstream_overhead: llama-server ({SLOTS} slots, 2 threads) on SmolLM2, {MAX_TOKENS} new tokens, "
+            print(f"upstream_overhead: llama-server ({SLOTS} slots, {THREADS} thread) on SmolLM2, {MAX_TOKENS} new tokens, "
                   f"{args.rounds} alternating rounds of {args.n} requests at concurrency 1 and {SLOTS * 64} at 32")
             p50 = {name: [] for name in servers}
             rps = {name: [] for name in servers}
