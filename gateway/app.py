@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
 from gateway.audit import boot_chain_id, load_or_create_signing_key
-from gateway.deployments.config import DeploymentsError, load_deployments
+from gateway.deployments.config import deployments_for
 from gateway.deployments.registry import ServedModel, embedded_model, served_model_for
 from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
@@ -70,7 +70,7 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
                        backend: InferenceBackend | None) -> tuple[dict[str, ServedModel], InferenceBackend | None]:
     """The served models from the deployments file, or the embedded engine alone without one.
     A backend passed in is the embedded deployment's (tests and benchmarks)."""
-    deployments = load_deployments(settings.deployments_file) if settings.deployments_file else None
+    deployments = deployments_for(settings)
     embedded = [(model, d) for model, ds in (deployments.models.items() if deployments else ()) for d in ds
                 if d.kind == "embedded"]
     engine = backend
@@ -81,8 +81,6 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         return {engine.model_name: embedded_model(engine.model_name, "embedded", engine)}, engine
     signer = None
     if deployments.models_of_kind("tenantgate"):
-        if settings.envelope_signing_key is None:
-            raise DeploymentsError("tenantgate deployments need envelope_signing_key (TENANTGATE_ENVELOPE_SIGNING_KEY)")
         from engine.remote import EnvelopeSigner, load_private_key
 
         signer = EnvelopeSigner(load_private_key(settings.envelope_signing_key), ttl_s=settings.envelope_ttl_s)

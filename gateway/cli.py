@@ -44,6 +44,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.dev:
         overrides["dev_issuer"] = True  # refused by the settings if the environment is production
     settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
+    from gateway.deployments.config import DeploymentsError, deployments_for
+
+    try:
+        deployments_for(settings)  # a bad file is refused here, not as a start-up traceback
+    except DeploymentsError as exc:
+        print(f"tenantgate: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     if settings.dev_issuer:
         _print_dev_instructions(settings)
     limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes,

@@ -148,3 +148,13 @@ def load_deployments(path: Path) -> DeploymentsFile:
 def embedded_only(model_name: str) -> DeploymentsFile:
     """What a gateway without a deployments file serves: its embedded engine under one name."""
     return DeploymentsFile(models={model_name: [Deployment(name="embedded", kind="embedded")]})
+
+
+def deployments_for(settings) -> DeploymentsFile | None:
+    """The settings' deployments file, checked against the settings it needs; None without one."""
+    if settings.deployments_file is None:
+        return None
+    deployments = load_deployments(settings.deployments_file)
+    if deployments.models_of_kind("tenantgate") and settings.envelope_signing_key is None:
+        raise DeploymentsError("tenantgate deployments need envelope_signing_key (TENANTGATE_ENVELOPE_SIGNING_KEY)")
+    return deployments

@@ -60,6 +60,20 @@ def test_production_refuses_the_development_namespace_secret() -> None:
     assert "namespace_secret" in result.stderr and "tenantgate-development" not in result.stderr
 
 
+@pytest.mark.parametrize(("document", "problem"), [
+    ('{"models": {"m": [{"name": "a", "kind": "openai"}]}}', "kind openai needs a dialect and a url"),
+    ('{"models": {"m": [{"name": "a", "kind": "tenantgate", "replicas": ["http://127.0.0.1:9"]}]}}',
+     "need envelope_signing_key"),
+    ("not json", "is not JSON"),
+])
+def test_a_bad_deployments_file_is_refused_before_serving(tmp_path: Path, document: str, problem: str) -> None:
+    (tmp_path / "deployments.json").write_text(document)
+    result = subprocess.run([TENANTGATE, "serve"], env=_env(TENANTGATE_DEPLOYMENTS_FILE=str(tmp_path / "deployments.json")),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert problem in result.stderr and "Traceback" not in result.stderr
+
+
 def test_serve_logs_the_gateway_at_info_unless_told_otherwise(local_issuer, tmp_path: Path) -> None:
     logs = {}
     for args in ((), ("--log-level", "warning")):
