@@ -12,8 +12,8 @@ docs/upstreams.md has the table and the documentation behind every field. In sho
   requests that may all share. Azure OpenAI and OpenAI always cache, across the subscription or
   organisation, with no switch: the same rule as a caching llama.cpp server.
 - Priority: `priority` for vLLM and SGLang, in the order the deployment declares.
-- Usage: the gateway always streams upstream with `stream_options.include_usage`, so usage
-  arrives from every dialect, and the first-token timeout means the same for every request.
+- Usage: a streamed call asks for it with `stream_options.include_usage`; a whole answer has
+  it in its body. The upstream call streams exactly when the caller's does.
 """
 
 from __future__ import annotations
@@ -156,6 +156,13 @@ def unsupported_fields(body: dict) -> list[str]:
     return names
 
 
+def streams(call: UpstreamCall) -> bool:
+    """Whether the upstream call streams: as the caller's does. A caller that waits for the whole
+    answer gets one from the upstream too (one body to read, usage in it, and nothing sent
+    before it completes, so any failure may move to another deployment)."""
+    return call.body.get("stream") is True
+
+
 def compile_request(deployment: Deployment, call: UpstreamCall, served_model: str) -> UpstreamRequest:
     """The exact request for this deployment. Raises ValueError for a deployment that cannot
     honour the call's cache scope: routing asks unmet_cache_scope first and never picks one."""
@@ -176,11 +183,14 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
         url = f"{base}/{PATHS[call.route]}"
         body["model"] = deployment.upstream_model or served_model
     body[_max_tokens_field(deployment, call.route)] = call.max_tokens
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    streaming = streams(call)
+    body["stream"] = streaming
+    if streaming:
+        body["stream_options"] = {"include_usage": True}  # usage arrives in a last chunk
     body |= _cache_fields(deployment, call.envelope)
     body |= _priority_fields(deployment, call.envelope)
-    headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": call.request_id}
+    accept = "text/event-stream" if streaming else "application/json"
+    headers = {"content-type": "application/json", "accept": accept, "x-request-id": call.request_id}
     return UpstreamRequest("POST", url, headers, body)
 
 
@@ -279,8 +289,9 @@ def _usage(event: dict) -> tuple[int, int, int] | None:
     return prompt, completion, cached if isinstance(cached, int) else 0
 
 
-def _choice(event: dict, route: str) -> tuple[str, str | None]:
-    """The text and finish reason of choice 0 in one chunk; ("", None) when it has none."""
+def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | None]:
+    """The text and finish reason of choice 0 in one chunk (or a whole answer when not
+    streamed); ("", None) when it has none."""
     choices = event["choices"]
     if not isinstance(choices, list):
         raise ValueError("choices is not a list")
@@ -288,7 +299,7 @@ def _choice(event: dict, route: str) -> tuple[str, str | None]:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
         if route == "chat.completions":
-            delta = choice.get("delta")
+            delta = choice.get("delta" if streamed else "message")
             text = delta.get("content") if isinstance(delta, dict) else None
         else:
             text = choice.get("text")
@@ -322,7 +333,9 @@ class OpenAIUpstream:
         loop = asyncio.get_running_loop()
         started = loop.time()
         whole = started + deployment.timeout_s
-        first = min(started + deployment.first_token_timeout_s, whole)
+        streaming = streams(call)
+        # Streamed, the first token must come within first_token_timeout_s; whole, the answer within timeout_s.
+        first = min(started + deployment.first_token_timeout_s, whole) if streaming else whole
         outputs = 0
         finish_reason, usage = None, None
         request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
@@ -336,7 +349,7 @@ class OpenAIUpstream:
                     # on a fresh connection.
                     response = await self._client.send(request, stream=True)
         except TimeoutError:
-            raise self._unavailable("timed out before its first token") from None
+            raise self._unavailable("timed out before its first token" if streaming else "timed out") from None
         except httpx.TransportError as exc:
             raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
         try:
@@ -347,6 +360,20 @@ class OpenAIUpstream:
                 logger.info("upstream %s refused a request with %d", deployment.name, response.status_code)
                 message, param = _error_message(raw, response.status_code)
                 raise UpstreamRejected(response.status_code, message, param=param)
+            if not streaming:
+                async with asyncio.timeout_at(whole):
+                    document = json.loads(await response.aread())
+                if not isinstance(document, dict) or "choices" not in document:
+                    raise ValueError("not a completion")
+                text, finish_reason = _choice(document, call.route, streamed=False)
+                usage = _usage(document)
+                outputs = 1 if text else 0
+                if finish_reason is None:
+                    raise self._unavailable("answered without a finish reason")
+                prompt, completion, cached = usage or (0, outputs, 0)
+                yield UpstreamOutput(call.request_id, [], text, prompt, completion, cached, finished=True,
+                                     finish_reason=finish_reason, usage_reported=usage is not None)
+                return
             lines = response.aiter_lines()
             while True:
                 try:
@@ -374,8 +401,8 @@ class OpenAIUpstream:
             raise self._unavailable("timed out" if outputs else "timed out before its first token") from None
         except httpx.TransportError as exc:
             raise self._unavailable(f"broke its stream ({type(exc).__name__})") from None
-        except ValueError:  # a malformed chunk (json.JSONDecodeError is one)
-            raise self._unavailable("sent a malformed stream") from None
+        except ValueError:  # a malformed chunk or answer (json.JSONDecodeError is one)
+            raise self._unavailable("sent a malformed stream" if streaming else "sent a malformed answer") from None
         finally:
             await response.aclose()
         if finish_reason is None:

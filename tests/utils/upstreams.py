@@ -6,8 +6,9 @@ from gateway.deployments.base import UpstreamCall
 from gateway.deployments.config import Deployment
 from tests.utils.envelopes import envelope
 
+# A streaming caller: the upstream call streams too (tests of whole answers set stream False).
 CHAT_BODY = {"model": "served-model", "messages": [{"role": "user", "content": "What is the capital of France?"}],
-             "temperature": 0}
+             "temperature": 0, "stream": True}
 
 
 def deployment(dialect: str = "vllm", url: str = "http://127.0.0.1:9/v1", **fields) -> Deployment:

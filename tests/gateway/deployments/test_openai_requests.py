@@ -47,10 +47,13 @@ def test_vllm_chat_gets_a_derived_salt_and_its_priority_order():
 
 
 def test_vllm_completions_send_max_tokens_and_the_served_name_by_default():
+    # A caller that waits for the whole answer: the upstream call does not stream either.
     call = upstream_call({"model": "m", "prompt": "The capital of France is", "stop": ["\n"]}, route="completions")
-    assert compile_request(deployment("vllm"), call, "m").json == {
-        "prompt": "The capital of France is", "stop": ["\n"], "model": "m", "max_tokens": 16, **STREAM,
+    sent = compile_request(deployment("vllm"), call, "m")
+    assert sent.json == {
+        "prompt": "The capital of France is", "stop": ["\n"], "model": "m", "max_tokens": 16, "stream": False,
         "cache_salt": salt_for(call, "vllm-a")}
+    assert sent.headers["accept"] == "application/json"
 
 
 def test_vllm_without_priority_scheduling_gets_no_priority():
@@ -95,7 +98,7 @@ def test_client_supplied_extension_fields_never_reach_the_upstream():
         assert sent.get("priority") != -100 and "extra_key" not in sent
         assert sent.get("cache_prompt") in (None, False)
         assert {"user", "store", "metadata"}.isdisjoint(sent)
-        assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+        assert sent["stream"] is False and "stream_options" not in sent  # the caller's choice, the gateway's options
         assert 4096 not in (sent.get("max_tokens"), sent.get("max_completion_tokens"))
         assert sent.get("model") in (None, "m")
 
@@ -163,7 +166,7 @@ def test_azure_openai_completions_path():
     azure = deployment("azure-openai", url="https://contoso.openai.azure.com", azure_api_version="2024-06-01")
     sent = compile_request(azure, upstream_call({"prompt": "Hi"}, route="completions", scope="shared"), "m")
     assert sent.url == "https://contoso.openai.azure.com/openai/deployments/gpt-4o-mini/completions?api-version=2024-06-01"
-    assert sent.json == {"prompt": "Hi", "max_tokens": 16, **STREAM}
+    assert sent.json == {"prompt": "Hi", "max_tokens": 16, "stream": False}
 
 
 # -- OpenAI -------------------------------------------------------------------------------------

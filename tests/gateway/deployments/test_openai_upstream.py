@@ -20,7 +20,7 @@ from starlette.routing import Route
 from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.openai import OpenAIUpstream
 from tests.utils.server import free_port, serving
-from tests.utils.upstreams import deployment, upstream_call
+from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 4}}
 
@@ -55,6 +55,14 @@ class FakeUpstream:
         if self.mode == "401":
             return JSONResponse({"error": {"message": "Incorrect API key provided: sk-...", "code": 401}},
                                 status_code=401)
+        if body.get("stream") is False:  # a whole answer, with usage in it
+            if self.mode == "slow":
+                await asyncio.sleep(3)
+            if self.mode == "garbage":
+                return JSONResponse({"unexpected": True})
+            message = {"text": "Paris."} if "prompt" in body else {"message": {"role": "assistant", "content": "Paris."}}
+            return JSONResponse({"object": "chat.completion", "usage": USAGE,
+                                 "choices": [{"index": 0, "finish_reason": "stop", **message}]})
         return StreamingResponse(self.events(body), media_type="text/event-stream")
 
     async def events(self, body: dict):
@@ -118,7 +126,8 @@ async def test_chat_stream_yields_text_deltas_then_the_upstream_usage(fake):
 
 async def test_completions_stream(fake):
     upstream = OpenAIUpstream(deployment("llamacpp", url=fake.url + "/v1"), "m")
-    outputs = await collect(upstream, upstream_call({"prompt": "The capital of France is"}, route="completions"))
+    outputs = await collect(upstream, upstream_call({"prompt": "The capital of France is", "stream": True},
+                                                    route="completions"))
     await upstream.aclose()
     assert "".join(o.new_text for o in outputs) == "Paris." and outputs[-1].usage_reported
     assert fake.received[0]["path"] == "/v1/completions"
@@ -297,3 +306,25 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
         await asyncio.wait_for(asyncio.gather(*handlers), 5)
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("route", ["chat.completions", "completions"])
+async def test_a_whole_answer_for_a_caller_that_does_not_stream(fake, route):
+    body = {"prompt": "The capital of France is"} if route == "completions" else CHAT_BODY | {"stream": False}
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
+    outputs = await collect(upstream, upstream_call(body, route=route))
+    await upstream.aclose()
+    assert len(outputs) == 1 and outputs[0].finished and outputs[0].new_text == "Paris."
+    assert (outputs[0].num_prompt_tokens, outputs[0].num_output_tokens, outputs[0].num_cached_tokens) == (9, 2, 4)
+    assert outputs[0].usage_reported and outputs[0].finish_reason == "stop"
+    assert fake.received[-1]["json"]["stream"] is False and "stream_options" not in fake.received[-1]["json"]
+
+
+@pytest.mark.parametrize(("mode", "why"), [("503", "answered 503"), ("garbage", "malformed answer"),
+                                           ("slow", "timed out")])
+async def test_a_whole_answer_that_fails_is_unavailable(fake, mode, why):
+    fake.mode = mode
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", timeout_s=1), "m")
+    with pytest.raises(UpstreamUnavailable, match=why):
+        await collect(upstream, upstream_call(CHAT_BODY | {"stream": False}))
+    await upstream.aclose()
