@@ -26,7 +26,7 @@ from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown
+from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown, UnexpectedErrors
 from gateway.pipeline.execution import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
@@ -144,6 +144,11 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     return AuditRecorder(trail, key, Redactor(key + b":redaction"))
 
 
+class _GatewayApp(FastAPI):
+    def build_middleware_stack(self):
+        return UnexpectedErrors(super().build_middleware_stack())
+
+
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
                limiter: Limiter | None = None) -> FastAPI:
@@ -214,7 +219,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     # The API's description is for development; in production the API port serves the API only
     # (no /openapi.json, and so no /docs or /redoc).
     openapi_url = "/openapi.json" if settings.environment == "development" else None
-    app = FastAPI(title="tenantgate", version="0.1.0", lifespan=lifespan, openapi_url=openapi_url,
+    app = _GatewayApp(title="tenantgate", version="0.1.0", lifespan=lifespan, openapi_url=openapi_url,
                   description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
                               "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
     install_handlers(app)

@@ -4,14 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout
 
+logger = logging.getLogger("tenantgate.gateway")
+
 # Paths that become metric labels; anything else is "other", so labels stay bounded.
 _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
            "/healthz": "healthz", "/readyz": "readyz"}
+
+
+class UnexpectedErrors:
+    """The outermost layer: an exception no handler turned into a response ends here.
+
+    Starlette answers it (the gateway's handler: a fixed 500 in OpenAI's shape, its frames in the
+    log without its message) and then re-raises it, and uvicorn would log it again with its
+    message, which may quote request content. Here it stops; lifespan errors pass on, so a
+    failed start still fails.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - answered and logged already, see above
+            logger.debug("request ended by %s (answered with 500)", type(exc).__name__)
 
 
 class RequestMetrics:

@@ -221,3 +221,30 @@ def test_embedded_policy_reloads_when_data_changes(local_issuer, tmp_path: Path)
         time.sleep(0.5)
         still = httpx.post(base + "/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=headers)
         assert still.status_code == 200 and still.json()["usage"]["completion_tokens"] == 5
+
+
+# -- an unexpected exception: a fixed 500 for the caller, nothing of its message in any log ----
+
+
+class _BrokenBackend(NullBackend):
+    """An engine bug whose message quotes the request (as a tokenizer or template error may)."""
+
+    CANARY = "canary-quoted-prompt-7f3a"
+
+    async def generate(self, token_ids, params, envelope, request_id):
+        raise RuntimeError(f"the engine choked on {self.CANARY}")
+        yield  # an async generator, like the real one
+
+
+def test_an_unexpected_exception_is_a_fixed_500_and_its_message_reaches_no_log(local_issuer, caplog, capfd) -> None:
+    app = create_app(gateway_settings(local_issuer, metrics_port=0), backend=_BrokenBackend(model_name="demo"))
+    with caplog.at_level("DEBUG"), serving(app) as base:
+        token = local_issuer.mint(ALPHA, audience="api://tenantgate")
+        response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {token}"},
+                              timeout=30)
+    error = _assert_openai_error(response, 500)
+    assert error["message"] == "internal error"
+    # Both the gateway's loggers and what uvicorn writes to stderr itself ("Exception in ASGI application").
+    logs = caplog.text + capfd.readouterr().err
+    assert "RuntimeError" in logs  # the server log says what failed, and where
+    assert _BrokenBackend.CANARY not in logs and _BrokenBackend.CANARY not in response.text
