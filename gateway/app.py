@@ -17,8 +17,8 @@ from fastapi.responses import Response
 
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
 from gateway.audit import boot_chain_id, load_or_create_signing_key
-from gateway.deployments.config import deployments_for
-from gateway.deployments.registry import ServedModel, embedded_model, served_model_for
+from gateway.deployments.config import deployments_for, embedded_only
+from gateway.deployments.registry import ServedModel, served_model_for
 from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
 from gateway.deps import Gateway
@@ -78,7 +78,7 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         engine = await build_backend(settings, metrics, name=embedded[0][0] if embedded else None)
         stack.push_async_callback(engine.aclose)
     if deployments is None:
-        return {engine.model_name: embedded_model(engine.model_name, "embedded", engine)}, engine
+        deployments = embedded_only(engine.model_name)
     signer = None
     if deployments.models_of_kind("tenantgate"):
         from engine.remote import EnvelopeSigner, load_private_key
@@ -88,19 +88,13 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
     for model, entries in deployments.models.items():
         served = await asyncio.to_thread(served_model_for, model, entries, engine, signer)
         for target in served.targets:
-            closer = getattr(getattr(target, "replica", None) or getattr(target, "upstream", None), "aclose", None)
-            if closer is not None:
-                stack.push_async_callback(closer)
+            stack.push_async_callback(target.aclose)
             if isinstance(target, ReplicaTarget):
                 replicas.append(target)
         models[model] = served
     poller = LoadPoller(replicas, settings.load_poll_interval_s)
     await poller.start()
     stack.push_async_callback(poller.aclose)
-    for served in models.values():
-        lengths = [t.max_model_len for t in served.targets if isinstance(t, ReplicaTarget) and t.max_model_len]
-        if lengths and served.max_model_len is None:
-            served.max_model_len = min(lengths)
     return models, engine
 
 

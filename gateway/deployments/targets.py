@@ -1,4 +1,4 @@
-"""Targets for the remote kinds: one per tenantgate engine replica, one per OpenAI-compatible deployment."""
+"""Targets: the embedded engine, one per tenantgate engine replica, one per OpenAI-compatible deployment."""
 
 from __future__ import annotations
 
@@ -21,6 +21,44 @@ NOT_BATCH_INVARIANT = ("this tenant's deterministic lane needs a batch-invariant
                        "and no deployment of this model is declared one")
 NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment dedicated to it, "
                  "and no deployment of this model is")
+
+
+class EmbeddedTarget:
+    """The engine in this process (or the null backend): it enforces every decision itself."""
+
+    def __init__(self, name: str, backend) -> None:
+        self.name = name
+        self.backend = backend
+
+    @property
+    def fingerprint(self) -> str:
+        return self.backend.fingerprint
+
+    @property
+    def expects_records(self) -> bool:
+        return self.backend.expects_records
+
+    @property
+    def max_model_len(self) -> int:
+        return self.backend.max_model_len
+
+    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+        return None  # the engine's scheduler and block manager honour every isolation, scope and lane
+
+    def run(self, admitted) -> AsyncIterator[RequestOutput]:
+        return self.backend.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id)
+
+    def engine_record(self, request_id: str):
+        return self.backend.engine_record(request_id)
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return None
+
+    def ready(self) -> bool:
+        return self.backend.ready()
+
+    async def aclose(self) -> None:
+        pass  # the app closes the engine itself: a test's engine outlives its app
 
 
 class ReplicaTarget:
@@ -51,6 +89,9 @@ class ReplicaTarget:
     def ready(self) -> bool:
         return self._ready
 
+    async def aclose(self) -> None:
+        await self.replica.aclose()
+
     async def poll(self) -> None:
         """Reads the replica's load (and, until it has it, its info); a failure marks it not ready."""
         try:
@@ -73,6 +114,7 @@ class UpstreamTarget:
     isolation, and a cache scope its dialect can keep apart (gateway/deployments/openai.py)."""
 
     expects_records = False
+    max_model_len = None  # the deployment's context_tokens, when declared, caps its model
 
     def __init__(self, deployment: Deployment, upstream: OpenAIUpstream) -> None:
         self.name = deployment.name
@@ -102,6 +144,9 @@ class UpstreamTarget:
 
     def ready(self) -> bool:
         return True  # its breaker says otherwise
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
 
 
 class LoadPoller:

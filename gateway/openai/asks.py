@@ -41,12 +41,13 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
     for models the gateway has no tokenizer for."""
     unsupported(body)
     served = gateway.models.get(body.model)
+    wire = body.model_dump(mode="json", exclude_none=True)
     token_ids, prompt_tokens, special = [], 0, None
     if served is not None:
-        if logprobs is not None and not served.logprobs:
-            raise InvalidRequest("logprobs are not available for this model", param="logprobs")
         if not served.takes_token_ids:
-            refused = unsupported_fields(body.model_dump(exclude_none=True))
+            if logprobs is not None:
+                raise InvalidRequest("logprobs are not available for this model", param="logprobs")
+            refused = unsupported_fields(wire)
             if refused:
                 raise InvalidRequest(f"{refused[0]} is not supported for this model", param=refused[0])
         if served.tokenizer is not None:
@@ -61,5 +62,5 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
     return Ask(route=route, request_id=request_id, model=body.model, stream=body.stream,
                prompt_tokens=prompt_tokens, token_ids=token_ids, max_tokens=max_tokens,
                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
-               logprobs=logprobs, body=body.model_dump(mode="json", exclude_none=True),
+               logprobs=logprobs, body=wire,
                special_token_ids=special)
