@@ -319,7 +319,7 @@ class OpenAIUpstream:
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
 
     def _unavailable(self, why: str) -> UpstreamUnavailable:
-        logger.warning("upstream %s unavailable: %s", self.deployment.name, why)
+        # Logged once, where it is handled (gateway/pipeline/execution.py), like a replica's.
         return UpstreamUnavailable(f"deployment {self.deployment.name} {why}")
 
     async def stream(self, call: UpstreamCall) -> AsyncIterator[UpstreamOutput]:
