@@ -5,10 +5,12 @@ the project's environment):
 
     .venv-infra/bin/python tests/infra/extract_settings.py terraform infra/terraform
     .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
+    .venv-infra/bin/python tests/infra/extract_settings.py examples infra/terraform
 
 It prints one JSON document with the same keys for both languages, so a test can compare them
 setting by setting. Each extractor knows its language's attribute names and nothing else; a
 setting that cannot be found comes out as null, which never equals the other side's value.
+`examples` lists each Terraform example's stamps and the resources made once per stamp.
 Exit status 2 on a parse error (the message names the file).
 """
 
@@ -96,6 +98,7 @@ class Terraform:
         self.resources: dict[str, dict[str, dict]] = {}
         self.locals: dict[str, Any] = {}
         self.variables: dict[str, dict] = {}
+        self.modules: dict[str, dict] = {}
         for path in sorted(root.glob("*.tf")):
             try:
                 with path.open(encoding="utf-8") as handle:
@@ -109,6 +112,8 @@ class Terraform:
                 self.locals.update(block)
             for block in document.get("variable", []):
                 self.variables.update(block)
+            for block in document.get("module", []):
+                self.modules.update(block)
 
     def one(self, kind: str, name: str = "this") -> dict:
         return self.resources.get(kind, {}).get(name, {})
@@ -147,6 +152,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     tf = Terraform(root)
 
     vault = tf.one("azurerm_key_vault")
+    vault_endpoint = tf.one("azurerm_private_endpoint", "key_vault")
     redis = tf.one("azurerm_managed_redis")
     database = _block(redis, "default_database")
     aks = tf.one("azurerm_kubernetes_cluster")
@@ -203,6 +209,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "network_default_action": _block(vault, "network_acls").get("default_action"),
             "network_bypass": _block(vault, "network_acls").get("bypass"),
             "sku": vault.get("sku_name"),
+            "private_endpoint_per_vault": vault.get("for_each") == vault_endpoint.get("for_each")
+            and _block(vault_endpoint, "private_service_connection").get("private_connection_resource_id")
+            == "${azurerm_key_vault.this[each.key].id}",
         },
         "redis": {
             "access_keys_authentication": database.get("access_keys_authentication_enabled"),
@@ -307,6 +316,19 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     }
 
 
+def extract_examples(root: Path) -> dict[str, Any]:
+    """The module's resources made once per stamp, and each example's stamp keys: what a scan
+    through an example must have seen (`module.tenantgate.<kind>.<name>["<stamp>"]`)."""
+    tf = Terraform(root)
+    per_stamp = [
+        f"{kind}.{name}" for kind, named in tf.resources.items() for name, body in named.items() if body.get("for_each") == "${var.stamps}"
+    ]
+    examples = {}
+    for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
+        examples[example.name] = sorted(Terraform(example).modules.get("tenantgate", {}).get("stamps", {}))
+    return {"per_stamp_resources": sorted(per_stamp), "examples": examples}
+
+
 # ------------------------------------------------------------------------------------------
 # Bicep (pycep-parser, the parser checkov uses)
 # ------------------------------------------------------------------------------------------
@@ -362,6 +384,22 @@ class Bicep:
 
     def parameter_default(self, name: str) -> Any:
         return _dig(self.files.get("main.bicep", {}), "parameters", name, "default")
+
+
+def _has_private_endpoint(bicep: Bicep, kind: str) -> bool:
+    """Every `kind` has a private endpoint beside it, in its own file, pointing at its `.id`."""
+    found = bicep.resources(kind)
+    for file_name, symbols, _ in found:
+        targets = [symbol for symbol, resource in symbols.items() if resource.get("type") == kind]
+        endpoints = [
+            _dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties", "privateLinkServiceId")
+            for name, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints")
+            if name == file_name
+        ]
+        accessors = [_dig(target, "operator", "operands") for target in endpoints]
+        if not any({"operand_1": symbol, "operand_2": "id"} in accessors for symbol in targets):
+            return False
+    return bool(found)
 
 
 def extract_bicep(root: Path) -> dict[str, Any]:
@@ -442,6 +480,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "network_default_action": _dig(vault, "properties", "networkAcls", "defaultAction"),
             "network_bypass": _dig(vault, "properties", "networkAcls", "bypass"),
             "sku": _dig(vault, "properties", "sku", "name"),
+            "private_endpoint_per_vault": _has_private_endpoint(bicep, "Microsoft.KeyVault/vaults"),
         },
         "redis": {
             "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
@@ -549,10 +588,11 @@ def extract_bicep(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("terraform", "bicep"):
-        print("usage: extract_settings.py terraform|bicep DIR", file=sys.stderr)
+    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples}
+    if len(argv) != 3 or argv[1] not in extractors:
+        print("usage: extract_settings.py terraform|bicep|examples DIR", file=sys.stderr)
         return 2
-    extract = extract_terraform if argv[1] == "terraform" else extract_bicep
+    extract = extractors[argv[1]]
     try:
         settings = extract(Path(argv[2]))
     except SystemExit as exc:

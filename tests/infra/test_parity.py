@@ -57,6 +57,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "network_default_action": "Deny",
         "network_bypass": "None",
         "sku": "premium",
+        "private_endpoint_per_vault": True,
     }
     redis = settings["redis"]
     assert redis["access_keys_authentication"] is False
