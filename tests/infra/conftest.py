@@ -34,8 +34,9 @@ class Tools:
     helm: Path
 
 
-def _find_helm() -> Path | None:
-    found = shutil.which("helm")
+def find_go_binary(name: str) -> Path | None:
+    """A tool scripts/install-infra-tools.sh builds with `go install`: on PATH or in GOPATH/bin."""
+    found = shutil.which(name)
     if found:
         return Path(found)
     gopath = os.environ.get("GOPATH") or (
@@ -43,7 +44,7 @@ def _find_helm() -> Path | None:
         if shutil.which("go")
         else ""
     )
-    candidate = Path(gopath) / "bin" / "helm" if gopath else None
+    candidate = Path(gopath) / "bin" / name if gopath else None
     return candidate if candidate and candidate.exists() else None
 
 
@@ -59,7 +60,7 @@ def tools() -> Tools:
         )
         if not path.exists()
     ]
-    helm = _find_helm()
+    helm = find_go_binary("helm")
     if helm is None:
         missing.append("helm (on PATH or in $(go env GOPATH)/bin)")
     if missing:
@@ -72,8 +73,10 @@ def tools() -> Tools:
     )
 
 
-def run(command: list[str | Path], *, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def run(
+    command: list[str | Path], *, cwd: Path = REPO, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     # checkov must never phone home for guidelines or a platform key: the run is offline.
     env.pop("BC_API_KEY", None)
     return subprocess.run(
