@@ -188,25 +188,13 @@ module stampDeployments 'modules/stamp.bicep' = [
       logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
       monitorWorkspaceId: monitoring.outputs.monitorWorkspaceId
       privateDnsResourceGroupName: platformGroup.name
+      privateDnsZoneNames: privateDnsZoneNames
       bundleStorageAccountId: bundles.outputs.storageAccountId
       tags: tags
     }
     dependsOn: [
       privateDns
     ]
-  }
-]
-
-// Every zone is linked to every hub and spoke.
-module privateDnsLinks 'modules/private-dns-links.bicep' = [
-  for (stamp, i) in stamps: {
-    name: '${name}-dns-links-${stamp.key}'
-    scope: platformGroup
-    params: {
-      zoneNames: privateDnsZoneNames
-      virtualNetworkIds: stampDeployments[i].outputs.virtualNetworkIds
-      tags: tags
-    }
   }
 ]
 

@@ -148,6 +148,28 @@ def _optional_default(type_expression: str, attribute: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _waits_for(tf: Terraform, address: str, kind: str) -> bool:
+    """`address` is created after every `kind` resource: through depends_on, its own or that of
+    what it depends on, or a reference to one in its arguments."""
+    seen, pending = set(), [address]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        body = tf.one(*current.split(".", 1))
+        if f"{kind}." in json.dumps({key: value for key, value in body.items() if key != "depends_on"}):
+            return True
+        pending += [str(dependency).strip("${}") for dependency in body.get("depends_on", [])]
+    return any(current.split(".", 1)[0] == kind for current in seen)
+
+
+def _only_with(count: Any, collection: Any) -> bool:
+    """`count = length(C) > 0 ? 1 : 0` for the same C that `collection` (a for_each) names."""
+    match = re.fullmatch(r"\$\{length\((.+)\) > 0 \? 1 : 0\}", str(count))
+    return bool(match) and f"${{{match.group(1)}}}" == collection
+
+
 def extract_terraform(root: Path) -> dict[str, Any]:
     tf = Terraform(root)
 
@@ -308,6 +330,12 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(tf.locals.get("required_tags", [])),
         "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
+        "conditions_and_order": {
+            "private_dns_links_before_aks": _waits_for(
+                tf, "azurerm_kubernetes_cluster.this", "azurerm_private_dns_zone_virtual_network_link"
+            ),
+            "front_door_route_only_with_origins": _only_with(route.get("count"), origin.get("for_each")),
+        },
         "workload_identity": {
             "audience": credential.get("audience"),
             "subject": template(str(subject)),
@@ -400,6 +428,71 @@ def _has_private_endpoint(bicep: Bicep, kind: str) -> bool:
         if not any({"operand_1": symbol, "operand_2": "id"} in accessors for symbol in targets):
             return False
     return bool(found)
+
+
+def _deploys(bicep: Bicep, file_name: str, kind: str) -> bool:
+    """`file_name` deploys a `kind` resource, itself or through its modules."""
+    document = bicep.files.get(file_name, {})
+    if any(resource.get("type") == kind and not resource.get("existing") for resource in document.get("resources", {}).values()):
+        return True
+    return any(_deploys(bicep, Path(_dig(module, "detail", "path") or "").name, kind) for module in document.get("modules", {}).values())
+
+
+def _deployed_after(bicep: Bicep, kind: str, first: str) -> bool:
+    """Every module that deploys a `kind` resource waits, through dependsOn (its own or that of
+    the modules it depends on), for a module that deploys `first`, in the file that holds it or in
+    one that holds that file."""
+    holders = [name for name, document in bicep.files.items() if any(r.get("type") == kind for r in document.get("resources", {}).values())]
+    if not holders:
+        return False
+    for holder in holders:
+        if not _waits_in_parents(bicep, holder, first, set()):
+            return False
+    return True
+
+
+def _waits_in_parents(bicep: Bicep, file_name: str, first: str, visited: set[str]) -> bool:
+    parents = [
+        (name, symbol)
+        for name, document in bicep.files.items()
+        for symbol, module in document.get("modules", {}).items()
+        if Path(_dig(module, "detail", "path") or "").name == file_name
+    ]
+    if not parents or file_name in visited:
+        return False
+    visited.add(file_name)
+    for parent, symbol in parents:
+        modules = bicep.files[parent].get("modules", {})
+        seen, pending = set(), [symbol]
+        while pending:
+            current = pending.pop()
+            if current in seen or current not in modules:
+                continue
+            seen.add(current)
+            pending += _body(modules[current]).get("dependsOn") or []
+        waited = any(_deploys(bicep, Path(_dig(modules[name], "detail", "path") or "").name, first) for name in seen - {symbol})
+        if not waited and not _waits_in_parents(bicep, parent, first, visited):
+            return False
+    return True
+
+
+def _route_only_with_origins(bicep: Bicep) -> bool:
+    """The route's condition is `contains(V, true)`, where V maps the origins' own loop to their
+    condition: at least one origin exists."""
+    routes = bicep.resources("Microsoft.Cdn/profiles/afdEndpoints/routes")
+    origins = bicep.resources("Microsoft.Cdn/profiles/originGroups/origins")
+    if not routes or not origins:
+        return False
+    file_name, _, route = routes[0]
+    condition = _dig(route, "config", "condition", "function") or {}
+    mapped = bicep.variable(file_name, _dig(condition, "parameters", "container")) or {}
+    loop = origins[0][2].get("config", {})
+    return (
+        condition.get("type") == "contains"
+        and _dig(condition, "parameters", "item_to_find") is True
+        and mapped.get("loop_type") == loop.get("loop_type")
+        and mapped.get("config") == loop.get("condition")
+    )
 
 
 def extract_bicep(root: Path) -> dict[str, Any]:
@@ -579,6 +672,12 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(bicep.variable("main.bicep", "requiredTags") or []),
         "role_assignments": sorted(roles),
+        "conditions_and_order": {
+            "private_dns_links_before_aks": _deployed_after(
+                bicep, "Microsoft.ContainerService/managedClusters", "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+            ),
+            "front_door_route_only_with_origins": _route_only_with_origins(bicep),
+        },
         "workload_identity": {
             "audience": _dig(credential, "properties", "audiences"),
             "subject": template(str(_dig(credential, "properties", "subject"))),

@@ -109,6 +109,11 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "network_security_group", "front_door", "log_analytics", "storage_blob",
     }  # fmt: skip
     assert settings["workload_identity"]["subject"] == "system:serviceaccount:{}:{}"
+    # Nodes resolve the private API server through the linked zones; a route needs an origin.
+    assert settings["conditions_and_order"] == {
+        "private_dns_links_before_aks": True,
+        "front_door_route_only_with_origins": True,
+    }
 
 
 def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
@@ -129,4 +134,25 @@ def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terrafor
         "key_vault.purge_protection",
         "redis.access_keys_authentication",
         "waf.mode",
+    ]
+
+
+def test_parity_catches_a_lost_condition_or_order(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+    # main's Bicep before issue 14: the route was unconditional, and the zones were linked in
+    # main.bicep after the whole stamp, AKS included.
+    drifted = tmp_path / "bicep"
+    shutil.copytree(INFRA / "bicep", drifted)
+    for name, old, new in (
+        ("modules/front-door.bicep", "= if (contains(stampHasIngress, true)) {", "= {"),
+        ("modules/stamp.bicep", "    apiServerZoneContributor\n    privateDnsLinks\n", "    apiServerZoneContributor\n"),
+    ):
+        path = drifted / name
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        path.write_text(text.replace(old, new), encoding="utf-8")
+
+    differences = _differences(terraform_settings, extract_settings(tools, "bicep", drifted))
+    assert sorted(line.split(":")[0] for line in differences) == [
+        "conditions_and_order.front_door_route_only_with_origins",
+        "conditions_and_order.private_dns_links_before_aks",
     ]
