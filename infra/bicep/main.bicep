@@ -45,12 +45,13 @@ param systemNodePool object = {
   maxCount: 5
 }
 
-@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, and `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs).')
+@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs), and `osDiskSizeGB`, the ephemeral OS disk, which must fit the size\'s temp disk (64 GiB on Standard_NC24ads_A100_v4, 128 on NC48ads, 256 on NC96ads).')
 param gpuNodePool object = {
   vmSize: 'Standard_NC24ads_A100_v4'
   minCount: 1
   maxCount: 4
   gpuInstanceProfile: ''
+  osDiskSizeGB: 64
 }
 
 @description('Optional. The Kubernetes service account of the gateway (the Helm chart\'s defaults).')

@@ -151,6 +151,7 @@ resource "azurerm_kubernetes_cluster_node_pool" "gpu" {
   max_count               = var.gpu_node_pool.max_count
   max_pods                = 50
   os_disk_type            = "Ephemeral"
+  os_disk_size_gb         = var.gpu_node_pool.os_disk_size_gb
   host_encryption_enabled = true
   gpu_instance            = var.gpu_node_pool.gpu_instance
   node_taints             = ["nvidia.com/gpu=present:NoSchedule"]

@@ -218,6 +218,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     zones += [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", json.dumps(tf.locals.get("private_dns_zones")))]
 
     account = tf.variables.get("gateway_service_account", {}).get("type", "")
+    gpu_type = tf.variables.get("gpu_node_pool", {}).get("type", "")
     subject = tf.resolve("${local.gateway_subject}")
 
     rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
@@ -282,6 +283,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
                 "taints": gpu_pool.get("node_taints"),
                 "labels": gpu_pool.get("node_labels"),
                 "os_disk_type": gpu_pool.get("os_disk_type"),
+                "os_disk_size_gb": _optional_default(gpu_type, "os_disk_size_gb")
+                if gpu_pool.get("os_disk_size_gb") == "${var.gpu_node_pool.os_disk_size_gb}"
+                else gpu_pool.get("os_disk_size_gb"),
                 "host_encryption": gpu_pool.get("host_encryption_enabled"),
                 "max_pods": gpu_pool.get("max_pods"),
                 "autoscaling": gpu_pool.get("auto_scaling_enabled"),
@@ -624,6 +628,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
                 # pycep keeps the quotes of quoted keys ('tenantgate.io/pool').
                 "labels": {key.strip("'"): value for key, value in (pool.get("nodeLabels") or {}).items()},
                 "os_disk_type": pool.get("osDiskType"),
+                "os_disk_size_gb": str((bicep.parameter_default("gpuNodePool") or {}).get("osDiskSizeGB"))
+                if "osDiskSizeGB" in json.dumps(pool.get("osDiskSizeGB"))
+                else pool.get("osDiskSizeGB"),
                 "host_encryption": pool.get("enableEncryptionAtHost"),
                 "max_pods": pool.get("maxPods"),
                 "autoscaling": pool.get("enableAutoScaling"),

@@ -86,6 +86,10 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert aks["gpu_pool"]["mig_profile_from_input"] is True
     assert aks["system_pool"]["critical_addons_only"] is True
     assert aks["system_pool"]["host_encryption"] is aks["gpu_pool"]["host_encryption"] is True
+    # The ephemeral OS disk lives on the temp disk: 64 GiB on the default Standard_NC24ads_A100_v4
+    # (AKS's default of 128 GiB would not fit). The system pool's D4ds_v5 has 150 GiB.
+    assert aks["gpu_pool"]["os_disk_type"] == "Ephemeral"
+    assert aks["gpu_pool"]["os_disk_size_gb"] == "64"
 
     assert settings["waf"]["mode"] == "Prevention"
     assert settings["waf"]["enabled"] is True
