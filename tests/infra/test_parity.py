@@ -120,21 +120,27 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     }
 
 
-def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict, edits: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """The settings that differ from the Terraform once `edits` (file, old, new) change a copy of
+    the Bicep."""
     drifted = tmp_path / "bicep"
     shutil.copytree(INFRA / "bicep", drifted)
-    for name, old, new in (
-        ("front-door.bicep", "mode: 'Prevention'", "mode: 'Detection'"),
-        ("key-vault.bicep", "enablePurgeProtection: true", "enablePurgeProtection: false"),
-        ("redis.bicep", "accessKeysAuthentication: 'Disabled'", "accessKeysAuthentication: 'Enabled'"),
-    ):
+    for name, old, new in edits:
         path = drifted / "modules" / name
         text = path.read_text(encoding="utf-8")
         assert old in text
         path.write_text(text.replace(old, new), encoding="utf-8")
-
     differences = _differences(terraform_settings, extract_settings(tools, "bicep", drifted))
-    assert sorted(line.split(":")[0] for line in differences) == [
+    return sorted(line.split(":")[0] for line in differences)
+
+
+def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+    edits = (
+        ("front-door.bicep", "mode: 'Prevention'", "mode: 'Detection'"),
+        ("key-vault.bicep", "enablePurgeProtection: true", "enablePurgeProtection: false"),
+        ("redis.bicep", "accessKeysAuthentication: 'Disabled'", "accessKeysAuthentication: 'Enabled'"),
+    )
+    assert _drifted_keys(tools, tmp_path, terraform_settings, edits) == [
         "key_vault.purge_protection",
         "redis.access_keys_authentication",
         "waf.mode",
@@ -144,19 +150,11 @@ def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terrafor
 def test_parity_catches_a_lost_condition_or_order(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
     # main's Bicep before issue 14: the route was unconditional, and the zones were linked in
     # main.bicep after the whole stamp, AKS included.
-    drifted = tmp_path / "bicep"
-    shutil.copytree(INFRA / "bicep", drifted)
-    for name, old, new in (
-        ("modules/front-door.bicep", "= if (contains(stampHasIngress, true)) {", "= {"),
-        ("modules/stamp.bicep", "    apiServerZoneContributor\n    privateDnsLinks\n", "    apiServerZoneContributor\n"),
-    ):
-        path = drifted / name
-        text = path.read_text(encoding="utf-8")
-        assert old in text
-        path.write_text(text.replace(old, new), encoding="utf-8")
-
-    differences = _differences(terraform_settings, extract_settings(tools, "bicep", drifted))
-    assert sorted(line.split(":")[0] for line in differences) == [
+    edits = (
+        ("front-door.bicep", "= if (contains(stampHasIngress, true)) {", "= {"),
+        ("stamp.bicep", "    apiServerZoneContributor\n    privateDnsLinks\n", "    apiServerZoneContributor\n"),
+    )
+    assert _drifted_keys(tools, tmp_path, terraform_settings, edits) == [
         "conditions_and_order.front_door_route_only_with_origins",
         "conditions_and_order.private_dns_links_before_aks",
     ]

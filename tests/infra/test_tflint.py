@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.infra.conftest import INFRA, TERRAFORM_EXAMPLES, VENV_INFRA, find_go_binary, run
+from tests.utils.tools import missing_tool
 
 CONFIG = INFRA / "terraform" / ".tflint.hcl"
 PLUGIN_DIR = Path(os.environ.get("TFLINT_PLUGIN_DIR") or VENV_INFRA / "tflint-plugins")
@@ -28,10 +29,7 @@ TARGETS = {"module": INFRA / "terraform", **{f"examples/{example.name}": example
 def tflint() -> Path:
     found = find_go_binary("tflint")
     if found is None:
-        message = "tflint not found: run scripts/install-infra-tools.sh (make test does)"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_tool("tflint not found: run scripts/install-infra-tools.sh (make test does)")
     return found
 
 
