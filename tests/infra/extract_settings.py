@@ -349,16 +349,17 @@ def extract_terraform(root: Path) -> dict[str, Any]:
 
 
 def extract_examples(root: Path) -> dict[str, Any]:
-    """The module's resources made once per stamp, and each example's stamp keys: what a scan
-    through an example must have seen (`module.tenantgate.<kind>.<name>["<stamp>"]`)."""
+    """The module's resources made once per stamp and those made once in all, and each example's
+    stamp keys: what a scan through an example must have seen
+    (`module.tenantgate.<kind>.<name>["<stamp>"]`, `module.tenantgate.<kind>.<name>`)."""
     tf = Terraform(root)
-    per_stamp = [
-        f"{kind}.{name}" for kind, named in tf.resources.items() for name, body in named.items() if body.get("for_each") == "${var.stamps}"
-    ]
+    bodies = {f"{kind}.{name}": body for kind, named in tf.resources.items() for name, body in named.items()}
+    per_stamp = [address for address, body in bodies.items() if body.get("for_each") == "${var.stamps}"]
+    once = [address for address, body in bodies.items() if "for_each" not in body and "count" not in body]
     examples = {}
     for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
         examples[example.name] = sorted(Terraform(example).modules.get("tenantgate", {}).get("stamps", {}))
-    return {"per_stamp_resources": sorted(per_stamp), "examples": examples}
+    return {"per_stamp_resources": sorted(per_stamp), "single_resources": sorted(once), "examples": examples}
 
 
 # ------------------------------------------------------------------------------------------

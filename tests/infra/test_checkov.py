@@ -107,13 +107,16 @@ def test_checkov_saw_every_stamp_of_every_example(tools: Tools, terraform_exampl
         for reports in terraform_example_reports.values()
         for address in _addresses(reports)
     }
-    # The per-stamp resources that checkov has checks for (a route table, say, has none).
+    # The resources that checkov has checks for (a route table, say, has none).
     per_stamp = sorted(set(layout["per_stamp_resources"]) & checked)
+    single = sorted(set(layout["single_resources"]) & checked)
     assert {"azurerm_kubernetes_cluster.this", "azurerm_key_vault.this", "azurerm_managed_redis.this"} <= set(per_stamp)
+    assert {"azurerm_storage_account.bundles", "azurerm_cdn_frontdoor_firewall_policy.this"} <= set(single)
     for example, stamps in layout["examples"].items():
         seen = _addresses(terraform_example_reports[example])
-        missing = [f'module.tenantgate.{resource}["{stamp}"]' for stamp in stamps for resource in per_stamp]
-        missing = [address for address in missing if address not in seen]
+        expected = [f'module.tenantgate.{resource}["{stamp}"]' for stamp in stamps for resource in per_stamp]
+        expected += [f"module.tenantgate.{resource}" for resource in single]
+        missing = [address for address in expected if address not in seen]
         assert not missing, f"checkov's scan of {example} never saw: {missing}"
 
 
