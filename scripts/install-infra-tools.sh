@@ -6,7 +6,13 @@
 #                               fork under the same module name (hcl2); the parity extractor
 #                               puts this folder first on its own sys.path
 #   helm v3.22.0                on PATH or in $(go env GOPATH)/bin, built with `go install` if absent
-# Idempotent and fast when already installed (a stamp file records the pinned versions).
+#   tflint v0.64.0              likewise (its terraform ruleset is bundled)
+#   .venv-infra/tflint-plugins/ the azurerm ruleset v0.32.0, a tflint plugin binary (or in
+#                               $TFLINT_PLUGIN_DIR): `go install` from the Go module proxy, or, where the
+#                               proxy does not serve it, `go build` in the checkout that
+#                               TFLINT_RULESET_AZURERM_SRC names; without either it is left out
+#                               and its tests skip, saying so
+# Idempotent and fast when already installed (stamps and module versions record the pins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +22,9 @@ CHECKOV_VERSION=3.3.30
 KUBERNETES_VALIDATE_VERSION=1.37.0
 PYTHON_HCL2_VERSION=8.1.4
 HELM_VERSION=3.22.0
+TFLINT_VERSION=0.64.0
+TFLINT_RULESET_AZURERM_VERSION=0.32.0
+TFLINT_PLUGINS="${TFLINT_PLUGIN_DIR:-$VENV/tflint-plugins}"
 
 stamp="checkov==$CHECKOV_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION python-hcl2==$PYTHON_HCL2_VERSION"
 if [ ! -f "$VENV/.installed" ] || [ "$(cat "$VENV/.installed")" != "$stamp" ]; then
@@ -29,47 +38,80 @@ if [ ! -f "$VENV/.installed" ] || [ "$(cat "$VENV/.installed")" != "$stamp" ]; t
 fi
 echo "infra python tools: $VENV ($stamp)"
 
-_helm_version() {
-    # A `go install` build reports only "v3.22" itself; its module version is in the binary's
-    # build info. A release binary reports the full version.
+_module_version() {
+    # A `go install` build's module version is in its build info (helm itself reports only
+    # "v3.22"); a release binary reports its full version with `$3`.
     local version=""
     if command -v go >/dev/null 2>&1; then
-        version="$(go version -m "$1" 2>/dev/null | awk '$1 == "mod" && $2 == "helm.sh/helm/v3" {print $3}')"
+        version="$(go version -m "$1" 2>/dev/null | awk -v module="$2" '$1 == "mod" && $2 == module {print $3}')"
     fi
     if [ -z "$version" ]; then
-        version="$("$1" version --template '{{.Version}}' 2>/dev/null || true)"
+        version="$($1 $3 2>/dev/null | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -n 1 || true)"
+        version="${version:+v$version}"
     fi
     echo "$version"
 }
 
-_helm_candidates() {
-    command -v helm 2>/dev/null || true
+_candidates() {
+    command -v "$1" 2>/dev/null || true
     if command -v go >/dev/null 2>&1; then
         local gopath
         gopath="$(go env GOPATH)"
-        [ -x "$gopath/bin/helm" ] && echo "$gopath/bin/helm"
+        [ -x "$gopath/bin/$1" ] && echo "$gopath/bin/$1"
     fi
     return 0
 }
 
-for candidate in $(_helm_candidates); do
-    if [ "$(_helm_version "$candidate")" = "v$HELM_VERSION" ]; then
-        echo "helm $HELM_VERSION: $candidate"
-        exit 0
+# go_tool NAME MODULE PACKAGE VERSION VERSION-COMMAND: NAME at VERSION on PATH or in GOPATH/bin,
+# built with `go install PACKAGE@vVERSION` when neither has it.
+go_tool() {
+    local name="$1" module="$2" package="$3" version="$4" version_command="$5" candidate
+    for candidate in $(_candidates "$name"); do
+        if [ "$(_module_version "$candidate" "$module" "$version_command")" = "v$version" ]; then
+            echo "$name $version: $candidate"
+            return 0
+        fi
+    done
+    if ! command -v go >/dev/null 2>&1; then
+        echo "install-infra-tools: $name $version not found and Go is not installed;" \
+             "install Go or put $name $version on PATH" >&2
+        exit 1
     fi
-done
+    echo "install-infra-tools: building $name $version with go install (takes a few minutes)..." >&2
+    go install "$package@v$version"
+    local built
+    built="$(go env GOPATH)/bin/$name"
+    if [ "$(_module_version "$built" "$module" "$version_command")" != "v$version" ]; then
+        echo "install-infra-tools: $built does not report version $version" >&2
+        exit 1
+    fi
+    echo "$name $version: $built"
+}
 
-if ! command -v go >/dev/null 2>&1; then
-    echo "install-infra-tools: helm $HELM_VERSION not found and Go is not installed;" \
-         "install Go or put helm $HELM_VERSION on PATH" >&2
-    exit 1
-fi
+go_tool helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "version --template {{.Version}}"
+go_tool tflint github.com/terraform-linters/tflint github.com/terraform-linters/tflint "$TFLINT_VERSION" "--version"
 
-echo "install-infra-tools: building helm $HELM_VERSION with go install (takes a few minutes)..." >&2
-go install "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
-helm_bin="$(go env GOPATH)/bin/helm"
-if [ "$(_helm_version "$helm_bin")" != "v$HELM_VERSION" ]; then
-    echo "install-infra-tools: $helm_bin does not report version $HELM_VERSION" >&2
-    exit 1
+# The azurerm ruleset, as a plugin binary in a local directory: tflint loads it from
+# TFLINT_PLUGIN_DIR and never downloads it (infra/terraform/.tflint.hcl has no source for it).
+ruleset="$TFLINT_PLUGINS/tflint-ruleset-azurerm"
+ruleset_stamp="tflint-ruleset-azurerm==$TFLINT_RULESET_AZURERM_VERSION"
+if [ -x "$ruleset" ] && [ "$(cat "$TFLINT_PLUGINS/.installed" 2>/dev/null)" = "$ruleset_stamp" ]; then
+    echo "tflint azurerm ruleset $TFLINT_RULESET_AZURERM_VERSION: $ruleset"
+    exit 0
 fi
-echo "helm $HELM_VERSION: $helm_bin"
+mkdir -p "$TFLINT_PLUGINS"
+rm -f "$ruleset" "$TFLINT_PLUGINS/.installed"
+plugins="$(cd "$TFLINT_PLUGINS" && pwd)"
+if GOBIN="$plugins" go install "github.com/terraform-linters/tflint-ruleset-azurerm@v$TFLINT_RULESET_AZURERM_VERSION"; then
+    :
+elif [ -n "${TFLINT_RULESET_AZURERM_SRC:-}" ]; then
+    echo "install-infra-tools: building the azurerm ruleset in $TFLINT_RULESET_AZURERM_SRC..." >&2
+    (cd "$TFLINT_RULESET_AZURERM_SRC" && go build -o "$plugins/tflint-ruleset-azurerm" .)
+else
+    echo "install-infra-tools: the Go module proxy does not serve" \
+         "tflint-ruleset-azurerm@v$TFLINT_RULESET_AZURERM_VERSION; set TFLINT_RULESET_AZURERM_SRC to a" \
+         "checkout of that tag to build it (tests/infra/test_tflint.py skips its azurerm tests without it)" >&2
+    exit 0
+fi
+echo "$ruleset_stamp" > "$TFLINT_PLUGINS/.installed"
+echo "tflint azurerm ruleset $TFLINT_RULESET_AZURERM_VERSION: $ruleset"

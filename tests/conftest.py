@@ -1,10 +1,10 @@
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.utils.redis import RedisServer, find_redis_server
+from tests.utils.tools import missing_tool
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,10 +45,7 @@ def redis_binary() -> str:
     """redis-server. Missing locally skips; in CI, where `make test` installs it, it fails."""
     binary = find_redis_server()
     if binary is None:
-        message = "redis-server not found: run scripts/install-redis.sh (make test does)"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_tool("redis-server not found: run scripts/install-redis.sh (make test does)")
     return binary
 
 

@@ -45,12 +45,13 @@ param systemNodePool object = {
   maxCount: 5
 }
 
-@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, and `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs).')
+@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs), and `osDiskSizeGB`, the ephemeral OS disk, which must fit the size\'s temp disk (64 GiB on Standard_NC24ads_A100_v4, 128 on NC48ads, 256 on NC96ads).')
 param gpuNodePool object = {
   vmSize: 'Standard_NC24ads_A100_v4'
   minCount: 1
   maxCount: 4
   gpuInstanceProfile: ''
+  osDiskSizeGB: 64
 }
 
 @description('Optional. The Kubernetes service account of the gateway (the Helm chart\'s defaults).')
@@ -188,25 +189,13 @@ module stampDeployments 'modules/stamp.bicep' = [
       logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
       monitorWorkspaceId: monitoring.outputs.monitorWorkspaceId
       privateDnsResourceGroupName: platformGroup.name
+      privateDnsZoneNames: privateDnsZoneNames
       bundleStorageAccountId: bundles.outputs.storageAccountId
       tags: tags
     }
     dependsOn: [
       privateDns
     ]
-  }
-]
-
-// Every zone is linked to every hub and spoke.
-module privateDnsLinks 'modules/private-dns-links.bicep' = [
-  for (stamp, i) in stamps: {
-    name: '${name}-dns-links-${stamp.key}'
-    scope: platformGroup
-    params: {
-      zoneNames: privateDnsZoneNames
-      virtualNetworkIds: stampDeployments[i].outputs.virtualNetworkIds
-      tags: tags
-    }
   }
 ]
 

@@ -128,10 +128,13 @@ resource "azurerm_kubernetes_cluster" "this" {
     secret_rotation_interval = "2m"
   }
 
+  # Nodes resolve the private API server through the hub's DNS proxy: the zones are linked to
+  # the hub and spoke before the cluster bootstraps.
   depends_on = [
     azurerm_role_assignment.aks_private_dns,
     azurerm_role_assignment.aks_network,
     azurerm_subnet_route_table_association.aks,
+    azurerm_private_dns_zone_virtual_network_link.this,
   ]
 }
 
@@ -148,6 +151,7 @@ resource "azurerm_kubernetes_cluster_node_pool" "gpu" {
   max_count               = var.gpu_node_pool.max_count
   max_pods                = 50
   os_disk_type            = "Ephemeral"
+  os_disk_size_gb         = var.gpu_node_pool.os_disk_size_gb
   host_encryption_enabled = true
   gpu_instance            = var.gpu_node_pool.gpu_instance
   node_taints             = ["nvidia.com/gpu=present:NoSchedule"]

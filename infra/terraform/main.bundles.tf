@@ -46,6 +46,12 @@ resource "azurerm_storage_account" "bundles" {
     expiration_period = "00.01:00:00"
     expiration_action = "Block"
   }
+
+  # Every stamp's OPA loads its policy from here: a plan that would delete or replace the
+  # account fails instead (remove this block to tear the landing zone down).
+  lifecycle {
+    prevent_destroy = true
+  }
 }
 
 resource "azurerm_storage_container" "bundles" {
@@ -53,6 +59,10 @@ resource "azurerm_storage_container" "bundles" {
   name                  = "bundles"
   storage_account_id    = azurerm_storage_account.bundles.id
   container_access_type = "private"
+
+  lifecycle {
+    prevent_destroy = true
+  }
 }
 
 resource "azurerm_private_endpoint" "bundles" {

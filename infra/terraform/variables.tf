@@ -124,15 +124,19 @@ variable "system_node_pool" {
 
 variable "gpu_node_pool" {
   type = object({
-    vm_size      = optional(string, "Standard_NC24ads_A100_v4")
-    min_count    = optional(number, 1)
-    max_count    = optional(number, 4)
-    gpu_instance = optional(string)
+    vm_size         = optional(string, "Standard_NC24ads_A100_v4")
+    min_count       = optional(number, 1)
+    max_count       = optional(number, 4)
+    gpu_instance    = optional(string)
+    os_disk_size_gb = optional(number, 64)
   })
   description = <<-EOT
     The GPU pool that runs the engine. Nodes carry the taint `nvidia.com/gpu=present:NoSchedule`.
     - `gpu_instance` - (Optional) MIG profile (`MIG1g`, `MIG2g`, `MIG3g`, `MIG4g`, `MIG7g`) for
       A100/H100 sizes; pods then request `nvidia.com/mig-<profile>` slices instead of whole GPUs.
+    - `os_disk_size_gb` - (Optional) The ephemeral OS disk, which must fit the size's temp disk
+      (64 GiB on Standard_NC24ads_A100_v4). Left unset, AKS would ask for 128 GiB there, which
+      does not fit, and the pool would fail to create.
   EOT
   default     = {}
   nullable    = false
@@ -140,6 +144,15 @@ variable "gpu_node_pool" {
   validation {
     condition     = var.gpu_node_pool.gpu_instance == null || contains(["MIG1g", "MIG2g", "MIG3g", "MIG4g", "MIG7g"], coalesce(var.gpu_node_pool.gpu_instance, "none"))
     error_message = "gpu_node_pool.gpu_instance must be null or one of MIG1g, MIG2g, MIG3g, MIG4g, MIG7g."
+  }
+  validation {
+    # Temp disk sizes of the NC A100 v4 sizes; other sizes are checked by AKS at apply.
+    condition = var.gpu_node_pool.os_disk_size_gb >= 30 && var.gpu_node_pool.os_disk_size_gb <= lookup({
+      Standard_NC24ads_A100_v4 = 64
+      Standard_NC48ads_A100_v4 = 128
+      Standard_NC96ads_A100_v4 = 256
+    }, var.gpu_node_pool.vm_size, 2040)
+    error_message = "gpu_node_pool.os_disk_size_gb must be at least 30 and fit the VM size's temp disk, where the ephemeral OS disk lives: at most 64 on Standard_NC24ads_A100_v4, 128 on Standard_NC48ads_A100_v4, 256 on Standard_NC96ads_A100_v4."
   }
   validation {
     condition     = var.gpu_node_pool.min_count >= 0 && var.gpu_node_pool.max_count >= max(1, var.gpu_node_pool.min_count)

@@ -1,4 +1,3 @@
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +7,7 @@ from gateway.auth.issuer import LocalIssuer
 from gateway.policy.opa import OPA_VERSION, find_opa
 from tests.utils.issuer import FaultyIssuer
 from tests.utils.opa import OpaServer, start_opa, stop_opa
+from tests.utils.tools import missing_tool
 
 
 @pytest.fixture(scope="session")
@@ -15,10 +15,7 @@ def opa_bin() -> str:
     """The opa binary. Missing opa skips locally but fails in CI, where these checks must run."""
     opa = find_opa()
     if opa is None:
-        message = f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_tool(f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)")
     return opa
 
 

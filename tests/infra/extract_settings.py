@@ -5,10 +5,12 @@ the project's environment):
 
     .venv-infra/bin/python tests/infra/extract_settings.py terraform infra/terraform
     .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
+    .venv-infra/bin/python tests/infra/extract_settings.py examples infra/terraform
 
 It prints one JSON document with the same keys for both languages, so a test can compare them
 setting by setting. Each extractor knows its language's attribute names and nothing else; a
 setting that cannot be found comes out as null, which never equals the other side's value.
+`examples` lists each Terraform example's stamps and the resources made once per stamp.
 Exit status 2 on a parse error (the message names the file).
 """
 
@@ -96,6 +98,7 @@ class Terraform:
         self.resources: dict[str, dict[str, dict]] = {}
         self.locals: dict[str, Any] = {}
         self.variables: dict[str, dict] = {}
+        self.modules: dict[str, dict] = {}
         for path in sorted(root.glob("*.tf")):
             try:
                 with path.open(encoding="utf-8") as handle:
@@ -109,6 +112,8 @@ class Terraform:
                 self.locals.update(block)
             for block in document.get("variable", []):
                 self.variables.update(block)
+            for block in document.get("module", []):
+                self.modules.update(block)
 
     def one(self, kind: str, name: str = "this") -> dict:
         return self.resources.get(kind, {}).get(name, {})
@@ -143,10 +148,33 @@ def _optional_default(type_expression: str, attribute: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _waits_for(tf: Terraform, address: str, kind: str) -> bool:
+    """`address` is created after every `kind` resource: through depends_on, its own or that of
+    what it depends on, or a reference to one in its arguments."""
+    seen, pending = set(), [address]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        body = tf.one(*current.split(".", 1))
+        if f"{kind}." in json.dumps({key: value for key, value in body.items() if key != "depends_on"}):
+            return True
+        pending += [str(dependency).strip("${}") for dependency in body.get("depends_on", [])]
+    return any(current.split(".", 1)[0] == kind for current in seen)
+
+
+def _only_with(count: Any, collection: Any) -> bool:
+    """`count = length(C) > 0 ? 1 : 0` for the same C that `collection` (a for_each) names."""
+    match = re.fullmatch(r"\$\{length\((.+)\) > 0 \? 1 : 0\}", str(count))
+    return bool(match) and f"${{{match.group(1)}}}" == collection
+
+
 def extract_terraform(root: Path) -> dict[str, Any]:
     tf = Terraform(root)
 
     vault = tf.one("azurerm_key_vault")
+    vault_endpoint = tf.one("azurerm_private_endpoint", "key_vault")
     redis = tf.one("azurerm_managed_redis")
     database = _block(redis, "default_database")
     aks = tf.one("azurerm_kubernetes_cluster")
@@ -190,6 +218,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     zones += [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", json.dumps(tf.locals.get("private_dns_zones")))]
 
     account = tf.variables.get("gateway_service_account", {}).get("type", "")
+    gpu_type = tf.variables.get("gpu_node_pool", {}).get("type", "")
     subject = tf.resolve("${local.gateway_subject}")
 
     rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
@@ -203,6 +232,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "network_default_action": _block(vault, "network_acls").get("default_action"),
             "network_bypass": _block(vault, "network_acls").get("bypass"),
             "sku": vault.get("sku_name"),
+            "private_endpoint_per_vault": vault.get("for_each") == vault_endpoint.get("for_each")
+            and _block(vault_endpoint, "private_service_connection").get("private_connection_resource_id")
+            == "${azurerm_key_vault.this[each.key].id}",
         },
         "redis": {
             "access_keys_authentication": database.get("access_keys_authentication_enabled"),
@@ -251,6 +283,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
                 "taints": gpu_pool.get("node_taints"),
                 "labels": gpu_pool.get("node_labels"),
                 "os_disk_type": gpu_pool.get("os_disk_type"),
+                "os_disk_size_gb": _optional_default(gpu_type, "os_disk_size_gb")
+                if gpu_pool.get("os_disk_size_gb") == "${var.gpu_node_pool.os_disk_size_gb}"
+                else gpu_pool.get("os_disk_size_gb"),
                 "host_encryption": gpu_pool.get("host_encryption_enabled"),
                 "max_pods": gpu_pool.get("max_pods"),
                 "autoscaling": gpu_pool.get("auto_scaling_enabled"),
@@ -299,12 +334,32 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(tf.locals.get("required_tags", [])),
         "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
+        "conditions_and_order": {
+            "private_dns_links_before_aks": _waits_for(
+                tf, "azurerm_kubernetes_cluster.this", "azurerm_private_dns_zone_virtual_network_link"
+            ),
+            "front_door_route_only_with_origins": _only_with(route.get("count"), origin.get("for_each")),
+        },
         "workload_identity": {
             "audience": credential.get("audience"),
             "subject": template(str(subject)),
             "service_account": [_optional_default(account, "namespace"), _optional_default(account, "name")],
         },
     }
+
+
+def extract_examples(root: Path) -> dict[str, Any]:
+    """The module's resources made once per stamp and those made once in all, and each example's
+    stamp keys: what a scan through an example must have seen
+    (`module.tenantgate.<kind>.<name>["<stamp>"]`, `module.tenantgate.<kind>.<name>`)."""
+    tf = Terraform(root)
+    bodies = {f"{kind}.{name}": body for kind, named in tf.resources.items() for name, body in named.items()}
+    per_stamp = [address for address, body in bodies.items() if body.get("for_each") == "${var.stamps}"]
+    once = [address for address, body in bodies.items() if "for_each" not in body and "count" not in body]
+    examples = {}
+    for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
+        examples[example.name] = sorted(Terraform(example).modules.get("tenantgate", {}).get("stamps", {}))
+    return {"per_stamp_resources": sorted(per_stamp), "single_resources": sorted(once), "examples": examples}
 
 
 # ------------------------------------------------------------------------------------------
@@ -362,6 +417,87 @@ class Bicep:
 
     def parameter_default(self, name: str) -> Any:
         return _dig(self.files.get("main.bicep", {}), "parameters", name, "default")
+
+
+def _has_private_endpoint(bicep: Bicep, kind: str) -> bool:
+    """Every `kind` has a private endpoint beside it, in its own file, pointing at its `.id`."""
+    found = bicep.resources(kind)
+    for file_name, symbols, _ in found:
+        targets = [symbol for symbol, resource in symbols.items() if resource.get("type") == kind]
+        endpoints = [
+            _dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties", "privateLinkServiceId")
+            for name, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints")
+            if name == file_name
+        ]
+        accessors = [_dig(target, "operator", "operands") for target in endpoints]
+        if not any({"operand_1": symbol, "operand_2": "id"} in accessors for symbol in targets):
+            return False
+    return bool(found)
+
+
+def _deploys(bicep: Bicep, file_name: str, kind: str) -> bool:
+    """`file_name` deploys a `kind` resource, itself or through its modules."""
+    document = bicep.files.get(file_name, {})
+    if any(resource.get("type") == kind and not resource.get("existing") for resource in document.get("resources", {}).values()):
+        return True
+    return any(_deploys(bicep, Path(_dig(module, "detail", "path") or "").name, kind) for module in document.get("modules", {}).values())
+
+
+def _deployed_after(bicep: Bicep, kind: str, first: str) -> bool:
+    """Every module that deploys a `kind` resource waits, through dependsOn (its own or that of
+    the modules it depends on), for a module that deploys `first`, in the file that holds it or in
+    one that holds that file."""
+    holders = [name for name, document in bicep.files.items() if any(r.get("type") == kind for r in document.get("resources", {}).values())]
+    if not holders:
+        return False
+    for holder in holders:
+        if not _waits_in_parents(bicep, holder, first, set()):
+            return False
+    return True
+
+
+def _waits_in_parents(bicep: Bicep, file_name: str, first: str, visited: set[str]) -> bool:
+    parents = [
+        (name, symbol)
+        for name, document in bicep.files.items()
+        for symbol, module in document.get("modules", {}).items()
+        if Path(_dig(module, "detail", "path") or "").name == file_name
+    ]
+    if not parents or file_name in visited:
+        return False
+    visited.add(file_name)
+    for parent, symbol in parents:
+        modules = bicep.files[parent].get("modules", {})
+        seen, pending = set(), [symbol]
+        while pending:
+            current = pending.pop()
+            if current in seen or current not in modules:
+                continue
+            seen.add(current)
+            pending += _body(modules[current]).get("dependsOn") or []
+        waited = any(_deploys(bicep, Path(_dig(modules[name], "detail", "path") or "").name, first) for name in seen - {symbol})
+        if not waited and not _waits_in_parents(bicep, parent, first, visited):
+            return False
+    return True
+
+
+def _route_only_with_origins(bicep: Bicep) -> bool:
+    """The route's condition is `contains(V, true)`, where V maps the origins' own loop to their
+    condition: at least one origin exists."""
+    routes = bicep.resources("Microsoft.Cdn/profiles/afdEndpoints/routes")
+    origins = bicep.resources("Microsoft.Cdn/profiles/originGroups/origins")
+    if not routes or not origins:
+        return False
+    file_name, _, route = routes[0]
+    condition = _dig(route, "config", "condition", "function") or {}
+    mapped = bicep.variable(file_name, _dig(condition, "parameters", "container")) or {}
+    loop = origins[0][2].get("config", {})
+    return (
+        condition.get("type") == "contains"
+        and _dig(condition, "parameters", "item_to_find") is True
+        and mapped.get("loop_type") == loop.get("loop_type")
+        and mapped.get("config") == loop.get("condition")
+    )
 
 
 def extract_bicep(root: Path) -> dict[str, Any]:
@@ -442,6 +578,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "network_default_action": _dig(vault, "properties", "networkAcls", "defaultAction"),
             "network_bypass": _dig(vault, "properties", "networkAcls", "bypass"),
             "sku": _dig(vault, "properties", "sku", "name"),
+            "private_endpoint_per_vault": _has_private_endpoint(bicep, "Microsoft.KeyVault/vaults"),
         },
         "redis": {
             "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
@@ -492,6 +629,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
                 # pycep keeps the quotes of quoted keys ('tenantgate.io/pool').
                 "labels": {key.strip("'"): value for key, value in (pool.get("nodeLabels") or {}).items()},
                 "os_disk_type": pool.get("osDiskType"),
+                "os_disk_size_gb": str((bicep.parameter_default("gpuNodePool") or {}).get("osDiskSizeGB"))
+                if "osDiskSizeGB" in json.dumps(pool.get("osDiskSizeGB"))
+                else pool.get("osDiskSizeGB"),
                 "host_encryption": pool.get("enableEncryptionAtHost"),
                 "max_pods": pool.get("maxPods"),
                 "autoscaling": pool.get("enableAutoScaling"),
@@ -540,6 +680,12 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(bicep.variable("main.bicep", "requiredTags") or []),
         "role_assignments": sorted(roles),
+        "conditions_and_order": {
+            "private_dns_links_before_aks": _deployed_after(
+                bicep, "Microsoft.ContainerService/managedClusters", "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+            ),
+            "front_door_route_only_with_origins": _route_only_with_origins(bicep),
+        },
         "workload_identity": {
             "audience": _dig(credential, "properties", "audiences"),
             "subject": template(str(_dig(credential, "properties", "subject"))),
@@ -549,10 +695,11 @@ def extract_bicep(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("terraform", "bicep"):
-        print("usage: extract_settings.py terraform|bicep DIR", file=sys.stderr)
+    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples}
+    if len(argv) != 3 or argv[1] not in extractors:
+        print("usage: extract_settings.py terraform|bicep|examples DIR", file=sys.stderr)
         return 2
-    extract = extract_terraform if argv[1] == "terraform" else extract_bicep
+    extract = extractors[argv[1]]
     try:
         settings = extract(Path(argv[2]))
     except SystemExit as exc:

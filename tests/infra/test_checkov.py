@@ -4,12 +4,15 @@ checks both running and able to fail."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.infra.conftest import INFRA, Tools, checkov
+from tests.infra.conftest import CUSTOM_CHECKS as CUSTOM_CHECKS_DIR
+from tests.infra.conftest import INFRA, RENDER_MODES, TERRAFORM_EXAMPLES, Tools, checkov, extract_settings
 
 # Every skip, by framework: check ID -> the kinds of resource where it is skipped. A new skip fails
 # this test until it is reviewed here; each one also carries its reason inline
@@ -23,6 +26,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_216": "azurerm_firewall",  # threat intel Deny lives on the firewall policy
         "CKV_AZURE_182": "azurerm_virtual_network",  # one DNS server on purpose: the firewall's proxy
         "CKV_AZURE_183": "azurerm_virtual_network",  # same
+        "CKV2_AZURE_32": "azurerm_key_vault",  # checkov links for_each endpoints to one vault only
     },
     "bicep": {
         "CKV_AZURE_8": "Microsoft.ContainerService/managedClusters",  # dashboard add-on no longer exists
@@ -80,11 +84,40 @@ def _assert_everything_parsed(reports: list[dict]) -> None:
         assert report["summary"]["resource_count"] > 0, "checkov found nothing to check"
 
 
-def test_checkov_terraform_has_no_failed_checks(terraform_reports: list[dict]) -> None:
-    _assert_everything_parsed(terraform_reports)
-    _assert_no_failed_checks(terraform_reports)
-    # One report per example: checkov evaluated the module through each of them.
-    assert len(terraform_reports) == len(list((INFRA / "terraform" / "examples").iterdir()))
+@pytest.mark.parametrize("example", [example.name for example in TERRAFORM_EXAMPLES])
+def test_checkov_terraform_example_has_no_failed_checks(example: str, terraform_example_reports: dict[str, list[dict]]) -> None:
+    reports = terraform_example_reports[example]
+    assert len(reports) == 1, f"one scan of {example}, one report"
+    _assert_everything_parsed(reports)
+    _assert_no_failed_checks(reports)
+
+
+def _addresses(reports: list[dict]) -> set[str]:
+    outcomes = ("passed_checks", "failed_checks", "skipped_checks")
+    return {check["resource"] for outcome in outcomes for check in _checks(reports, outcome)}
+
+
+def test_checkov_saw_every_stamp_of_every_example(tools: Tools, terraform_example_reports: dict[str, list[dict]]) -> None:
+    # Two --directory arguments once made checkov scan single-region twice and two-region never,
+    # with every check passing. Each example's stamps, read from its source, must be in its report.
+    layout = extract_settings(tools, "examples", INFRA / "terraform")
+    assert sorted(terraform_example_reports) == sorted(layout["examples"])
+    checked = {
+        re.sub(r'\["[^"]*"\]$', "", address).removeprefix("module.tenantgate.")
+        for reports in terraform_example_reports.values()
+        for address in _addresses(reports)
+    }
+    # The resources that checkov has checks for (a route table, say, has none).
+    per_stamp = sorted(set(layout["per_stamp_resources"]) & checked)
+    single = sorted(set(layout["single_resources"]) & checked)
+    assert {"azurerm_kubernetes_cluster.this", "azurerm_key_vault.this", "azurerm_managed_redis.this"} <= set(per_stamp)
+    assert {"azurerm_storage_account.bundles", "azurerm_cdn_frontdoor_firewall_policy.this"} <= set(single)
+    for example, stamps in layout["examples"].items():
+        seen = _addresses(terraform_example_reports[example])
+        expected = [f'module.tenantgate.{resource}["{stamp}"]' for stamp in stamps for resource in per_stamp]
+        expected += [f"module.tenantgate.{resource}" for resource in single]
+        missing = [address for address in expected if address not in seen]
+        assert not missing, f"checkov's scan of {example} never saw: {missing}"
 
 
 def test_checkov_bicep_has_no_failed_checks(bicep_reports: list[dict]) -> None:
@@ -92,9 +125,23 @@ def test_checkov_bicep_has_no_failed_checks(bicep_reports: list[dict]) -> None:
     _assert_no_failed_checks(bicep_reports)
 
 
-def test_checkov_rendered_manifests_have_no_failed_checks(manifest_reports: list[dict]) -> None:
-    _assert_everything_parsed(manifest_reports)
-    _assert_no_failed_checks(manifest_reports)
+@pytest.mark.parametrize("mode", list(RENDER_MODES))
+def test_checkov_rendered_manifests_have_no_failed_checks(
+    mode: str, manifest_mode_reports: dict[str, list[dict]], rendered_manifests: dict[str, Path]
+) -> None:
+    reports = manifest_mode_reports[mode]
+    _assert_everything_parsed(reports)
+    _assert_no_failed_checks(reports)
+    # Every workload the rendering holds was checked, by address (kind.namespace.name).
+    documents = [document for document in yaml.safe_load_all(rendered_manifests[mode].read_text(encoding="utf-8")) if document]
+    workloads = {
+        f"{document['kind']}.tenantgate.{document['metadata']['name']}"
+        for document in documents
+        if document["kind"] in ("Deployment", "StatefulSet", "Ingress", "ServiceAccount")
+    }
+    assert workloads, f"nothing to check in the {mode} rendering"
+    missing = sorted(workloads - _addresses(reports))
+    assert not missing, f"checkov's scan of the {mode} rendering never saw: {missing}"
 
 
 def test_checkov_dockerfile_has_no_failed_checks(dockerfile_reports: list[dict]) -> None:
@@ -137,6 +184,16 @@ def test_skips_are_the_reviewed_ones(framework: str, request: pytest.FixtureRequ
     assert not unreviewed, f"skips not reviewed in REVIEWED_SKIPS: {unreviewed}"
     unused = sorted(set(reviewed) - {check["check_id"] for check in skipped})
     assert not unused, f"reviewed skips no longer in the code (remove them): {unused}"
+
+
+def test_custom_checks_are_all_listed() -> None:
+    # A check file added without an entry here would run unseen, or not load, unnoticed.
+    defined = {
+        match
+        for path in CUSTOM_CHECKS_DIR.glob("*.py")
+        for match in re.findall(r'^\w*ID = "(CKV_TG_\d+)"', path.read_text(encoding="utf-8"), re.MULTILINE)
+    }
+    assert defined == set(CUSTOM_CHECKS["terraform"]) == set(CUSTOM_CHECKS["bicep"])
 
 
 @pytest.mark.parametrize("framework", ["terraform", "bicep"])

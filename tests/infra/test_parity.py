@@ -57,6 +57,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "network_default_action": "Deny",
         "network_bypass": "None",
         "sku": "premium",
+        "private_endpoint_per_vault": True,
     }
     redis = settings["redis"]
     assert redis["access_keys_authentication"] is False
@@ -85,6 +86,10 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert aks["gpu_pool"]["mig_profile_from_input"] is True
     assert aks["system_pool"]["critical_addons_only"] is True
     assert aks["system_pool"]["host_encryption"] is aks["gpu_pool"]["host_encryption"] is True
+    # The ephemeral OS disk lives on the temp disk: 64 GiB on the default Standard_NC24ads_A100_v4
+    # (AKS's default of 128 GiB would not fit). The system pool's D4ds_v5 has 150 GiB.
+    assert aks["gpu_pool"]["os_disk_type"] == "Ephemeral"
+    assert aks["gpu_pool"]["os_disk_size_gb"] == "64"
 
     assert settings["waf"]["mode"] == "Prevention"
     assert settings["waf"]["enabled"] is True
@@ -108,24 +113,48 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "network_security_group", "front_door", "log_analytics", "storage_blob",
     }  # fmt: skip
     assert settings["workload_identity"]["subject"] == "system:serviceaccount:{}:{}"
+    # Nodes resolve the private API server through the linked zones; a route needs an origin.
+    assert settings["conditions_and_order"] == {
+        "private_dns_links_before_aks": True,
+        "front_door_route_only_with_origins": True,
+    }
 
 
-def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict, edits: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """The settings that differ from the Terraform once `edits` (file, old, new) change a copy of
+    the Bicep."""
     drifted = tmp_path / "bicep"
     shutil.copytree(INFRA / "bicep", drifted)
-    for name, old, new in (
-        ("front-door.bicep", "mode: 'Prevention'", "mode: 'Detection'"),
-        ("key-vault.bicep", "enablePurgeProtection: true", "enablePurgeProtection: false"),
-        ("redis.bicep", "accessKeysAuthentication: 'Disabled'", "accessKeysAuthentication: 'Enabled'"),
-    ):
+    for name, old, new in edits:
         path = drifted / "modules" / name
         text = path.read_text(encoding="utf-8")
         assert old in text
         path.write_text(text.replace(old, new), encoding="utf-8")
-
     differences = _differences(terraform_settings, extract_settings(tools, "bicep", drifted))
-    assert sorted(line.split(":")[0] for line in differences) == [
+    return sorted(line.split(":")[0] for line in differences)
+
+
+def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+    edits = (
+        ("front-door.bicep", "mode: 'Prevention'", "mode: 'Detection'"),
+        ("key-vault.bicep", "enablePurgeProtection: true", "enablePurgeProtection: false"),
+        ("redis.bicep", "accessKeysAuthentication: 'Disabled'", "accessKeysAuthentication: 'Enabled'"),
+    )
+    assert _drifted_keys(tools, tmp_path, terraform_settings, edits) == [
         "key_vault.purge_protection",
         "redis.access_keys_authentication",
         "waf.mode",
+    ]
+
+
+def test_parity_catches_a_lost_condition_or_order(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
+    # main's Bicep before issue 14: the route was unconditional, and the zones were linked in
+    # main.bicep after the whole stamp, AKS included.
+    edits = (
+        ("front-door.bicep", "= if (contains(stampHasIngress, true)) {", "= {"),
+        ("stamp.bicep", "    apiServerZoneContributor\n    privateDnsLinks\n", "    apiServerZoneContributor\n"),
+    )
+    assert _drifted_keys(tools, tmp_path, terraform_settings, edits) == [
+        "conditions_and_order.front_door_route_only_with_origins",
+        "conditions_and_order.private_dns_links_before_aks",
     ]

@@ -34,7 +34,7 @@ param aksAdminGroupObjectIds array
 @description('Required. The system pool: `vmSize`, `minCount`, `maxCount`.')
 param systemNodePool object
 
-@description('Required. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (empty for whole GPUs).')
+@description('Required. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (empty for whole GPUs), `osDiskSizeGB` (fits the size\'s temp disk).')
 param gpuNodePool object
 
 @description('Required. The Log Analytics workspace for Container Insights, Defender and diagnostics.')
@@ -197,6 +197,7 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-
     enableAutoScaling: true
     maxPods: 50
     osDiskType: 'Ephemeral'
+    osDiskSizeGB: gpuNodePool.osDiskSizeGB
     enableEncryptionAtHost: true
     vnetSubnetID: subnetId
     gpuInstanceProfile: empty(gpuNodePool.gpuInstanceProfile) ? null : gpuNodePool.gpuInstanceProfile

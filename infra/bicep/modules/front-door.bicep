@@ -145,7 +145,11 @@ resource origins 'Microsoft.Cdn/profiles/originGroups/origins@2024-09-01' = [
   }
 ]
 
-resource route 'Microsoft.Cdn/profiles/afdEndpoints/routes@2024-09-01' = {
+// Which stamps have an ingress yet (the origins' condition); the route needs at least one
+// origin, as Terraform's `count` on azurerm_cdn_frontdoor_route.
+var stampHasIngress = [for stamp in stamps: contains(stamp, 'ingress')]
+
+resource route 'Microsoft.Cdn/profiles/afdEndpoints/routes@2024-09-01' = if (contains(stampHasIngress, true)) {
   parent: endpoint
   name: 'tenantgate'
   properties: {

@@ -46,6 +46,9 @@ param monitorWorkspaceId string
 @description('Required. The resource group that holds the private DNS zones.')
 param privateDnsResourceGroupName string
 
+@description('Required. Names of the private DNS zones in that group, all linked to this stamp\'s hub and spoke.')
+param privateDnsZoneNames array
+
 @description('Required. The bundle storage account, reached over a private endpoint in this spoke.')
 param bundleStorageAccountId string
 
@@ -102,11 +105,24 @@ module apiServerZoneContributor 'zone-contributor.bicep' = if (privateClusterEna
   }
 }
 
+// Nodes resolve the private API server through the hub's DNS proxy: the zones are linked to
+// this stamp's networks before the cluster bootstraps.
+module privateDnsLinks 'private-dns-links.bicep' = {
+  name: '${deployment().name}-dns-links'
+  scope: resourceGroup(privateDnsResourceGroupName)
+  params: {
+    zoneNames: privateDnsZoneNames
+    virtualNetworkIds: network.outputs.virtualNetworkIds
+    tags: tags
+  }
+}
+
 module aks 'aks.bicep' = {
   name: '${deployment().name}-aks'
   dependsOn: [
     spokeNetworkContributor
     apiServerZoneContributor
+    privateDnsLinks
   ]
   params: {
     name: '${name}-${stampKey}'

@@ -11,7 +11,13 @@ terraform {
 }
 
 provider "azurerm" {
-  features {}
+  features {
+    # The bundle account is private and keyless: the provider must not probe its data plane
+    # (queue and static website properties), which it cannot reach from outside the spokes.
+    storage {
+      data_plane_available = false
+    }
+  }
   storage_use_azuread = true
 }
 
@@ -36,8 +42,4 @@ module "tenantgate" {
     environment = "dev"
     owner       = "platform-team@example.com"
   }
-}
-
-output "stamps" {
-  value = module.tenantgate.stamps
 }

@@ -13,7 +13,13 @@ terraform {
 }
 
 provider "azurerm" {
-  features {}
+  features {
+    # The bundle account is private and keyless: the provider must not probe its data plane
+    # (queue and static website properties), which it cannot reach from outside the spokes.
+    storage {
+      data_plane_available = false
+    }
+  }
   storage_use_azuread = true
 }
 
@@ -57,12 +63,4 @@ module "tenantgate" {
     environment = "production"
     owner       = "platform-team@example.com"
   }
-}
-
-output "front_door_endpoint_host_name" {
-  value = module.tenantgate.front_door_endpoint_host_name
-}
-
-output "stamps" {
-  value = module.tenantgate.stamps
 }

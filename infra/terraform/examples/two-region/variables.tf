@@ -1,0 +1,1 @@
+# This example sets every input in main.tf; it takes none of its own.
