@@ -150,6 +150,7 @@ resource "azurerm_kubernetes_cluster_node_pool" "gpu" {
   os_disk_type            = "Ephemeral"
   host_encryption_enabled = true
   gpu_instance            = var.gpu_node_pool.gpu_instance
+  gpu_driver              = "Install" # AKS installs the NVIDIA driver; the device plugin is ours (docs/deploy.md)
   node_taints             = ["nvidia.com/gpu=present:NoSchedule"]
   node_labels = {
     "tenantgate.io/pool" = "gpu"

@@ -30,6 +30,7 @@ ROLE_NAMES = {
     "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
     "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",
     "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b": "Azure Kubernetes Service RBAC Cluster Admin",
+    "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
 }
 
 # What a diagnostic setting is attached to, in both languages' words.
@@ -44,6 +45,7 @@ TERRAFORM_KINDS = {
     "azurerm_cdn_frontdoor_profile": "front_door",
     "azurerm_log_analytics_workspace": "log_analytics",
     "azurerm_storage_account": "storage_blob",
+    "azurerm_container_registry": "container_registry",
 }
 BICEP_KINDS = {
     "Microsoft.ContainerService/managedClusters": "aks",
@@ -56,6 +58,7 @@ BICEP_KINDS = {
     "Microsoft.Cdn/profiles": "front_door",
     "Microsoft.OperationalInsights/workspaces": "log_analytics",
     "Microsoft.Storage/storageAccounts/blobServices": "storage_blob",
+    "Microsoft.ContainerRegistry/registries": "container_registry",
 }
 
 
@@ -165,6 +168,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     storage = tf.one("azurerm_storage_account", "bundles")
     workspace = tf.one("azurerm_log_analytics_workspace")
     credential = tf.one("azurerm_federated_identity_credential", "gateway")
+    registry = tf.one("azurerm_container_registry")
 
     definitions = tf.locals.get("policy_definitions", {})
     assigned = []
@@ -255,6 +259,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
                 "max_pods": gpu_pool.get("max_pods"),
                 "autoscaling": gpu_pool.get("auto_scaling_enabled"),
                 "mig_profile_from_input": "gpu_instance" in str(gpu_pool.get("gpu_instance")),
+                "gpu_driver": gpu_pool.get("gpu_driver"),
             },
         },
         "waf": {
@@ -263,6 +268,17 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "request_body_check": waf.get("request_body_check_enabled"),
             "managed_rule_sets": rule_sets,
             "sku": waf.get("sku_name"),
+        },
+        "container_registry": {
+            "sku": registry.get("sku"),
+            "admin_user": registry.get("admin_enabled"),
+            "anonymous_pull": registry.get("anonymous_pull_enabled"),
+            "public_network_access": registry.get("public_network_access_enabled"),
+            "trusted_services_bypass": registry.get("network_rule_bypass_option"),
+            "zone_redundancy": registry.get("zone_redundancy_enabled"),
+            "dedicated_data_endpoints": registry.get("data_endpoint_enabled"),
+            "export_policy": registry.get("export_policy_enabled"),
+            "retention_days": registry.get("retention_policy_in_days"),
         },
         "front_door": {
             "sku": profile.get("sku_name"),
@@ -383,6 +399,8 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     storage = bicep.one("Microsoft.Storage/storageAccounts")
     workspace = bicep.one("Microsoft.OperationalInsights/workspaces")
     credential = bicep.one("Microsoft.ManagedIdentity/userAssignedIdentities/federatedIdentityCredentials")
+    registry = bicep.one("Microsoft.ContainerRegistry/registries")
+    policies = _dig(registry, "properties", "policies") or {}
 
     properties = aks.get("properties", {})
     system_pool = _dig(properties, "agentPoolProfiles", 0) or {}
@@ -496,6 +514,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
                 "max_pods": pool.get("maxPods"),
                 "autoscaling": pool.get("enableAutoScaling"),
                 "mig_profile_from_input": "gpuInstanceProfile" in json.dumps(pool.get("gpuInstanceProfile")),
+                "gpu_driver": _dig(pool, "gpuProfile", "driver"),
             },
         },
         "waf": {
@@ -504,6 +523,17 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "request_body_check": policy_settings.get("requestBodyCheck") == "Enabled",
             "managed_rule_sets": rule_sets,
             "sku": _dig(waf, "sku", "name"),
+        },
+        "container_registry": {
+            "sku": _dig(registry, "sku", "name"),
+            "admin_user": _dig(registry, "properties", "adminUserEnabled"),
+            "anonymous_pull": _dig(registry, "properties", "anonymousPullEnabled"),
+            "public_network_access": _dig(registry, "properties", "publicNetworkAccess") != "Disabled",
+            "trusted_services_bypass": _dig(registry, "properties", "networkRuleBypassOptions"),
+            "zone_redundancy": _dig(registry, "properties", "zoneRedundancy") == "Enabled",
+            "dedicated_data_endpoints": _dig(registry, "properties", "dataEndpointEnabled"),
+            "export_policy": _dig(policies, "exportPolicy", "status") == "enabled",
+            "retention_days": _dig(policies, "retentionPolicy", "days") if _dig(policies, "retentionPolicy", "status") == "enabled" else None,
         },
         "front_door": {
             "sku": _dig(profile, "sku", "name"),

@@ -96,7 +96,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert settings["firewall"]["default_route_next_hop"] == "VirtualAppliance"
     assert settings["bundle_storage"]["shared_key_access"] is False
     assert settings["bundle_storage"]["public_network_access"] is False
-    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "vault"]
+    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "registry", "vault"]
 
     assert settings["required_tags"] == ["costCenter", "environment", "owner", "tenantId"]
     assert set(settings["policy_assignments"]) == set(settings["policy_definition_ids"])
@@ -105,9 +105,26 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     kinds = {entry[0] for entry in settings["diagnostic_settings"]}
     assert kinds == {
         "aks", "key_vault", "redis", "firewall", "public_ip", "virtual_network",
-        "network_security_group", "front_door", "log_analytics", "storage_blob",
+        "network_security_group", "front_door", "log_analytics", "storage_blob", "container_registry",
     }  # fmt: skip
     assert settings["workload_identity"]["subject"] == "system:serviceaccount:{}:{}"
+
+
+def test_nodes_pull_only_from_the_stamps_private_registry(terraform_settings: dict) -> None:
+    assert terraform_settings["container_registry"] == {
+        "sku": "Premium",
+        "admin_user": False,
+        "anonymous_pull": False,
+        "public_network_access": False,
+        "trusted_services_bypass": "AzureServices",
+        "zone_redundancy": True,
+        "dedicated_data_endpoints": True,
+        "export_policy": False,
+        "retention_days": 7,
+    }
+    assert "privatelink.azurecr.io" in terraform_settings["private_dns_zones"]
+    assert "AcrPull" in terraform_settings["role_assignments"]  # for the kubelet identity
+    assert terraform_settings["aks"]["gpu_pool"]["gpu_driver"] == "Install"
 
 
 def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:

@@ -56,7 +56,7 @@ var clusterAdminRole = subscriptionResourceId('Microsoft.Authorization/roleDefin
 //   Cluster   //
 // =========== //
 
-resource cluster 'Microsoft.ContainerService/managedClusters@2024-09-01' = {
+resource cluster 'Microsoft.ContainerService/managedClusters@2025-07-01' = {
   // checkov:skip=CKV_AZURE_8:the Kubernetes dashboard add-on no longer exists on supported Kubernetes versions and the API rejects a kubeDashboard profile
   // checkov:skip=CKV_AZURE_172:rotation is on (enableSecretRotation 'true'); add-on config values are strings in the API and checkov compares with a boolean
   name: 'aks-${name}'
@@ -183,7 +183,7 @@ resource cluster 'Microsoft.ContainerService/managedClusters@2024-09-01' = {
   }
 }
 
-resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-01' = {
+resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2025-07-01' = {
   parent: cluster
   name: 'gpu'
   properties: {
@@ -200,6 +200,10 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-
     enableEncryptionAtHost: true
     vnetSubnetID: subnetId
     gpuInstanceProfile: empty(gpuNodePool.gpuInstanceProfile) ? null : gpuNodePool.gpuInstanceProfile
+    // AKS installs and maintains the NVIDIA driver; the device plugin is ours (docs/deploy.md).
+    gpuProfile: {
+      driver: 'Install'
+    }
     nodeTaints: [
       'nvidia.com/gpu=present:NoSchedule'
     ]
@@ -319,3 +323,6 @@ output name string = cluster.name
 
 @description('The cluster\'s OIDC issuer (the gateway\'s federated credential trusts it).')
 output oidcIssuerUrl string = cluster.properties.oidcIssuerProfile.issuerURL
+
+@description('The kubelet identity\'s principal ID (AcrPull on the stamp\'s registry).')
+output kubeletPrincipalId string = cluster.properties.identityProfile.kubeletidentity.objectId
