@@ -169,6 +169,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     workspace = tf.one("azurerm_log_analytics_workspace")
     credential = tf.one("azurerm_federated_identity_credential", "gateway")
     registry = tf.one("azurerm_container_registry")
+    app_routing = _block(aks, "web_app_routing")
 
     definitions = tf.locals.get("policy_definitions", {})
     assigned = []
@@ -232,6 +233,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "managed_prometheus": "monitor_metrics" in aks,
             "secret_store_rotation": as_bool(_block(aks, "key_vault_secrets_provider").get("secret_rotation_enabled")),
             "image_cleaner": aks.get("image_cleaner_enabled"),
+            "web_app_routing": bool(app_routing),
+            "web_app_routing_nginx": app_routing.get("default_nginx_controller"),
+            "web_app_routing_dns_zones": app_routing.get("dns_zone_ids"),
             "sku_tier": aks.get("sku_tier"),
             "upgrade_channel": aks.get("automatic_upgrade_channel"),
             "node_os_upgrade_channel": aks.get("node_os_upgrade_channel"),
@@ -447,6 +451,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     private_cluster = _dig(properties, "apiServerAccessProfile", "enablePrivateCluster")
     if isinstance(private_cluster, str):  # a parameter passed down from main.bicep
         private_cluster = bicep.parameter_default(private_cluster)
+    app_routing = _dig(properties, "ingressProfile", "webAppRouting") or {}
     policy_settings = _dig(waf, "properties", "policySettings") or {}
     probe = _dig(origin_group, "properties", "healthProbeSettings") or {}
     route_entry = _dig(routes, "properties", "routes", 0, "properties") or {}
@@ -486,6 +491,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "managed_prometheus": bool(_dig(properties, "azureMonitorProfile", "metrics", "enabled")),
             "secret_store_rotation": as_bool(_dig(addons, "azureKeyvaultSecretsProvider", "config", "enableSecretRotation")),
             "image_cleaner": _dig(properties, "securityProfile", "imageCleaner", "enabled"),
+            "web_app_routing": app_routing.get("enabled"),
+            "web_app_routing_nginx": _dig(app_routing, "nginx", "defaultIngressControllerType"),
+            "web_app_routing_dns_zones": app_routing.get("dnsZoneResourceIds"),
             "sku_tier": _dig(aks, "sku", "tier"),
             "upgrade_channel": _dig(properties, "autoUpgradeProfile", "upgradeChannel"),
             "node_os_upgrade_channel": _dig(properties, "autoUpgradeProfile", "nodeOSUpgradeChannel"),

@@ -127,6 +127,14 @@ def test_nodes_pull_only_from_the_stamps_private_registry(terraform_settings: di
     assert terraform_settings["aks"]["gpu_pool"]["gpu_driver"] == "Install"
 
 
+def test_ingress_is_declared_with_its_key_vault_role(terraform_settings: dict) -> None:
+    # Declared, so a re-apply keeps the add-on and the Private Link Service Front Door uses.
+    aks = terraform_settings["aks"]
+    assert (aks["web_app_routing"], aks["web_app_routing_nginx"]) == (True, "AnnotationControlled")
+    # The add-on's identity reads the certificate, beside the gateway's own secret read.
+    assert terraform_settings["role_assignments"].count("Key Vault Secrets User") == 2
+
+
 def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
     drifted = tmp_path / "bicep"
     shutil.copytree(INFRA / "bicep", drifted)

@@ -1,7 +1,8 @@
 // AKS: Entra ID with Azure RBAC and no local accounts, workload identity (OIDC issuer), Azure
 // Policy add-on, Cilium network policy, Defender, Container Insights and managed Prometheus, a
-// private API server (or authorized ranges), egress through the hub firewall; a system pool and
-// a tainted GPU pool (optionally MIG-partitioned).
+// private API server (or authorized ranges), egress through the hub firewall, the application
+// routing add-on as the regional ingress; a system pool and a tainted GPU pool (optionally
+// MIG-partitioned).
 
 // ============== //
 //   Parameters   //
@@ -131,6 +132,19 @@ resource cluster 'Microsoft.ContainerService/managedClusters@2025-07-01' = {
         config: {
           enableSecretRotation: 'true'
           rotationPollInterval: '2m'
+        }
+      }
+    }
+    // The regional ingress (application routing add-on), declared so a redeployment keeps it and
+    // the Private Link Service Front Door's origin points at. AnnotationControlled: the default
+    // NginxIngressController carries the internal-LB/PLS annotations (docs/deploy.md, step 2).
+    // No DNS zones (Front Door uses Private Link); TLS from Key Vault via the CSI driver above.
+    ingressProfile: {
+      webAppRouting: {
+        enabled: true
+        dnsZoneResourceIds: []
+        nginx: {
+          defaultIngressControllerType: 'AnnotationControlled'
         }
       }
     }
@@ -326,3 +340,6 @@ output oidcIssuerUrl string = cluster.properties.oidcIssuerProfile.issuerURL
 
 @description('The kubelet identity\'s principal ID (AcrPull on the stamp\'s registry).')
 output kubeletPrincipalId string = cluster.properties.identityProfile.kubeletidentity.objectId
+
+@description('The application routing add-on identity\'s principal ID (reads the ingress certificate).')
+output webAppRoutingPrincipalId string = cluster.properties.ingressProfile.webAppRouting.identity.objectId

@@ -145,6 +145,7 @@ module keyVault 'key-vault.bicep' = {
     privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
     privateDnsZoneId: privateDnsZoneIds.keyVault
     secretReaderPrincipalId: gatewayIdentity.outputs.principalId
+    ingressCertificateReaderPrincipalId: aks.outputs.webAppRoutingPrincipalId
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     tags: tags
   }
