@@ -198,6 +198,11 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     subject = tf.resolve("${local.gateway_subject}")
 
     rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
+    waf_exclusions = sorted(
+        [rule.get("type"), exclusion.get("match_variable"), exclusion.get("operator"), exclusion.get("selector")]
+        for rule in waf.get("managed_rule", [])
+        for exclusion in rule.get("exclusion", [])
+    )
 
     return {
         "key_vault": {
@@ -271,6 +276,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "mode": waf.get("mode"),
             "request_body_check": waf.get("request_body_check_enabled"),
             "managed_rule_sets": rule_sets,
+            "body_exclusions": waf_exclusions,
             "sku": waf.get("sku_name"),
         },
         "container_registry": {
@@ -451,6 +457,11 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     private_cluster = _dig(properties, "apiServerAccessProfile", "enablePrivateCluster")
     if isinstance(private_cluster, str):  # a parameter passed down from main.bicep
         private_cluster = bicep.parameter_default(private_cluster)
+    waf_exclusions = sorted(
+        [rule.get("ruleSetType"), exclusion.get("matchVariable"), exclusion.get("selectorMatchOperator"), exclusion.get("selector")]
+        for rule in _dig(waf, "properties", "managedRules", "managedRuleSets") or []
+        for exclusion in rule.get("exclusions") or []
+    )
     app_routing = _dig(properties, "ingressProfile", "webAppRouting") or {}
     policy_settings = _dig(waf, "properties", "policySettings") or {}
     probe = _dig(origin_group, "properties", "healthProbeSettings") or {}
@@ -530,6 +541,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "mode": policy_settings.get("mode"),
             "request_body_check": policy_settings.get("requestBodyCheck") == "Enabled",
             "managed_rule_sets": rule_sets,
+            "body_exclusions": waf_exclusions,
             "sku": _dig(waf, "sku", "name"),
         },
         "container_registry": {

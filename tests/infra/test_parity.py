@@ -135,6 +135,13 @@ def test_ingress_is_declared_with_its_key_vault_role(terraform_settings: dict) -
     assert terraform_settings["role_assignments"].count("Key Vault Secrets User") == 2
 
 
+def test_waf_exempts_only_the_prompt_fields(terraform_settings: dict) -> None:
+    assert terraform_settings["waf"]["body_exclusions"] == [
+        ["Microsoft_DefaultRuleSet", "RequestBodyJsonArgNames", "StartsWith", "messages"],
+        ["Microsoft_DefaultRuleSet", "RequestBodyJsonArgNames", "StartsWith", "prompt"],
+    ]
+
+
 def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:
     drifted = tmp_path / "bicep"
     shutil.copytree(INFRA / "bicep", drifted)
