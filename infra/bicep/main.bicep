@@ -90,6 +90,7 @@ var sharedPrivateDnsZoneNames = [
   'privatelink.vaultcore.azure.net'
   'privatelink.redis.azure.net'
   'privatelink.blob.core.windows.net'
+  'privatelink.azurecr.io'
 ]
 
 var privateDnsZoneNames = concat(sharedPrivateDnsZoneNames, aksPrivateDnsZoneNames)
@@ -98,6 +99,7 @@ var diagnosticResourceTypes = [
   'Microsoft.ContainerService/managedClusters'
   'Microsoft.KeyVault/vaults'
   'Microsoft.Cache/redisEnterprise'
+  'Microsoft.ContainerRegistry/registries'
   'Microsoft.Network/azureFirewalls'
   'Microsoft.Network/publicIPAddresses'
   'Microsoft.Network/virtualNetworks'
@@ -312,5 +314,6 @@ output stamps array = [
     gatewayClientId: stampDeployments[i].outputs.gatewayClientId
     keyVaultName: stampDeployments[i].outputs.keyVaultName
     redisHostName: stampDeployments[i].outputs.redisHostName
+    registryLoginServer: stampDeployments[i].outputs.registryLoginServer
   }
 ]

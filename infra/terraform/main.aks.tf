@@ -1,8 +1,9 @@
 # ---------------------------------------------------------------------------------------------
 # AKS: Entra ID with Azure RBAC and no local accounts, workload identity (OIDC issuer), Azure
 # Policy add-on, Cilium network policy, Defender, Container Insights and managed Prometheus,
-# a private API server (or authorized ranges), egress through the hub firewall; a system pool
-# and a tainted GPU pool (optionally MIG-partitioned).
+# a private API server (or authorized ranges), egress through the hub firewall, the application
+# routing add-on as the regional ingress; a system pool and a tainted GPU pool (optionally
+# MIG-partitioned).
 # ---------------------------------------------------------------------------------------------
 
 resource "azurerm_user_assigned_identity" "aks" {
@@ -128,6 +129,18 @@ resource "azurerm_kubernetes_cluster" "this" {
     secret_rotation_interval = "2m"
   }
 
+  # The regional ingress: the application routing add-on (managed NGINX). Declared here so a
+  # re-apply keeps it, and with it the internal load balancer and Private Link Service that
+  # Front Door's origin points at. AnnotationControlled lets the NginxIngressController
+  # `default` carry the internal-LB and Private Link annotations (docs/deploy.md, step 2). No DNS
+  # zones: Front Door resolves the origin through Private Link, not DNS. Its TLS certificate
+  # comes from Key Vault through the CSI driver above, read with the add-on's identity
+  # (azurerm_role_assignment.ingress_key_vault).
+  web_app_routing {
+    dns_zone_ids             = []
+    default_nginx_controller = "AnnotationControlled"
+  }
+
   # Nodes resolve the private API server through the hub's DNS proxy: the zones are linked to
   # the hub and spoke before the cluster bootstraps.
   depends_on = [
@@ -154,6 +167,7 @@ resource "azurerm_kubernetes_cluster_node_pool" "gpu" {
   os_disk_size_gb         = var.gpu_node_pool.os_disk_size_gb
   host_encryption_enabled = true
   gpu_instance            = var.gpu_node_pool.gpu_instance
+  gpu_driver              = "Install" # AKS installs the NVIDIA driver; the device plugin is ours (docs/deploy.md)
   node_taints             = ["nvidia.com/gpu=present:NoSchedule"]
   node_labels = {
     "tenantgate.io/pool" = "gpu"
@@ -176,4 +190,15 @@ resource "azurerm_role_assignment" "aks_admins" {
   scope                = azurerm_kubernetes_cluster.this[each.value.stamp].id
   role_definition_name = "Azure Kubernetes Service RBAC Cluster Admin"
   principal_id         = each.value.group
+}
+
+# The application routing add-on reads the ingress certificate from the stamp's vault. The
+# certificate's private key is read through its secret, so Key Vault Secrets User is all it
+# needs (the role `az aks approuting update --attach-kv` grants on an RBAC vault).
+resource "azurerm_role_assignment" "ingress_key_vault" {
+  for_each = var.stamps
+
+  scope                = azurerm_key_vault.this[each.key].id
+  role_definition_name = "Key Vault Secrets User"
+  principal_id         = azurerm_kubernetes_cluster.this[each.key].web_app_routing[0].web_app_routing_identity[0].object_id
 }

@@ -32,6 +32,26 @@ resource "azurerm_cdn_frontdoor_firewall_policy" "this" {
     type    = "Microsoft_DefaultRuleSet"
     version = "2.1"
     action  = "Block"
+
+    # The prompt is data for a model, not input to SQL, a shell or a browser, so SQLi/XSS/RCE
+    # signatures in it are false positives that would block ordinary prompts about code. Only
+    # the values of the two prompt fields are exempt: chat `messages` and completions `prompt`
+    # (StartsWith, so the WAF's names for nested keys such as messages[].content are covered;
+    # the gateway rejects any other body field, so no other name can match). Every rule still
+    # inspects headers, URL, query and all other fields. The exclusion is rule-set wide because
+    # DRS has no narrower safe scope for it: a rule-group override without a rule list disables
+    # the whole group, and per-rule overrides would have to list every rule ID of 2.1.
+    # docs/deploy.md, "What the WAF inspects".
+    exclusion {
+      match_variable = "RequestBodyJsonArgNames"
+      operator       = "StartsWith"
+      selector       = "messages"
+    }
+    exclusion {
+      match_variable = "RequestBodyJsonArgNames"
+      operator       = "StartsWith"
+      selector       = "prompt"
+    }
   }
 
   managed_rule {

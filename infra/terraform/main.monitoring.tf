@@ -123,6 +123,21 @@ resource "azurerm_monitor_diagnostic_setting" "key_vault" {
   }
 }
 
+resource "azurerm_monitor_diagnostic_setting" "registry" {
+  for_each = var.stamps
+
+  name                       = "to-log-analytics"
+  target_resource_id         = azurerm_container_registry.this[each.key].id
+  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
+
+  enabled_log {
+    category_group = "allLogs"
+  }
+  enabled_metric {
+    category = "AllMetrics"
+  }
+}
+
 resource "azurerm_monitor_diagnostic_setting" "redis" {
   for_each = var.stamps
 

@@ -10,6 +10,7 @@ locals {
       key_vault = "privatelink.vaultcore.azure.net"
       redis     = "privatelink.redis.azure.net"
       blob      = "privatelink.blob.core.windows.net"
+      registry  = "privatelink.azurecr.io"
     },
     { for key, stamp in var.stamps : "aks_${key}" => "privatelink.${stamp.location}.azmk8s.io" },
   )
@@ -80,7 +81,9 @@ resource "azurerm_firewall_policy" "this" {
 }
 
 # Egress the cluster needs, and nothing else: AKS's own dependencies (FQDN tag), Entra ID for
-# token validation (JWKS) and workload identity, and time sync.
+# token validation (JWKS) and workload identity, and time sync. No rule for any image registry:
+# workload images come from the stamp's own registry over its private endpoint
+# (main.registry.tf), and MCR, for AKS's own images, is part of the FQDN tag.
 resource "azurerm_firewall_policy_rule_collection_group" "aks_egress" {
   for_each = var.stamps
 

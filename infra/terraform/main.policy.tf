@@ -13,6 +13,7 @@ locals {
     "Microsoft.ContainerService/managedClusters",
     "Microsoft.KeyVault/vaults",
     "Microsoft.Cache/redisEnterprise",
+    "Microsoft.ContainerRegistry/registries",
     "Microsoft.Network/azureFirewalls",
     "Microsoft.Network/publicIPAddresses",
     "Microsoft.Network/virtualNetworks",

@@ -17,7 +17,7 @@ output "bundle_container_url" {
 }
 
 output "stamps" {
-  description = "Per stamp, what the Helm chart needs: cluster name, OIDC issuer, the gateway identity's client ID, Key Vault name, Redis host name."
+  description = "Per stamp, what the Helm chart needs: cluster name, OIDC issuer, the gateway identity's client ID, Key Vault name, Redis host name, registry login server."
   value = {
     for key, _ in var.stamps : key => {
       aks_cluster_name         = azurerm_kubernetes_cluster.this[key].name
@@ -26,6 +26,7 @@ output "stamps" {
       gateway_principal_id     = azurerm_user_assigned_identity.gateway[key].principal_id
       key_vault_name           = azurerm_key_vault.this[key].name
       redis_host_name          = azurerm_managed_redis.this[key].hostname
+      registry_login_server    = azurerm_container_registry.this[key].login_server
       ingress_subnet_name      = azurerm_subnet.ingress[key].name
       node_resource_group_name = azurerm_kubernetes_cluster.this[key].node_resource_group
     }

@@ -32,6 +32,7 @@ ROLE_NAMES = {
     "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
     "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",
     "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b": "Azure Kubernetes Service RBAC Cluster Admin",
+    "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
 }
 
 # What a diagnostic setting is attached to, in both languages' words.
@@ -46,6 +47,7 @@ TERRAFORM_KINDS = {
     "azurerm_cdn_frontdoor_profile": "front_door",
     "azurerm_log_analytics_workspace": "log_analytics",
     "azurerm_storage_account": "storage_blob",
+    "azurerm_container_registry": "container_registry",
 }
 BICEP_KINDS = {
     "Microsoft.ContainerService/managedClusters": "aks",
@@ -58,6 +60,7 @@ BICEP_KINDS = {
     "Microsoft.Cdn/profiles": "front_door",
     "Microsoft.OperationalInsights/workspaces": "log_analytics",
     "Microsoft.Storage/storageAccounts/blobServices": "storage_blob",
+    "Microsoft.ContainerRegistry/registries": "container_registry",
 }
 
 
@@ -193,6 +196,8 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     storage = tf.one("azurerm_storage_account", "bundles")
     workspace = tf.one("azurerm_log_analytics_workspace")
     credential = tf.one("azurerm_federated_identity_credential", "gateway")
+    registry = tf.one("azurerm_container_registry")
+    app_routing = _block(aks, "web_app_routing")
 
     definitions = tf.locals.get("policy_definitions", {})
     assigned = []
@@ -222,6 +227,11 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     subject = tf.resolve("${local.gateway_subject}")
 
     rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
+    waf_exclusions = sorted(
+        [rule.get("type"), exclusion.get("match_variable"), exclusion.get("operator"), exclusion.get("selector")]
+        for rule in waf.get("managed_rule", [])
+        for exclusion in rule.get("exclusion", [])
+    )
 
     return {
         "key_vault": {
@@ -260,6 +270,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "managed_prometheus": "monitor_metrics" in aks,
             "secret_store_rotation": as_bool(_block(aks, "key_vault_secrets_provider").get("secret_rotation_enabled")),
             "image_cleaner": aks.get("image_cleaner_enabled"),
+            "web_app_routing": bool(app_routing),
+            "web_app_routing_nginx": app_routing.get("default_nginx_controller"),
+            "web_app_routing_dns_zones": app_routing.get("dns_zone_ids"),
             "sku_tier": aks.get("sku_tier"),
             "upgrade_channel": aks.get("automatic_upgrade_channel"),
             "node_os_upgrade_channel": aks.get("node_os_upgrade_channel"),
@@ -290,6 +303,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
                 "max_pods": gpu_pool.get("max_pods"),
                 "autoscaling": gpu_pool.get("auto_scaling_enabled"),
                 "mig_profile_from_input": "gpu_instance" in str(gpu_pool.get("gpu_instance")),
+                "gpu_driver": gpu_pool.get("gpu_driver"),
             },
         },
         "waf": {
@@ -297,7 +311,19 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "mode": waf.get("mode"),
             "request_body_check": waf.get("request_body_check_enabled"),
             "managed_rule_sets": rule_sets,
+            "body_exclusions": waf_exclusions,
             "sku": waf.get("sku_name"),
+        },
+        "container_registry": {
+            "sku": registry.get("sku"),
+            "admin_user": registry.get("admin_enabled"),
+            "anonymous_pull": registry.get("anonymous_pull_enabled"),
+            "public_network_access": registry.get("public_network_access_enabled"),
+            "trusted_services_bypass": registry.get("network_rule_bypass_option"),
+            "zone_redundancy": registry.get("zone_redundancy_enabled"),
+            "dedicated_data_endpoints": registry.get("data_endpoint_enabled"),
+            "export_policy": registry.get("export_policy_enabled"),
+            "retention_days": registry.get("retention_policy_in_days"),
         },
         "front_door": {
             "sku": profile.get("sku_name"),
@@ -519,6 +545,8 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     storage = bicep.one("Microsoft.Storage/storageAccounts")
     workspace = bicep.one("Microsoft.OperationalInsights/workspaces")
     credential = bicep.one("Microsoft.ManagedIdentity/userAssignedIdentities/federatedIdentityCredentials")
+    registry = bicep.one("Microsoft.ContainerRegistry/registries")
+    policies = _dig(registry, "properties", "policies") or {}
 
     properties = aks.get("properties", {})
     system_pool = _dig(properties, "agentPoolProfiles", 0) or {}
@@ -565,6 +593,12 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     private_cluster = _dig(properties, "apiServerAccessProfile", "enablePrivateCluster")
     if isinstance(private_cluster, str):  # a parameter passed down from main.bicep
         private_cluster = bicep.parameter_default(private_cluster)
+    waf_exclusions = sorted(
+        [rule.get("ruleSetType"), exclusion.get("matchVariable"), exclusion.get("selectorMatchOperator"), exclusion.get("selector")]
+        for rule in _dig(waf, "properties", "managedRules", "managedRuleSets") or []
+        for exclusion in rule.get("exclusions") or []
+    )
+    app_routing = _dig(properties, "ingressProfile", "webAppRouting") or {}
     policy_settings = _dig(waf, "properties", "policySettings") or {}
     probe = _dig(origin_group, "properties", "healthProbeSettings") or {}
     route_entry = _dig(routes, "properties", "routes", 0, "properties") or {}
@@ -605,6 +639,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "managed_prometheus": bool(_dig(properties, "azureMonitorProfile", "metrics", "enabled")),
             "secret_store_rotation": as_bool(_dig(addons, "azureKeyvaultSecretsProvider", "config", "enableSecretRotation")),
             "image_cleaner": _dig(properties, "securityProfile", "imageCleaner", "enabled"),
+            "web_app_routing": app_routing.get("enabled"),
+            "web_app_routing_nginx": _dig(app_routing, "nginx", "defaultIngressControllerType"),
+            "web_app_routing_dns_zones": app_routing.get("dnsZoneResourceIds"),
             "sku_tier": _dig(aks, "sku", "tier"),
             "upgrade_channel": _dig(properties, "autoUpgradeProfile", "upgradeChannel"),
             "node_os_upgrade_channel": _dig(properties, "autoUpgradeProfile", "nodeOSUpgradeChannel"),
@@ -636,6 +673,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
                 "max_pods": pool.get("maxPods"),
                 "autoscaling": pool.get("enableAutoScaling"),
                 "mig_profile_from_input": "gpuInstanceProfile" in json.dumps(pool.get("gpuInstanceProfile")),
+                "gpu_driver": _dig(pool, "gpuProfile", "driver"),
             },
         },
         "waf": {
@@ -643,7 +681,19 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "mode": policy_settings.get("mode"),
             "request_body_check": policy_settings.get("requestBodyCheck") == "Enabled",
             "managed_rule_sets": rule_sets,
+            "body_exclusions": waf_exclusions,
             "sku": _dig(waf, "sku", "name"),
+        },
+        "container_registry": {
+            "sku": _dig(registry, "sku", "name"),
+            "admin_user": _dig(registry, "properties", "adminUserEnabled"),
+            "anonymous_pull": _dig(registry, "properties", "anonymousPullEnabled"),
+            "public_network_access": _dig(registry, "properties", "publicNetworkAccess") != "Disabled",
+            "trusted_services_bypass": _dig(registry, "properties", "networkRuleBypassOptions"),
+            "zone_redundancy": _dig(registry, "properties", "zoneRedundancy") == "Enabled",
+            "dedicated_data_endpoints": _dig(registry, "properties", "dataEndpointEnabled"),
+            "export_policy": _dig(policies, "exportPolicy", "status") == "enabled",
+            "retention_days": _dig(policies, "retentionPolicy", "days") if _dig(policies, "retentionPolicy", "status") == "enabled" else None,
         },
         "front_door": {
             "sku": _dig(profile, "sku", "name"),

@@ -27,6 +27,9 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_182": "azurerm_virtual_network",  # one DNS server on purpose: the firewall's proxy
         "CKV_AZURE_183": "azurerm_virtual_network",  # same
         "CKV2_AZURE_32": "azurerm_key_vault",  # checkov links for_each endpoints to one vault only
+        "CKV_AZURE_164": "azurerm_container_registry",  # Docker Content Trust is deprecated by the service
+        "CKV_AZURE_165": "azurerm_container_registry",  # one registry per stamp, no geo-replication
+        "CKV_AZURE_166": "azurerm_container_registry",  # quarantine would block every pull
     },
     "bicep": {
         "CKV_AZURE_8": "Microsoft.ContainerService/managedClusters",  # dashboard add-on no longer exists
@@ -34,6 +37,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_43": "Microsoft.Storage/storageAccounts",  # name built from a validated parameter
         "CKV_AZURE_216": "Microsoft.Network/azureFirewalls",  # threat intel Deny on the policy
         "CKV_AZURE_182": "Microsoft.Network/virtualNetworks",  # the firewall's DNS proxy
+        "CKV_AZURE_166": "Microsoft.ContainerRegistry/registries",  # quarantine would block every pull
     },
     "kubernetes": {
         "CKV_K8S_35": "Deployment",  # settings are env vars; the value comes from Key Vault via CSI
@@ -154,7 +158,7 @@ def test_checkov_bicep_parsed_every_file(bicep_reports: list[dict]) -> None:
     resource_files = set()
     for check in _checks(bicep_reports, "passed_checks") + _checks(bicep_reports, "skipped_checks"):
         resource_files.add(Path(check["file_path"]).name)
-    for name in ("aks.bicep", "key-vault.bicep", "redis.bicep", "front-door.bicep", "network.bicep", "bundles.bicep"):
+    for name in ("aks.bicep", "key-vault.bicep", "redis.bicep", "front-door.bicep", "network.bicep", "bundles.bicep", "registry.bicep"):
         assert name in resource_files, f"checkov checked nothing in {name}"
 
 

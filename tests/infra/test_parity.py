@@ -101,7 +101,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert settings["firewall"]["default_route_next_hop"] == "VirtualAppliance"
     assert settings["bundle_storage"]["shared_key_access"] is False
     assert settings["bundle_storage"]["public_network_access"] is False
-    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "vault"]
+    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "registry", "vault"]
 
     assert settings["required_tags"] == ["costCenter", "environment", "owner", "tenantId"]
     assert set(settings["policy_assignments"]) == set(settings["policy_definition_ids"])
@@ -110,7 +110,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     kinds = {entry[0] for entry in settings["diagnostic_settings"]}
     assert kinds == {
         "aks", "key_vault", "redis", "firewall", "public_ip", "virtual_network",
-        "network_security_group", "front_door", "log_analytics", "storage_blob",
+        "network_security_group", "front_door", "log_analytics", "storage_blob", "container_registry",
     }  # fmt: skip
     assert settings["workload_identity"]["subject"] == "system:serviceaccount:{}:{}"
     # Nodes resolve the private API server through the linked zones; a route needs an origin.
@@ -118,6 +118,38 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "private_dns_links_before_aks": True,
         "front_door_route_only_with_origins": True,
     }
+
+
+def test_nodes_pull_only_from_the_stamps_private_registry(terraform_settings: dict) -> None:
+    assert terraform_settings["container_registry"] == {
+        "sku": "Premium",
+        "admin_user": False,
+        "anonymous_pull": False,
+        "public_network_access": False,
+        "trusted_services_bypass": "AzureServices",
+        "zone_redundancy": True,
+        "dedicated_data_endpoints": True,
+        "export_policy": False,
+        "retention_days": 7,
+    }
+    assert "privatelink.azurecr.io" in terraform_settings["private_dns_zones"]
+    assert "AcrPull" in terraform_settings["role_assignments"]  # for the kubelet identity
+    assert terraform_settings["aks"]["gpu_pool"]["gpu_driver"] == "Install"
+
+
+def test_ingress_is_declared_with_its_key_vault_role(terraform_settings: dict) -> None:
+    # Declared, so a re-apply keeps the add-on and the Private Link Service Front Door uses.
+    aks = terraform_settings["aks"]
+    assert (aks["web_app_routing"], aks["web_app_routing_nginx"]) == (True, "AnnotationControlled")
+    # The add-on's identity reads the certificate, beside the gateway's own secret read.
+    assert terraform_settings["role_assignments"].count("Key Vault Secrets User") == 2
+
+
+def test_waf_exempts_only_the_prompt_fields(terraform_settings: dict) -> None:
+    assert terraform_settings["waf"]["body_exclusions"] == [
+        ["Microsoft_DefaultRuleSet", "RequestBodyJsonArgNames", "StartsWith", "messages"],
+        ["Microsoft_DefaultRuleSet", "RequestBodyJsonArgNames", "StartsWith", "prompt"],
+    ]
 
 
 def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict, edits: tuple[tuple[str, str, str], ...]) -> list[str]:

@@ -1,7 +1,8 @@
 // AKS: Entra ID with Azure RBAC and no local accounts, workload identity (OIDC issuer), Azure
 // Policy add-on, Cilium network policy, Defender, Container Insights and managed Prometheus, a
-// private API server (or authorized ranges), egress through the hub firewall; a system pool and
-// a tainted GPU pool (optionally MIG-partitioned).
+// private API server (or authorized ranges), egress through the hub firewall, the application
+// routing add-on as the regional ingress; a system pool and a tainted GPU pool (optionally
+// MIG-partitioned).
 
 // ============== //
 //   Parameters   //
@@ -56,7 +57,7 @@ var clusterAdminRole = subscriptionResourceId('Microsoft.Authorization/roleDefin
 //   Cluster   //
 // =========== //
 
-resource cluster 'Microsoft.ContainerService/managedClusters@2024-09-01' = {
+resource cluster 'Microsoft.ContainerService/managedClusters@2025-07-01' = {
   // checkov:skip=CKV_AZURE_8:the Kubernetes dashboard add-on no longer exists on supported Kubernetes versions and the API rejects a kubeDashboard profile
   // checkov:skip=CKV_AZURE_172:rotation is on (enableSecretRotation 'true'); add-on config values are strings in the API and checkov compares with a boolean
   name: 'aks-${name}'
@@ -134,6 +135,19 @@ resource cluster 'Microsoft.ContainerService/managedClusters@2024-09-01' = {
         }
       }
     }
+    // The regional ingress (application routing add-on), declared so a redeployment keeps it and
+    // the Private Link Service Front Door's origin points at. AnnotationControlled: the default
+    // NginxIngressController carries the internal-LB/PLS annotations (docs/deploy.md, step 2).
+    // No DNS zones (Front Door uses Private Link); TLS from Key Vault via the CSI driver above.
+    ingressProfile: {
+      webAppRouting: {
+        enabled: true
+        dnsZoneResourceIds: []
+        nginx: {
+          defaultIngressControllerType: 'AnnotationControlled'
+        }
+      }
+    }
     // Managed Prometheus (the data collection rule and its association are below).
     azureMonitorProfile: {
       metrics: {
@@ -183,7 +197,7 @@ resource cluster 'Microsoft.ContainerService/managedClusters@2024-09-01' = {
   }
 }
 
-resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-01' = {
+resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2025-07-01' = {
   parent: cluster
   name: 'gpu'
   properties: {
@@ -201,6 +215,10 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-
     enableEncryptionAtHost: true
     vnetSubnetID: subnetId
     gpuInstanceProfile: empty(gpuNodePool.gpuInstanceProfile) ? null : gpuNodePool.gpuInstanceProfile
+    // AKS installs and maintains the NVIDIA driver; the device plugin is ours (docs/deploy.md).
+    gpuProfile: {
+      driver: 'Install'
+    }
     nodeTaints: [
       'nvidia.com/gpu=present:NoSchedule'
     ]
@@ -320,3 +338,9 @@ output name string = cluster.name
 
 @description('The cluster\'s OIDC issuer (the gateway\'s federated credential trusts it).')
 output oidcIssuerUrl string = cluster.properties.oidcIssuerProfile.issuerURL
+
+@description('The kubelet identity\'s principal ID (AcrPull on the stamp\'s registry).')
+output kubeletPrincipalId string = cluster.properties.identityProfile.kubeletidentity.objectId
+
+@description('The application routing add-on identity\'s principal ID (reads the ingress certificate).')
+output webAppRoutingPrincipalId string = cluster.properties.ingressProfile.webAppRouting.identity.objectId

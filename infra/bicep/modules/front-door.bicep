@@ -36,6 +36,14 @@ resource profile 'Microsoft.Cdn/profiles@2024-09-01' = {
   }
 }
 
+// The prompt is data for a model, not input to SQL, a shell or a browser, so SQLi/XSS/RCE
+// signatures in it are false positives that would block ordinary prompts about code. Only the
+// values of the two prompt fields are exempt from DRS: chat `messages` and completions `prompt`
+// (StartsWith, so the WAF's names for nested keys such as messages[].content are covered; the
+// gateway rejects any other body field, so no other name can match). Every rule still inspects
+// headers, URL, query and all other fields. Rule-set wide because DRS has no narrower safe scope
+// for it: a rule-group override without a rule list disables the whole group, and per-rule
+// overrides would have to list every rule ID of 2.1. docs/deploy.md, "What the WAF inspects".
 resource wafPolicy 'Microsoft.Network/FrontDoorWebApplicationFirewallPolicies@2024-02-01' = {
   name: 'waf${name}'
   location: 'global'
@@ -56,6 +64,19 @@ resource wafPolicy 'Microsoft.Network/FrontDoorWebApplicationFirewallPolicies@20
           ruleSetType: 'Microsoft_DefaultRuleSet'
           ruleSetVersion: '2.1'
           ruleSetAction: 'Block'
+          // Only the values of the two prompt fields are exempt (see above the policy).
+          exclusions: [
+            {
+              matchVariable: 'RequestBodyJsonArgNames'
+              selectorMatchOperator: 'StartsWith'
+              selector: 'messages'
+            }
+            {
+              matchVariable: 'RequestBodyJsonArgNames'
+              selectorMatchOperator: 'StartsWith'
+              selector: 'prompt'
+            }
+          ]
         }
         {
           ruleSetType: 'Microsoft_BotManagerRuleSet'

@@ -21,6 +21,9 @@ param privateDnsZoneId string
 @description('Required. The principal that reads secrets (the gateway identity).')
 param secretReaderPrincipalId string
 
+@description('Required. The application routing add-on\'s identity, which reads the ingress certificate through its secret.')
+param ingressCertificateReaderPrincipalId string
+
 @description('Required. The Log Analytics workspace for diagnostic settings.')
 param logAnalyticsWorkspaceId string
 
@@ -65,6 +68,18 @@ resource secretReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   properties: {
     roleDefinitionId: keyVaultSecretsUser
     principalId: secretReaderPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The certificate's private key is read through its secret, so Key Vault Secrets User is all the
+// add-on needs (the role `az aks approuting update --attach-kv` grants on an RBAC vault).
+resource ingressCertificateReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(vault.id, ingressCertificateReaderPrincipalId, keyVaultSecretsUser)
+  scope: vault
+  properties: {
+    roleDefinitionId: keyVaultSecretsUser
+    principalId: ingressCertificateReaderPrincipalId
     principalType: 'ServicePrincipal'
   }
 }

@@ -98,7 +98,9 @@ resource firewallPolicy 'Microsoft.Network/firewallPolicies@2024-05-01' = {
 }
 
 // Egress the cluster needs, and nothing else: AKS's own dependencies (FQDN tag), Entra ID for
-// token validation (JWKS) and workload identity, Azure Monitor, and time sync.
+// token validation (JWKS) and workload identity, Azure Monitor, and time sync. No rule for any
+// image registry: workload images come from the stamp's own registry over its private endpoint
+// (registry.bicep), and MCR, for AKS's own images, is part of the FQDN tag.
 resource aksEgress 'Microsoft.Network/firewallPolicies/ruleCollectionGroups@2024-05-01' = {
   parent: firewallPolicy
   name: 'aks-egress'

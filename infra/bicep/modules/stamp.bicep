@@ -1,5 +1,5 @@
 // One deployment stamp (one region): hub and spoke network, AKS, the gateway's workload identity,
-// Key Vault and Azure Managed Redis, each in a module of its own.
+// Key Vault, Azure Managed Redis and the container registry, each in a module of its own.
 
 // ============== //
 //   Parameters   //
@@ -63,6 +63,7 @@ var privateDnsZoneIds = {
   keyVault: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.vaultcore.azure.net')
   redis: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.redis.azure.net')
   blob: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+  registry: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.azurecr.io')
   aks: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.${location}.azmk8s.io')
 }
 
@@ -160,6 +161,20 @@ module keyVault 'key-vault.bicep' = {
     privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
     privateDnsZoneId: privateDnsZoneIds.keyVault
     secretReaderPrincipalId: gatewayIdentity.outputs.principalId
+    ingressCertificateReaderPrincipalId: aks.outputs.webAppRoutingPrincipalId
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+module registry 'registry.bicep' = {
+  name: '${deployment().name}-registry'
+  params: {
+    name: '${name}-${stampKey}'
+    location: location
+    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
+    privateDnsZoneId: privateDnsZoneIds.registry
+    pullerPrincipalId: aks.outputs.kubeletPrincipalId
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     tags: tags
   }
@@ -243,3 +258,6 @@ output keyVaultName string = keyVault.outputs.name
 
 @description('The Redis host name.')
 output redisHostName string = redis.outputs.hostName
+
+@description('The registry\'s login server.')
+output registryLoginServer string = registry.outputs.loginServer
