@@ -1,7 +1,7 @@
 # ---------------------------------------------------------------------------------------------
 # Signed policy bundles: one storage account for all stamps (geo-zone-redundant, read-access
 # secondary), Entra ID only (no shared keys, no SAS use), no public access; every spoke reaches
-# it over its own private endpoint. The OPA sidecars download with the gateway's workload
+# it over its own private endpoint, resolved through the stamp's own blob zone. The OPA sidecars download with the gateway's workload
 # identity and verify the bundle signature before activating it.
 # ---------------------------------------------------------------------------------------------
 
@@ -72,8 +72,9 @@ resource "azurerm_private_endpoint" "bundles" {
   }
 
   private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.this["blob"].id]
+    name = "default"
+    # The stamp's own blob zone: each spoke resolves the account to its own endpoint.
+    private_dns_zone_ids = [azurerm_private_dns_zone.stamp["${each.key}-blob"].id]
   }
 }
 
