@@ -45,12 +45,17 @@ param systemNodePool object = {
   maxCount: 5
 }
 
-@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, and `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs).')
+@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs), and `zones` (default all three; empty where the size has no zonal capacity).')
 param gpuNodePool object = {
   vmSize: 'Standard_NC24ads_A100_v4'
   minCount: 1
   maxCount: 4
   gpuInstanceProfile: ''
+  zones: [
+    '1'
+    '2'
+    '3'
+  ]
 }
 
 @description('Optional. The Kubernetes service account of the gateway (the Helm chart\'s defaults).')
@@ -63,6 +68,32 @@ param gatewayServiceAccount object = {
 @minValue(365)
 @maxValue(730)
 param logRetentionDays int = 365
+
+@description('Optional. Effect of the Kubernetes policies on every cluster (pod security baseline, allowed registries, internal load balancers): `deny` refuses a non-compliant pod or Service at admission, `audit` only reports it (a first rollout on a cluster that already runs workloads). The chart complies with all three.')
+@allowed([
+  'audit'
+  'deny'
+])
+param kubernetesPolicyEffect string = 'deny'
+
+@description('Optional. Regular expression every container image outside the AKS-managed namespaces must match. Empty: the stamp\'s container registry, `^cr<name>[a-z0-9]*\\.azurecr\\.io/.+$`.')
+param allowedRegistry string = ''
+
+@description('Optional. Weekly windows for Kubernetes patch upgrades (`autoUpgrade`) and node images (`nodeOS`): `dayOfWeek`, `startTime` (HH:MM), `utcOffset` (+HH:MM), `durationHours` (4-24).')
+param maintenanceWindows object = {
+  autoUpgrade: {
+    dayOfWeek: 'Sunday'
+    startTime: '02:00'
+    utcOffset: '+00:00'
+    durationHours: 4
+  }
+  nodeOS: {
+    dayOfWeek: 'Saturday'
+    startTime: '02:00'
+    utcOffset: '+00:00'
+    durationHours: 4
+  }
+}
 
 // ============= //
 //   Variables   //
@@ -88,10 +119,11 @@ var aksPrivateDnsZoneNames = [for stamp in stamps: 'privatelink.${stamp.location
 var sharedPrivateDnsZoneNames = [
   'privatelink.vaultcore.azure.net'
   'privatelink.redis.azure.net'
-  'privatelink.blob.core.windows.net'
 ]
 
 var privateDnsZoneNames = concat(sharedPrivateDnsZoneNames, aksPrivateDnsZoneNames)
+
+var imageRegistryPattern = empty(allowedRegistry) ? '^cr${name}[a-z0-9]*\\.azurecr\\.io/.+$' : allowedRegistry
 
 var diagnosticResourceTypes = [
   'Microsoft.ContainerService/managedClusters'
@@ -166,6 +198,19 @@ module bundles 'modules/bundles.bicep' = {
   }
 }
 
+module observability 'modules/observability.bicep' = {
+  name: '${name}-observability'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    monitorWorkspaceName: monitoring.outputs.monitorWorkspaceName
+    adminGroupObjectIds: aksAdminGroupObjectIds
+    tags: tags
+  }
+}
+
 // ========== //
 //   Stamps   //
 // ========== //
@@ -187,6 +232,13 @@ module stampDeployments 'modules/stamp.bicep' = [
       gatewayServiceAccount: gatewayServiceAccount
       logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
       monitorWorkspaceId: monitoring.outputs.monitorWorkspaceId
+      monitoringLocation: location
+      privateLinkScopeId: observability.outputs.privateLinkScopeId
+      privateLinkScopeName: observability.outputs.privateLinkScopeName
+      grafanaId: observability.outputs.grafanaId
+      kubernetesPolicyEffect: kubernetesPolicyEffect
+      allowedRegistry: imageRegistryPattern
+      maintenanceWindows: maintenanceWindows
       privateDnsResourceGroupName: platformGroup.name
       bundleStorageAccountId: bundles.outputs.storageAccountId
       tags: tags
@@ -301,6 +353,14 @@ resource diagnosticSettingsAssignment 'Microsoft.Authorization/policyAssignments
         value: diagnosticResourceTypes
       }
     }
+  }
+}
+
+// Deny policies on the data stores' network and local auth, and the Defender for Containers plan.
+module governance 'modules/governance.bicep' = {
+  name: '${name}-governance'
+  params: {
+    name: name
   }
 }
 

@@ -96,7 +96,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert settings["firewall"]["default_route_next_hop"] == "VirtualAppliance"
     assert settings["bundle_storage"]["shared_key_access"] is False
     assert settings["bundle_storage"]["public_network_access"] is False
-    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "vault"]
+    assert sorted(settings["private_endpoint_groups"]) == ["azuremonitor", "blob", "grafana", "redisEnterprise", "vault"]
 
     assert settings["required_tags"] == ["costCenter", "environment", "owner", "tenantId"]
     assert set(settings["policy_assignments"]) == set(settings["policy_definition_ids"])
@@ -108,6 +108,14 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "network_security_group", "front_door", "log_analytics", "storage_blob",
     }  # fmt: skip
     assert settings["workload_identity"]["subject"] == "system:serviceaccount:{}:{}"
+
+    assert settings["kubernetes_policies"]["assignments"] == 3  # pod security baseline, images, internal LBs
+    assert settings["kubernetes_policies"]["effect_default"] == "deny"
+    assert len(settings["deny_policy_definition_ids"]) == 4  # Storage and Redis: public access, local auth
+    assert settings["defender_plans"] == ["Containers"]
+    # Rules sending to the workspaces sit in the workspaces' region, whatever the stamp's.
+    assert all(in_workspace_region for _, in_workspace_region in settings["data_collection_rules"])
+    assert "privatelink.blob.core.windows.net" in settings["stamp_private_dns_zones"]
 
 
 def test_parity_catches_a_drifted_setting(tools: Tools, tmp_path: Path, terraform_settings: dict) -> None:

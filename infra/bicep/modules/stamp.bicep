@@ -43,6 +43,27 @@ param logAnalyticsWorkspaceId string
 @description('Required. The Azure Monitor workspace for managed Prometheus.')
 param monitorWorkspaceId string
 
+@description('Required. Region of the workspaces (the data collection rules and ingestion endpoint go there).')
+param monitoringLocation string
+
+@description('Required. The Azure Monitor Private Link Scope (an endpoint in this spoke).')
+param privateLinkScopeId string
+
+@description('Required. The Azure Monitor Private Link Scope\'s name (in the platform resource group).')
+param privateLinkScopeName string
+
+@description('Required. Azure Managed Grafana (an endpoint in this spoke).')
+param grafanaId string
+
+@description('Required. Effect of the Kubernetes policies: `deny` or `audit`.')
+param kubernetesPolicyEffect string
+
+@description('Required. Regular expression every container image outside the AKS-managed namespaces must match.')
+param allowedRegistry string
+
+@description('Required. The AKS maintenance windows (`autoUpgrade`, `nodeOS`).')
+param maintenanceWindows object
+
 @description('Required. The resource group that holds the private DNS zones.')
 param privateDnsResourceGroupName string
 
@@ -59,9 +80,27 @@ param tags object = {}
 var privateDnsZoneIds = {
   keyVault: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.vaultcore.azure.net')
   redis: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.redis.azure.net')
-  blob: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
   aks: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.${location}.azmk8s.io')
 }
+
+// Zones of resources with an endpoint in every spoke: each stamp keeps its own
+// (stamp-private-dns.bicep says why).
+var stampPrivateDnsZoneNames = [
+  'privatelink.blob.core.windows.net'
+  'privatelink.monitor.azure.com'
+  'privatelink.oms.opinsights.azure.com'
+  'privatelink.ods.opinsights.azure.com'
+  'privatelink.agentsvc.azure-automation.net'
+  'privatelink.grafana.azure.com'
+]
+
+var monitorZoneNames = [
+  'privatelink.monitor.azure.com'
+  'privatelink.oms.opinsights.azure.com'
+  'privatelink.ods.opinsights.azure.com'
+  'privatelink.agentsvc.azure-automation.net'
+  'privatelink.blob.core.windows.net'
+]
 
 // ============= //
 //   Modules     //
@@ -74,6 +113,15 @@ module network 'network.bicep' = {
     location: location
     addressSpace: addressSpace
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+module stampPrivateDns 'stamp-private-dns.bicep' = {
+  name: '${deployment().name}-private-dns'
+  params: {
+    zoneNames: stampPrivateDnsZoneNames
+    virtualNetworkIds: network.outputs.virtualNetworkIds
     tags: tags
   }
 }
@@ -121,7 +169,21 @@ module aks 'aks.bicep' = {
     gpuNodePool: gpuNodePool
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     monitorWorkspaceId: monitorWorkspaceId
+    monitoringLocation: monitoringLocation
+    kubernetesPolicyEffect: kubernetesPolicyEffect
+    allowedRegistry: allowedRegistry
+    maintenanceWindows: maintenanceWindows
     tags: tags
+  }
+}
+
+module dataCollectionEndpointsScoped 'ampls-scoped.bicep' = {
+  name: '${deployment().name}-ampls-scoped'
+  scope: resourceGroup(privateDnsResourceGroupName)
+  params: {
+    privateLinkScopeName: privateLinkScopeName
+    namePrefix: stampKey
+    resourceIds: aks.outputs.dataCollectionEndpointIds
   }
 }
 
@@ -188,15 +250,104 @@ resource bundlesEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
   }
 }
 
+// The stamp's own blob zone: each spoke resolves the account to its own endpoint.
 resource bundlesEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
   parent: bundlesEndpoint
   name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
   properties: {
     privateDnsZoneConfigs: [
       {
         name: 'blob'
         properties: {
-          privateDnsZoneId: privateDnsZoneIds.blob
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+        }
+      }
+    ]
+  }
+}
+
+// Private ingestion: this spoke's endpoint to the Azure Monitor Private Link Scope, registered in
+// the stamp's own Azure Monitor zones.
+resource monitorEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-${stampKey}-ampls'
+  location: location
+  tags: tags
+  dependsOn: [
+    dataCollectionEndpointsScoped
+  ]
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'ampls'
+        properties: {
+          privateLinkServiceId: privateLinkScopeId
+          groupIds: [
+            'azuremonitor'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource monitorEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: monitorEndpoint
+  name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
+  properties: {
+    privateDnsZoneConfigs: [
+      for zoneName in monitorZoneNames: {
+        name: replace(zoneName, '.', '-')
+        properties: {
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', zoneName)
+        }
+      }
+    ]
+  }
+}
+
+resource grafanaEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-${stampKey}-grafana'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'grafana'
+        properties: {
+          privateLinkServiceId: grafanaId
+          groupIds: [
+            'grafana'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource grafanaEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: grafanaEndpoint
+  name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'grafana'
+        properties: {
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.grafana.azure.com')
         }
       }
     ]
