@@ -111,25 +111,25 @@ locals {
     managed_redis_no_public_access = {
       display_name = "Azure Managed Redis should disable public network access"
       rule = {
-        if = {
+        "if" = {
           allOf = [
             { field = "type", equals = "Microsoft.Cache/redisEnterprise" },
             { field = "Microsoft.Cache/redisEnterprise/publicNetworkAccess", notEquals = "Disabled" },
           ]
         }
-        then = { effect = "Deny" }
+        "then" = { effect = "Deny" }
       }
     }
     managed_redis_no_access_keys = {
       display_name = "Azure Managed Redis databases should not use access keys"
       rule = {
-        if = {
+        "if" = {
           allOf = [
             { field = "type", equals = "Microsoft.Cache/redisEnterprise/databases" },
             { field = "Microsoft.Cache/redisEnterprise/databases/accessKeysAuthentication", notEquals = "Disabled" },
           ]
         }
-        then = { effect = "Deny" }
+        "then" = { effect = "Deny" }
       }
     }
   }

@@ -142,9 +142,9 @@ def _block(body: dict, name: str) -> dict:
 
 
 def _alerts(rules: Any) -> list:
-    """Prometheus alert rules as [alert, expression, for, severity], HCL's escaped quotes undone."""
+    """Prometheus alert rules as [alert, expression, severity], HCL's escaped quotes undone."""
     return sorted(
-        [rule.get("alert"), str(rule.get("expression")).replace('\\"', '"'), rule.get("for"), rule.get("severity")]
+        [rule.get("alert"), str(rule.get("expression")).replace('\\"', '"'), rule.get("severity")]
         for rule in rules or []
     )
 

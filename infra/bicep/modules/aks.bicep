@@ -96,40 +96,36 @@ var imageRuleExcludedNamespaces = concat(kubernetesSystemNamespaces, [
 ])
 
 // The gateway's and engine's own metrics (docs/operations.md). Until the chart ships its alerts,
-// these cover what takes a region out or loses evidence.
+// these cover what takes a region out or loses evidence. A condition that must hold for a while
+// says so in the expression (min/max_over_time over a subquery), as the Terraform must.
 var prometheusAlerts = [
   {
     alert: 'TenantgateAvailability'
-    expression: 'sum(rate(tenantgate_requests_total{status=~"5.."}[5m])) / sum(rate(tenantgate_requests_total[5m])) > 0.05'
-    for: 'PT5M'
+    expression: 'min_over_time((sum(rate(tenantgate_requests_total{status=~"5.."}[5m])) / sum(rate(tenantgate_requests_total[5m])))[5m:1m]) > 0.05'
     severity: 1
     description: 'More than 5% of requests end in a 5xx.'
   }
   {
     alert: 'TenantgateNotReady'
-    expression: 'min by (check) (tenantgate_ready) == 0'
-    for: 'PT5M'
+    expression: 'max_over_time((min by (check) (tenantgate_ready))[5m:1m]) == 0'
     severity: 1
     description: 'A readiness check (engine, policy or quota store) fails; Front Door takes the region out.'
   }
   {
     alert: 'TenantgateQuotaStoreErrors'
     expression: 'sum(increase(tenantgate_quota_rejections_total{reason=~"store_unavailable|fail_open"}[5m])) > 0'
-    for: 'PT5M'
     severity: 2
     description: 'The quota store (Redis) is failing: requests are refused (fail closed) or served unaccounted.'
   }
   {
     alert: 'TenantgateAuditSinkErrors'
     expression: 'max(delta(tenantgate_audit_sink_errors[10m])) > 0 or max(delta(tenantgate_audit_stream_dropped[10m])) > 0'
-    for: 'PT0M'
     severity: 1
     description: 'An audit sink failed to write or dropped entries: a gap in that copy of the audit trail.'
   }
   {
     alert: 'TenantgateKvCachePressure'
-    expression: 'min by (pod) (sum by (pod) (tenantgate_kv_blocks{state=~"free|cached"}) / sum by (pod) (tenantgate_kv_blocks)) < 0.1'
-    for: 'PT10M'
+    expression: 'max_over_time((min by (pod) (sum by (pod) (tenantgate_kv_blocks{state=~"free|cached"}) / sum by (pod) (tenantgate_kv_blocks)))[10m:1m]) < 0.1'
     severity: 3
     description: 'An engine has under 10% of its KV blocks free or evictable: requests queue or get preempted.'
   }
@@ -512,7 +508,6 @@ resource alertRules 'Microsoft.AlertsManagement/prometheusRuleGroups@2023-03-01'
         alert: rule.alert
         enabled: true
         expression: rule.expression
-        for: rule.for
         severity: rule.severity
         annotations: {
           description: rule.description
