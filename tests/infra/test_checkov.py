@@ -30,6 +30,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_43": "Microsoft.Storage/storageAccounts",  # name built from a validated parameter
         "CKV_AZURE_216": "Microsoft.Network/azureFirewalls",  # threat intel Deny on the policy
         "CKV_AZURE_182": "Microsoft.Network/virtualNetworks",  # the firewall's DNS proxy
+        "CKV_AZURE_87": "Microsoft.Security/pricings",  # the Containers plan, read as Key Vault's
     },
     "kubernetes": {
         "CKV_K8S_35": "Deployment",  # settings are env vars; the value comes from Key Vault via CSI
