@@ -79,6 +79,9 @@ param kubernetesPolicyEffect string = 'deny'
 @description('Optional. Regular expression every container image outside the AKS-managed namespaces must match. Empty: the stamp\'s container registry, `^cr<name>[a-z0-9]*\\.azurecr\\.io/.+$`.')
 param allowedRegistry string = ''
 
+@description('Optional. Whether the bundle storage account is encrypted with a key of your own (RSA-HSM 3072 in a Key Vault of the platform resource group, rotated yearly) instead of Microsoft-managed keys. Off by default: the account holds signed policy code, not tenant data, and is already encrypted twice. On, the vault gets a private endpoint in the spoke of the stamp in `location`.')
+param customerManagedKeyEnabled bool = false
+
 @description('Optional. Weekly windows for Kubernetes patch upgrades (`autoUpgrade`) and node images (`nodeOS`): `dayOfWeek`, `startTime` (HH:MM), `utcOffset` (+HH:MM), `durationHours` (4-24).')
 param maintenanceWindows object = {
   autoUpgrade: {
@@ -187,6 +190,17 @@ module privateDns 'modules/private-dns.bicep' = {
   }
 }
 
+module storageKey 'modules/storage-key.bicep' = if (customerManagedKeyEnabled) {
+  name: '${name}-storage-key'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
 module bundles 'modules/bundles.bicep' = {
   name: '${name}-bundles'
   scope: platformGroup
@@ -194,6 +208,11 @@ module bundles 'modules/bundles.bicep' = {
     name: name
     location: location
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    customerManagedKey: customerManagedKeyEnabled ? {
+      vaultUri: storageKey.outputs.vaultUri
+      keyName: storageKey.outputs.keyName
+      identityId: storageKey.outputs.identityId
+    } : {}
     tags: tags
   }
 }
@@ -239,6 +258,7 @@ module stampDeployments 'modules/stamp.bicep' = [
       kubernetesPolicyEffect: kubernetesPolicyEffect
       allowedRegistry: imageRegistryPattern
       maintenanceWindows: maintenanceWindows
+      customerManagedKeyVaultId: customerManagedKeyEnabled && stamp.location == location ? storageKey.outputs.vaultId : ''
       privateDnsResourceGroupName: platformGroup.name
       bundleStorageAccountId: bundles.outputs.storageAccountId
       tags: tags

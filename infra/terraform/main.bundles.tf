@@ -7,7 +7,7 @@
 
 resource "azurerm_storage_account" "bundles" {
   #checkov:skip=CKV_AZURE_33:no queues in this account; classic queue logging needs shared keys, which are disabled
-  #checkov:skip=CKV2_AZURE_1:holds signed policy bundles (code, not tenant data); Microsoft-managed keys plus infrastructure encryption, a CMK would add a Key Vault dependency to policy loading
+  #checkov:skip=CKV2_AZURE_1:holds signed policy bundles (code, not tenant data); Microsoft-managed keys plus infrastructure encryption by default, a customer-managed key is opt-in (customer_managed_key_enabled, main.cmk.tf)
   name                              = "st${var.name}bundles"
   location                          = azurerm_resource_group.this.location
   resource_group_name               = azurerm_resource_group.this.name
@@ -46,6 +46,24 @@ resource "azurerm_storage_account" "bundles" {
     expiration_period = "00.01:00:00"
     expiration_action = "Block"
   }
+
+  # Opt-in: the account's own key (main.cmk.tf).
+  dynamic "identity" {
+    for_each = local.cmk ? [1] : []
+    content {
+      type         = "UserAssigned"
+      identity_ids = [azurerm_user_assigned_identity.bundles[0].id]
+    }
+  }
+  dynamic "customer_managed_key" {
+    for_each = local.cmk ? [1] : []
+    content {
+      key_vault_key_id          = azurerm_key_vault_key.bundles[0].versionless_id
+      user_assigned_identity_id = azurerm_user_assigned_identity.bundles[0].id
+    }
+  }
+
+  depends_on = [azurerm_role_assignment.bundles_cmk]
 }
 
 resource "azurerm_storage_container" "bundles" {

