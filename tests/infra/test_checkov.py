@@ -23,6 +23,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_216": "azurerm_firewall",  # threat intel Deny lives on the firewall policy
         "CKV_AZURE_182": "azurerm_virtual_network",  # one DNS server on purpose: the firewall's proxy
         "CKV_AZURE_183": "azurerm_virtual_network",  # same
+        "CKV_AZURE_40": "azurerm_key_vault_key",  # opt-in CMK: rotation policy expires each version
     },
     "bicep": {
         "CKV_AZURE_8": "Microsoft.ContainerService/managedClusters",  # dashboard add-on no longer exists
@@ -31,6 +32,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_216": "Microsoft.Network/azureFirewalls",  # threat intel Deny on the policy
         "CKV_AZURE_182": "Microsoft.Network/virtualNetworks",  # the firewall's DNS proxy
         "CKV_AZURE_87": "Microsoft.Security/pricings",  # the Containers plan, read as Key Vault's
+        "CKV_AZURE_40": "Microsoft.KeyVault/vaults/keys",  # opt-in CMK: rotation policy expires each version
     },
     "kubernetes": {
         "CKV_K8S_35": "Deployment",  # settings are env vars; the value comes from Key Vault via CSI
