@@ -153,9 +153,10 @@ resource "azurerm_policy_definition" "managed_redis" {
   name         = "${var.name}-${replace(each.key, "_", "-")}"
   display_name = "tenantgate: ${each.value.display_name}"
   policy_type  = "Custom"
-  mode         = "Indexed"
-  policy_rule  = jsonencode(each.value.rule)
-  metadata     = jsonencode({ category = "Cache" })
+  # All, not Indexed: databases carry no tags or location, which Indexed mode requires.
+  mode        = "All"
+  policy_rule = jsonencode(each.value.rule)
+  metadata    = jsonencode({ category = "Cache" })
 }
 
 resource "azurerm_subscription_policy_assignment" "managed_redis" {

@@ -66,6 +66,15 @@ param tags object = {}
 //   Variables   //
 // ============= //
 
+var allZones = [
+  '1'
+  '2'
+  '3'
+]
+
+// A gpuNodePool given without `zones` (an older parameters file) keeps the default: all three.
+var gpuZones = contains(gpuNodePool, 'zones') ? gpuNodePool.zones : allZones
+
 var clusterAdminRole = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b')
 
 // Kubernetes policies (Azure Policy add-on, Gatekeeper), built-ins from Azure/azure-policy
@@ -283,7 +292,7 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2024-09-
     gpuInstanceProfile: empty(gpuNodePool.gpuInstanceProfile) ? null : gpuNodePool.gpuInstanceProfile
     // Zonal like the system pool: a zone outage leaves the other zones' engines serving (the
     // engine StatefulSet spreads over topology.kubernetes.io/zone).
-    availabilityZones: gpuNodePool.zones
+    availabilityZones: gpuZones
     nodeTaints: [
       'nvidia.com/gpu=present:NoSchedule'
     ]
@@ -615,7 +624,13 @@ output name string = cluster.name
 output oidcIssuerUrl string = cluster.properties.oidcIssuerProfile.issuerURL
 
 @description('The data collection endpoints (ingestion and configuration), for the Azure Monitor Private Link Scope.')
-output dataCollectionEndpointIds array = [
-  ingestionEndpoint.id
-  configEndpoint.id
+output dataCollectionEndpoints array = [
+  {
+    name: 'ingest'
+    id: ingestionEndpoint.id
+  }
+  {
+    name: 'config'
+    id: configEndpoint.id
+  }
 ]

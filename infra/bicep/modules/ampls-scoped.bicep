@@ -6,19 +6,19 @@ param privateLinkScopeName string
 @description('Required. A prefix for the scoped resources\' names (the stamp key).')
 param namePrefix string
 
-@description('Required. The resources to scope.')
-param resourceIds array
+@description('Required. The resources to scope: `name` (suffix of the scoped resource\'s name) and `id`.')
+param endpoints array
 
 resource privateLinkScope 'Microsoft.Insights/privateLinkScopes@2021-07-01-preview' existing = {
   name: privateLinkScopeName
 }
 
 resource scoped 'Microsoft.Insights/privateLinkScopes/scopedResources@2021-07-01-preview' = [
-  for (id, i) in resourceIds: {
+  for endpoint in endpoints: {
     parent: privateLinkScope
-    name: '${namePrefix}-dce-${i}'
+    name: 'dce-${namePrefix}-${endpoint.name}'
     properties: {
-      linkedResourceId: id
+      linkedResourceId: endpoint.id
     }
   }
 ]

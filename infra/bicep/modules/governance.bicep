@@ -113,7 +113,8 @@ resource managedRedisDefinitions 'Microsoft.Authorization/policyDefinitions@2023
     properties: {
       displayName: 'tenantgate: ${policy.displayName}'
       policyType: 'Custom'
-      mode: 'Indexed'
+      // All, not Indexed: databases carry no tags or location, which Indexed mode requires.
+      mode: 'All'
       metadata: {
         category: 'Cache'
       }

@@ -186,7 +186,7 @@ module dataCollectionEndpointsScoped 'ampls-scoped.bicep' = {
   params: {
     privateLinkScopeName: privateLinkScopeName
     namePrefix: stampKey
-    resourceIds: aks.outputs.dataCollectionEndpointIds
+    endpoints: aks.outputs.dataCollectionEndpoints
   }
 }
 
