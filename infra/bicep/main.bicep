@@ -76,7 +76,7 @@ param logRetentionDays int = 365
 ])
 param kubernetesPolicyEffect string = 'deny'
 
-@description('Optional. Regular expression every container image outside the AKS-managed namespaces must match. Empty: the stamp\'s container registry, `^cr<name>[a-z0-9]*\\.azurecr\\.io/.+$`.')
+@description('Optional. Regular expression every container image outside the AKS-managed namespaces must match. Empty (the default): each stamp\'s own container registry, `^acr<name><stamp>\\.azurecr\\.io/.+$`.')
 param allowedRegistry string = ''
 
 @description('Optional. Whether the bundle storage account is encrypted with a key of your own (RSA-HSM 3072 in a Key Vault of the platform resource group, rotated yearly) instead of Microsoft-managed keys. Off by default: the account holds signed policy code, not tenant data, and is already encrypted twice. On, the vault gets a private endpoint in the spoke of the stamp in `location`.')
@@ -125,8 +125,6 @@ var sharedPrivateDnsZoneNames = [
 ]
 
 var privateDnsZoneNames = concat(sharedPrivateDnsZoneNames, aksPrivateDnsZoneNames)
-
-var imageRegistryPattern = empty(allowedRegistry) ? '^cr${name}[a-z0-9]*\\.azurecr\\.io/.+$' : allowedRegistry
 
 var diagnosticResourceTypes = [
   'Microsoft.ContainerService/managedClusters'
@@ -256,7 +254,7 @@ module stampDeployments 'modules/stamp.bicep' = [
       privateLinkScopeName: observability.outputs.privateLinkScopeName
       grafanaId: observability.outputs.grafanaId
       kubernetesPolicyEffect: kubernetesPolicyEffect
-      allowedRegistry: imageRegistryPattern
+      allowedRegistry: allowedRegistry
       maintenanceWindows: maintenanceWindows
       customerManagedKeyVaultId: customerManagedKeyEnabled && stamp.location == location ? storageKey.outputs.vaultId : ''
       privateDnsResourceGroupName: platformGroup.name

@@ -203,7 +203,9 @@ locals {
   # The Gatekeeper defaults, plus the application routing add-on's namespace for the image
   # rule only (its NGINX images come from mcr.microsoft.com); its load balancer stays covered.
   kubernetes_system_namespaces = ["kube-system", "gatekeeper-system", "azure-arc"]
-  allowed_registry             = coalesce(var.allowed_registry, "^cr${var.name}[a-z0-9]*\\.azurecr\\.io/.+$")
+
+  # Each stamp's own registry (acr<name><stamp>, main.registry.tf) unless one is given.
+  allowed_registries = { for key, _ in var.stamps : key => coalesce(var.allowed_registry, "^acr${var.name}${key}\\.azurecr\\.io/.+$") }
 }
 
 # Privilege escalation to the node is the one way out of a pod's sandbox; baseline closes it.
@@ -231,7 +233,7 @@ resource "azurerm_resource_policy_assignment" "allowed_images" {
   policy_definition_id = local.kubernetes_policy_definitions.allowed_images
   parameters = jsonencode({
     effect                      = { value = var.kubernetes_policy_effect }
-    allowedContainerImagesRegex = { value = local.allowed_registry }
+    allowedContainerImagesRegex = { value = local.allowed_registries[each.key] }
     excludedNamespaces          = { value = concat(local.kubernetes_system_namespaces, ["app-routing-system"]) }
   })
 }

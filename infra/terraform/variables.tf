@@ -200,12 +200,12 @@ variable "kubernetes_policy_effect" {
 
 variable "allowed_registry" {
   type        = string
-  description = "Regular expression that every container image outside the AKS-managed namespaces must match. Default: the stamp's container registry, `^cr<name>[a-z0-9]*\\.azurecr\\.io/.+$` (the registry the images are imported into, see docs/deploy.md)."
+  description = "Regular expression that every container image outside the AKS-managed namespaces must match. Default (null): each stamp's own container registry, `^acr<name><stamp>\\.azurecr\\.io/.+$` (the registry the images are imported into, see docs/deploy.md)."
   default     = null
 
   validation {
     condition     = var.allowed_registry == null || can(regex("^\\^", coalesce(var.allowed_registry, "^")))
-    error_message = "allowed_registry must be an anchored regular expression (start with ^), or null for the stamp's registry."
+    error_message = "allowed_registry must be an anchored regular expression (start with ^), or null for each stamp's own registry."
   }
 }
 

@@ -58,7 +58,7 @@ param grafanaId string
 @description('Required. Effect of the Kubernetes policies: `deny` or `audit`.')
 param kubernetesPolicyEffect string
 
-@description('Required. Regular expression every container image outside the AKS-managed namespaces must match.')
+@description('Required. Regular expression every container image outside the AKS-managed namespaces must match; empty for the stamp\'s own registry (acr<name><stamp>, registry.bicep).')
 param allowedRegistry string
 
 @description('Required. The AKS maintenance windows (`autoUpgrade`, `nodeOS`).')
@@ -174,7 +174,7 @@ module aks 'aks.bicep' = {
     monitorWorkspaceId: monitorWorkspaceId
     monitoringLocation: monitoringLocation
     kubernetesPolicyEffect: kubernetesPolicyEffect
-    allowedRegistry: allowedRegistry
+    allowedRegistry: empty(allowedRegistry) ? '^acr${name}${stampKey}\\.azurecr\\.io/.+$' : allowedRegistry
     maintenanceWindows: maintenanceWindows
     tags: tags
   }
