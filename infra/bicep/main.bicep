@@ -392,6 +392,9 @@ output frontDoorEndpointHostName string = frontDoor.outputs.endpointHostName
 @description('Where `tenantgate policy bundle` output is uploaded; the OPA sidecars download from here.')
 output bundleContainerUrl string = bundles.outputs.containerUrl
 
+@description('Azure Managed Grafana\'s URL (reached over its private endpoint in each spoke).')
+output grafanaEndpoint string = observability.outputs.grafanaEndpoint
+
 @description('Per stamp, what the Helm chart needs.')
 output stamps array = [
   for (stamp, i) in stamps: {

@@ -156,3 +156,6 @@ output privateLinkScopeName string = privateLinkScope.name
 
 @description('Grafana (each spoke has a private endpoint to it).')
 output grafanaId string = grafana.id
+
+@description('Grafana\'s URL (reached over its private endpoint in each spoke).')
+output grafanaEndpoint string = grafana.properties.endpoint
