@@ -45,13 +45,18 @@ param systemNodePool object = {
   maxCount: 5
 }
 
-@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs), and `osDiskSizeGB`, the ephemeral OS disk, which must fit the size\'s temp disk (64 GiB on Standard_NC24ads_A100_v4, 128 on NC48ads, 256 on NC96ads).')
+@description('Optional. The GPU pool: `vmSize`, `minCount`, `maxCount`, `gpuInstanceProfile` (MIG1g, MIG2g, MIG3g, MIG4g, MIG7g, or empty for whole GPUs), `zones` (default all three; empty where the size has no zonal capacity) and `osDiskSizeGB`, the ephemeral OS disk, which must fit the size\'s temp disk (64 GiB on Standard_NC24ads_A100_v4, 128 on NC48ads, 256 on NC96ads).')
 param gpuNodePool object = {
   vmSize: 'Standard_NC24ads_A100_v4'
   minCount: 1
   maxCount: 4
   gpuInstanceProfile: ''
   osDiskSizeGB: 64
+  zones: [
+    '1'
+    '2'
+    '3'
+  ]
 }
 
 @description('Optional. The Kubernetes service account of the gateway (the Helm chart\'s defaults).')
@@ -64,6 +69,35 @@ param gatewayServiceAccount object = {
 @minValue(365)
 @maxValue(730)
 param logRetentionDays int = 365
+
+@description('Optional. Effect of the Kubernetes policies on every cluster (pod security baseline, allowed registries, internal load balancers): `deny` refuses a non-compliant pod or Service at admission, `audit` only reports it (a first rollout on a cluster that already runs workloads). The chart complies with all three.')
+@allowed([
+  'audit'
+  'deny'
+])
+param kubernetesPolicyEffect string = 'deny'
+
+@description('Optional. Regular expression every container image outside the AKS-managed namespaces must match. Empty (the default): each stamp\'s own container registry, `^acr<name><stamp>\\.azurecr\\.io/.+$`.')
+param allowedRegistry string = ''
+
+@description('Optional. Whether the bundle storage account is encrypted with a key of your own (RSA-HSM 3072 in a Key Vault of the platform resource group, rotated yearly) instead of Microsoft-managed keys. Off by default: the account holds signed policy code, not tenant data, and is already encrypted twice. On, the vault gets a private endpoint in the spoke of the stamp in `location`.')
+param customerManagedKeyEnabled bool = false
+
+@description('Optional. Weekly windows for Kubernetes patch upgrades (`autoUpgrade`) and node images (`nodeOS`): `dayOfWeek`, `startTime` (HH:MM), `utcOffset` (+HH:MM), `durationHours` (4-24).')
+param maintenanceWindows object = {
+  autoUpgrade: {
+    dayOfWeek: 'Sunday'
+    startTime: '02:00'
+    utcOffset: '+00:00'
+    durationHours: 4
+  }
+  nodeOS: {
+    dayOfWeek: 'Saturday'
+    startTime: '02:00'
+    utcOffset: '+00:00'
+    durationHours: 4
+  }
+}
 
 // ============= //
 //   Variables   //
@@ -89,7 +123,6 @@ var aksPrivateDnsZoneNames = [for stamp in stamps: 'privatelink.${stamp.location
 var sharedPrivateDnsZoneNames = [
   'privatelink.vaultcore.azure.net'
   'privatelink.redis.azure.net'
-  'privatelink.blob.core.windows.net'
   'privatelink.azurecr.io'
 ]
 
@@ -158,6 +191,17 @@ module privateDns 'modules/private-dns.bicep' = {
   }
 }
 
+module storageKey 'modules/storage-key.bicep' = if (customerManagedKeyEnabled) {
+  name: '${name}-storage-key'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
 module bundles 'modules/bundles.bicep' = {
   name: '${name}-bundles'
   scope: platformGroup
@@ -165,6 +209,24 @@ module bundles 'modules/bundles.bicep' = {
     name: name
     location: location
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    customerManagedKey: customerManagedKeyEnabled ? {
+      vaultUri: storageKey.outputs.vaultUri
+      keyName: storageKey.outputs.keyName
+      identityId: storageKey.outputs.identityId
+    } : {}
+    tags: tags
+  }
+}
+
+module observability 'modules/observability.bicep' = {
+  name: '${name}-observability'
+  scope: platformGroup
+  params: {
+    name: name
+    location: location
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    monitorWorkspaceName: monitoring.outputs.monitorWorkspaceName
+    adminGroupObjectIds: aksAdminGroupObjectIds
     tags: tags
   }
 }
@@ -190,6 +252,14 @@ module stampDeployments 'modules/stamp.bicep' = [
       gatewayServiceAccount: gatewayServiceAccount
       logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
       monitorWorkspaceId: monitoring.outputs.monitorWorkspaceId
+      monitoringLocation: location
+      privateLinkScopeId: observability.outputs.privateLinkScopeId
+      privateLinkScopeName: observability.outputs.privateLinkScopeName
+      grafanaId: observability.outputs.grafanaId
+      kubernetesPolicyEffect: kubernetesPolicyEffect
+      allowedRegistry: allowedRegistry
+      maintenanceWindows: maintenanceWindows
+      customerManagedKeyVaultId: customerManagedKeyEnabled && stamp.location == location ? storageKey.outputs.vaultId : ''
       privateDnsResourceGroupName: platformGroup.name
       privateDnsZoneNames: privateDnsZoneNames
       bundleStorageAccountId: bundles.outputs.storageAccountId
@@ -295,6 +365,14 @@ resource diagnosticSettingsAssignment 'Microsoft.Authorization/policyAssignments
   }
 }
 
+// Deny policies on the data stores' network and local auth, and the Defender for Containers plan.
+module governance 'modules/governance.bicep' = {
+  name: '${name}-governance'
+  params: {
+    name: name
+  }
+}
+
 // =========== //
 //   Outputs   //
 // =========== //
@@ -304,6 +382,9 @@ output frontDoorEndpointHostName string = frontDoor.outputs.endpointHostName
 
 @description('Where `tenantgate policy bundle` output is uploaded; the OPA sidecars download from here.')
 output bundleContainerUrl string = bundles.outputs.containerUrl
+
+@description('Azure Managed Grafana\'s URL (reached over its private endpoint in each spoke).')
+output grafanaEndpoint string = observability.outputs.grafanaEndpoint
 
 @description('Per stamp, what the Helm chart needs.')
 output stamps array = [

@@ -48,6 +48,25 @@ resource "azurerm_kubernetes_cluster" "this" {
   automatic_upgrade_channel = "patch"
   node_os_upgrade_channel   = "NodeImage"
 
+  # Upgrades roll nodes only inside these windows (node images and Kubernetes patches on
+  # different days, so a node never goes through both at once).
+  maintenance_window_auto_upgrade {
+    frequency   = "Weekly"
+    interval    = 1
+    day_of_week = var.maintenance_windows.auto_upgrade.day_of_week
+    start_time  = var.maintenance_windows.auto_upgrade.start_time
+    utc_offset  = var.maintenance_windows.auto_upgrade.utc_offset
+    duration    = var.maintenance_windows.auto_upgrade.duration_hours
+  }
+  maintenance_window_node_os {
+    frequency   = "Weekly"
+    interval    = 1
+    day_of_week = var.maintenance_windows.node_os.day_of_week
+    start_time  = var.maintenance_windows.node_os.start_time
+    utc_offset  = var.maintenance_windows.node_os.utc_offset
+    duration    = var.maintenance_windows.node_os.duration_hours
+  }
+
   # Identity: Entra ID users through Azure RBAC only; pods through workload identity.
   local_account_disabled            = true
   role_based_access_control_enabled = true
@@ -112,7 +131,9 @@ resource "azurerm_kubernetes_cluster" "this" {
     dns_service_ip      = "172.16.0.10"
   }
 
-  # Container Insights (logs) and Defender for Containers, both to the shared workspace.
+  # Container Insights (logs; its data collection rule and association live in
+  # main.monitoring.tf) and the Defender for Containers sensor, both to the shared workspace. The
+  # Defender plan itself is enabled on the subscription (main.policy.tf).
   oms_agent {
     log_analytics_workspace_id      = azurerm_log_analytics_workspace.this.id
     msi_auth_for_monitoring_enabled = true
@@ -173,6 +194,10 @@ resource "azurerm_kubernetes_cluster_node_pool" "gpu" {
     "tenantgate.io/pool" = "gpu"
   }
   tags = var.tags
+
+  # Zonal like the system pool: a zone outage leaves the other zones' engines serving (the
+  # engine StatefulSet spreads over topology.kubernetes.io/zone).
+  zones = var.gpu_node_pool.zones
 
   upgrade_settings {
     max_surge = "1"

@@ -1,13 +1,13 @@
 # ---------------------------------------------------------------------------------------------
 # Signed policy bundles: one storage account for all stamps (geo-zone-redundant, read-access
 # secondary), Entra ID only (no shared keys, no SAS use), no public access; every spoke reaches
-# it over its own private endpoint. The OPA sidecars download with the gateway's workload
+# it over its own private endpoint, resolved through the stamp's own blob zone. The OPA sidecars download with the gateway's workload
 # identity and verify the bundle signature before activating it.
 # ---------------------------------------------------------------------------------------------
 
 resource "azurerm_storage_account" "bundles" {
   #checkov:skip=CKV_AZURE_33:no queues in this account; classic queue logging needs shared keys, which are disabled
-  #checkov:skip=CKV2_AZURE_1:holds signed policy bundles (code, not tenant data); Microsoft-managed keys plus infrastructure encryption, a CMK would add a Key Vault dependency to policy loading
+  #checkov:skip=CKV2_AZURE_1:holds signed policy bundles (code, not tenant data); Microsoft-managed keys plus infrastructure encryption by default, a customer-managed key is opt-in (customer_managed_key_enabled, main.cmk.tf)
   name                              = "st${var.name}bundles"
   location                          = azurerm_resource_group.this.location
   resource_group_name               = azurerm_resource_group.this.name
@@ -47,6 +47,24 @@ resource "azurerm_storage_account" "bundles" {
     expiration_action = "Block"
   }
 
+  # Opt-in: the account's own key (main.cmk.tf).
+  dynamic "identity" {
+    for_each = local.cmk ? [1] : []
+    content {
+      type         = "UserAssigned"
+      identity_ids = [azurerm_user_assigned_identity.bundles[0].id]
+    }
+  }
+  dynamic "customer_managed_key" {
+    for_each = local.cmk ? [1] : []
+    content {
+      key_vault_key_id          = azurerm_key_vault_key.bundles[0].versionless_id
+      user_assigned_identity_id = azurerm_user_assigned_identity.bundles[0].id
+    }
+  }
+
+  depends_on = [azurerm_role_assignment.bundles_cmk]
+
   # Every stamp's OPA loads its policy from here: a plan that would delete or replace the
   # account fails instead (remove this block to tear the landing zone down).
   lifecycle {
@@ -82,8 +100,9 @@ resource "azurerm_private_endpoint" "bundles" {
   }
 
   private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.this["blob"].id]
+    name = "default"
+    # The stamp's own blob zone: each spoke resolves the account to its own endpoint.
+    private_dns_zone_ids = [azurerm_private_dns_zone.stamp["${each.key}-blob"].id]
   }
 }
 

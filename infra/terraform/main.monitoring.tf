@@ -21,17 +21,32 @@ resource "azurerm_monitor_workspace" "this" {
   tags                          = var.tags
 }
 
-# Managed Prometheus: each cluster's metrics flow through a data collection endpoint and rule.
-resource "azurerm_monitor_data_collection_endpoint" "prometheus" {
+# Data collection, per cluster: managed Prometheus and Container Insights each have a data
+# collection rule, and both ingest through a data collection endpoint. Rules and ingestion
+# endpoints live in the workspaces' region (var.location), whichever region the cluster is in:
+# managed Prometheus needs its DCE and DCR in the Azure Monitor workspace's region, and a rule
+# that sends to Log Analytics sits in the workspace's region. The agents fetch their rules
+# through a configuration endpoint in the cluster's own region (the only one an agent may use
+# for that). All endpoints are private, reached through the Azure Monitor Private Link Scope.
+resource "azurerm_monitor_data_collection_endpoint" "ingestion" {
   for_each = var.stamps
 
-  name                = "dce-${var.name}-${each.key}"
-  location            = each.value.location
-  resource_group_name = azurerm_resource_group.stamp[each.key].name
-  kind                = "Linux"
-  # The metrics agents reach it through the hub firewall (*.ingest.monitor.azure.com); an Azure
-  # Monitor Private Link Scope would make this private too (docs/deploy.md).
-  public_network_access_enabled = true
+  name                          = "dce-${var.name}-${each.key}-ingest"
+  location                      = azurerm_resource_group.this.location
+  resource_group_name           = azurerm_resource_group.stamp[each.key].name
+  kind                          = "Linux"
+  public_network_access_enabled = false
+  tags                          = var.tags
+}
+
+resource "azurerm_monitor_data_collection_endpoint" "config" {
+  for_each = var.stamps
+
+  name                          = "dce-${var.name}-${each.key}-config"
+  location                      = each.value.location
+  resource_group_name           = azurerm_resource_group.stamp[each.key].name
+  kind                          = "Linux"
+  public_network_access_enabled = false
   tags                          = var.tags
 }
 
@@ -39,9 +54,9 @@ resource "azurerm_monitor_data_collection_rule" "prometheus" {
   for_each = var.stamps
 
   name                        = "dcr-${var.name}-${each.key}-prometheus"
-  location                    = each.value.location
+  location                    = azurerm_resource_group.this.location
   resource_group_name         = azurerm_resource_group.stamp[each.key].name
-  data_collection_endpoint_id = azurerm_monitor_data_collection_endpoint.prometheus[each.key].id
+  data_collection_endpoint_id = azurerm_monitor_data_collection_endpoint.ingestion[each.key].id
   kind                        = "Linux"
   tags                        = var.tags
 
@@ -65,12 +80,68 @@ resource "azurerm_monitor_data_collection_rule" "prometheus" {
   }
 }
 
+# Container Insights: the add-on (oms_agent) collects what this rule says, into Log Analytics.
+resource "azurerm_monitor_data_collection_rule" "container_insights" {
+  for_each = var.stamps
+
+  name                        = "dcr-${var.name}-${each.key}-container-insights"
+  location                    = azurerm_resource_group.this.location
+  resource_group_name         = azurerm_resource_group.stamp[each.key].name
+  data_collection_endpoint_id = azurerm_monitor_data_collection_endpoint.ingestion[each.key].id
+  kind                        = "Linux"
+  tags                        = var.tags
+
+  destinations {
+    log_analytics {
+      workspace_resource_id = azurerm_log_analytics_workspace.this.id
+      name                  = "ciworkspace"
+    }
+  }
+
+  data_flow {
+    streams      = ["Microsoft-ContainerInsights-Group-Default"]
+    destinations = ["ciworkspace"]
+  }
+
+  data_sources {
+    extension {
+      name           = "ContainerInsightsExtension"
+      extension_name = "ContainerInsights"
+      streams        = ["Microsoft-ContainerInsights-Group-Default"]
+      extension_json = jsonencode({
+        dataCollectionSettings = {
+          interval               = "1m"
+          namespaceFilteringMode = "Off"
+          enableContainerLogV2   = true
+        }
+      })
+    }
+  }
+}
+
 resource "azurerm_monitor_data_collection_rule_association" "prometheus" {
   for_each = var.stamps
 
   name                    = "dcra-${var.name}-${each.key}-prometheus"
   target_resource_id      = azurerm_kubernetes_cluster.this[each.key].id
   data_collection_rule_id = azurerm_monitor_data_collection_rule.prometheus[each.key].id
+}
+
+resource "azurerm_monitor_data_collection_rule_association" "container_insights" {
+  for_each = var.stamps
+
+  name                    = "ContainerInsightsExtension"
+  target_resource_id      = azurerm_kubernetes_cluster.this[each.key].id
+  data_collection_rule_id = azurerm_monitor_data_collection_rule.container_insights[each.key].id
+}
+
+# The one endpoint association a cluster has: where its agents fetch their rules.
+resource "azurerm_monitor_data_collection_rule_association" "config" {
+  for_each = var.stamps
+
+  name                        = "configurationAccessEndpoint"
+  target_resource_id          = azurerm_kubernetes_cluster.this[each.key].id
+  data_collection_endpoint_id = azurerm_monitor_data_collection_endpoint.config[each.key].id
 }
 
 # ---------------------------------------------------------------------------------------------

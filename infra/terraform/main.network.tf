@@ -1,7 +1,8 @@
 # ---------------------------------------------------------------------------------------------
 # Network: per stamp a hub (Azure Firewall) and a spoke (AKS, private endpoints, ingress),
 # peered; the AKS subnet routes 0.0.0.0/0 to the firewall, so all egress is inspected.
-# Private DNS zones are global and linked to every hub and spoke.
+# Private DNS zones are global and linked to every hub and spoke, except those of resources
+# with an endpoint in every spoke (below), which each stamp keeps for itself.
 # ---------------------------------------------------------------------------------------------
 
 locals {
@@ -9,7 +10,6 @@ locals {
     {
       key_vault = "privatelink.vaultcore.azure.net"
       redis     = "privatelink.redis.azure.net"
-      blob      = "privatelink.blob.core.windows.net"
       registry  = "privatelink.azurecr.io"
     },
     { for key, stamp in var.stamps : "aks_${key}" => "privatelink.${stamp.location}.azmk8s.io" },
@@ -19,6 +19,31 @@ locals {
     { for key, _ in var.stamps : "hub_${key}" => azurerm_virtual_network.hub[key].id },
     { for key, _ in var.stamps : "spoke_${key}" => azurerm_virtual_network.spoke[key].id },
   )
+
+  # One resource reached through an endpoint in each spoke (the bundle storage, the Azure Monitor
+  # Private Link Scope, Grafana) has one name and one address per spoke: a zone shared by the
+  # stamps would hold only the last endpoint's address, out of the other region's reach. So each
+  # stamp has these zones of its own, linked to its own hub and spoke.
+  stamp_private_dns_zones = {
+    blob     = "privatelink.blob.core.windows.net"
+    monitor  = "privatelink.monitor.azure.com"
+    oms      = "privatelink.oms.opinsights.azure.com"
+    ods      = "privatelink.ods.opinsights.azure.com"
+    agentsvc = "privatelink.agentsvc.azure-automation.net"
+    grafana  = "privatelink.grafana.azure.com"
+  }
+
+  stamp_dns_zones = merge([
+    for stamp, _ in var.stamps : {
+      for zone, zone_name in local.stamp_private_dns_zones : "${stamp}-${zone}" => { stamp = stamp, zone = zone, name = zone_name }
+    }
+  ]...)
+
+  stamp_dns_zone_links = merge([
+    for key, zone in local.stamp_dns_zones : {
+      for network in ["hub", "spoke"] : "${key}-${network}" => { zone = key, vnet_id = local.vnet_ids["${network}_${zone.stamp}"] }
+    }
+  ]...)
 
   private_dns_zone_links = merge([
     for zone_key, _ in local.private_dns_zones : {
@@ -317,6 +342,25 @@ resource "azurerm_private_dns_zone_virtual_network_link" "this" {
   name                  = each.key
   resource_group_name   = azurerm_resource_group.this.name
   private_dns_zone_name = azurerm_private_dns_zone.this[each.value.zone].name
+  virtual_network_id    = each.value.vnet_id
+  registration_enabled  = false
+  tags                  = var.tags
+}
+
+resource "azurerm_private_dns_zone" "stamp" {
+  for_each = local.stamp_dns_zones
+
+  name                = each.value.name
+  resource_group_name = azurerm_resource_group.stamp[each.value.stamp].name
+  tags                = var.tags
+}
+
+resource "azurerm_private_dns_zone_virtual_network_link" "stamp" {
+  for_each = local.stamp_dns_zone_links
+
+  name                  = each.key
+  resource_group_name   = azurerm_private_dns_zone.stamp[each.value.zone].resource_group_name
+  private_dns_zone_name = azurerm_private_dns_zone.stamp[each.value.zone].name
   virtual_network_id    = each.value.vnet_id
   registration_enabled  = false
   tags                  = var.tags

@@ -16,6 +16,11 @@ output "bundle_container_url" {
   value       = "${azurerm_storage_account.bundles.primary_blob_endpoint}${azurerm_storage_container.bundles.name}"
 }
 
+output "grafana_endpoint" {
+  description = "Azure Managed Grafana's URL (reached over its private endpoint in each spoke)."
+  value       = azurerm_dashboard_grafana.this.endpoint
+}
+
 output "stamps" {
   description = "Per stamp, what the Helm chart needs: cluster name, OIDC issuer, the gateway identity's client ID, Key Vault name, Redis host name, registry login server."
   value = {

@@ -128,12 +128,15 @@ variable "gpu_node_pool" {
     min_count       = optional(number, 1)
     max_count       = optional(number, 4)
     gpu_instance    = optional(string)
+    zones           = optional(list(string), ["1", "2", "3"])
     os_disk_size_gb = optional(number, 64)
   })
   description = <<-EOT
     The GPU pool that runs the engine. Nodes carry the taint `nvidia.com/gpu=present:NoSchedule`.
     - `gpu_instance` - (Optional) MIG profile (`MIG1g`, `MIG2g`, `MIG3g`, `MIG4g`, `MIG7g`) for
       A100/H100 sizes; pods then request `nvidia.com/mig-<profile>` slices instead of whole GPUs.
+    - `zones` - availability zones the pool spreads over (default all three). Set `[]` in a region
+      where the GPU size has no zonal capacity (`az vm list-skus -l <region> --size <size> --zone`).
     - `os_disk_size_gb` - (Optional) The ephemeral OS disk, which must fit the size's temp disk
       (64 GiB on Standard_NC24ads_A100_v4). Left unset, AKS would ask for 128 GiB there, which
       does not fit, and the pool would fail to create.
@@ -157,6 +160,10 @@ variable "gpu_node_pool" {
   validation {
     condition     = var.gpu_node_pool.min_count >= 0 && var.gpu_node_pool.max_count >= max(1, var.gpu_node_pool.min_count)
     error_message = "gpu_node_pool needs min_count >= 0 and max_count >= max(1, min_count)."
+  }
+  validation {
+    condition     = alltrue([for zone in var.gpu_node_pool.zones : contains(["1", "2", "3"], zone)])
+    error_message = "gpu_node_pool.zones must list zones among \"1\", \"2\" and \"3\" (or be empty)."
   }
 }
 
@@ -185,4 +192,82 @@ variable "log_retention_days" {
     condition     = var.log_retention_days >= 365 && var.log_retention_days <= 730
     error_message = "log_retention_days must be between 365 and 730."
   }
+}
+
+variable "kubernetes_policy_effect" {
+  type        = string
+  description = <<-EOT
+    Effect of the Kubernetes policies assigned on every cluster (pod security baseline, allowed
+    registries, internal load balancers): `deny` (the default) refuses a non-compliant pod or
+    Service at admission; `audit` only reports it, for a first rollout on a cluster that already
+    runs workloads. The chart complies with all three, so `deny` costs it nothing.
+  EOT
+  default     = "deny"
+  nullable    = false
+
+  validation {
+    condition     = contains(["audit", "deny"], var.kubernetes_policy_effect)
+    error_message = "kubernetes_policy_effect must be audit or deny."
+  }
+}
+
+variable "allowed_registry" {
+  type        = string
+  description = "Regular expression that every container image outside the AKS-managed namespaces must match. Default (null): each stamp's own container registry, `^acr<name><stamp>\\.azurecr\\.io/.+$` (the registry the images are imported into, see docs/deploy.md)."
+  default     = null
+
+  validation {
+    condition     = var.allowed_registry == null || can(regex("^\\^", coalesce(var.allowed_registry, "^")))
+    error_message = "allowed_registry must be an anchored regular expression (start with ^), or null for each stamp's own registry."
+  }
+}
+
+variable "maintenance_windows" {
+  type = object({
+    auto_upgrade = optional(object({
+      day_of_week    = optional(string, "Sunday")
+      start_time     = optional(string, "02:00")
+      utc_offset     = optional(string, "+00:00")
+      duration_hours = optional(number, 4)
+    }), {})
+    node_os = optional(object({
+      day_of_week    = optional(string, "Saturday")
+      start_time     = optional(string, "02:00")
+      utc_offset     = optional(string, "+00:00")
+      duration_hours = optional(number, 4)
+    }), {})
+  })
+  description = <<-EOT
+    Weekly windows in which AKS may apply what `automatic_upgrade_channel` (patch versions) and
+    `node_os_upgrade_channel` (node images) bring: `day_of_week`, `start_time` (HH:MM),
+    `utc_offset` (+HH:MM) and `duration_hours` (4-24). Defaults: node images Saturday, Kubernetes
+    patches Sunday, both 02:00 UTC for 4 hours, so the two never roll nodes at once.
+  EOT
+  default     = {}
+  nullable    = false
+
+  validation {
+    condition = alltrue([
+      for window in [var.maintenance_windows.auto_upgrade, var.maintenance_windows.node_os] :
+      contains(["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"], window.day_of_week)
+      && can(regex("^([01][0-9]|2[0-3]):[0-5][0-9]$", window.start_time))
+      && can(regex("^[+-](0[0-9]|1[0-4]):[0-5][0-9]$", window.utc_offset))
+      && window.duration_hours >= 4 && window.duration_hours <= 24
+    ])
+    error_message = "maintenance_windows: day_of_week a weekday name, start_time HH:MM, utc_offset +HH:MM or -HH:MM, duration_hours 4-24."
+  }
+}
+
+variable "customer_managed_key_enabled" {
+  type        = bool
+  description = <<-EOT
+    Whether the bundle storage account is encrypted with a key of your own (RSA-HSM 3072 in a
+    Key Vault of the platform resource group, rotated yearly) instead of Microsoft-managed keys.
+    Off by default: the account holds signed policy code, not tenant data, and is already
+    encrypted twice (infrastructure encryption). On, the vault lets the storage service in as a
+    trusted service, and gets a private endpoint in the spoke of the stamp in `location` (the
+    Terraform runner creates the key over it, so deploy from that network).
+  EOT
+  default     = false
+  nullable    = false
 }

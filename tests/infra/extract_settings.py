@@ -33,6 +33,10 @@ ROLE_NAMES = {
     "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",
     "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b": "Azure Kubernetes Service RBAC Cluster Admin",
     "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
+    "b0d8363b-8ddd-447d-831f-62ca05bff136": "Monitoring Data Reader",
+    "43d0d8ad-25c7-4714-9337-8ba259a9fe05": "Monitoring Reader",
+    "22926164-76b3-42b3-bc55-97df8dab3e41": "Grafana Admin",
+    "e147488a-f6f5-4113-8e2d-b22465e65bf6": "Key Vault Crypto Service Encryption User",
 }
 
 # What a diagnostic setting is attached to, in both languages' words.
@@ -144,6 +148,17 @@ def _block(body: dict, name: str) -> dict:
     if isinstance(value, list) and value and isinstance(value[0], dict):
         return value[0]
     return {}
+
+
+def _alerts(rules: Any) -> list:
+    """Prometheus alert rules as [alert, expression, severity], HCL's escaped quotes undone."""
+    return sorted(
+        [rule.get("alert"), str(rule.get("expression")).replace('\\"', '"'), rule.get("severity")]
+        for rule in rules or []
+    )
+
+
+REDIS_ALIAS = re.compile(r"Microsoft\.Cache/redisEnterprise[\w/.]*")
 
 
 def _optional_default(type_expression: str, attribute: str) -> str | None:
@@ -359,6 +374,20 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         "policy_assignments": sorted(assigned),
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(tf.locals.get("required_tags", [])),
+        "kubernetes_policies": {
+            "definition_ids": sorted(GUID.findall(json.dumps(tf.locals.get("kubernetes_policy_definitions")))),
+            "assignments": len(tf.all("azurerm_resource_policy_assignment")),
+            "effect_default": tf.variables.get("kubernetes_policy_effect", {}).get("default"),
+        },
+        "deny_policy_definition_ids": sorted(GUID.findall(json.dumps(tf.locals.get("deny_policy_definitions")))),
+        "managed_redis_deny_fields": sorted(set(REDIS_ALIAS.findall(json.dumps(tf.locals.get("managed_redis_deny_rules"))))),
+        "defender_plans": sorted(plan.get("resource_type") for plan in tf.all("azurerm_security_center_subscription_pricing")),
+        "stamp_private_dns_zones": sorted((tf.locals.get("stamp_private_dns_zones") or {}).values()),
+        "data_collection_rules": sorted(
+            [_block(rule, "data_flow").get("streams"), "azurerm_resource_group.this" in str(rule.get("location"))]
+            for rule in tf.all("azurerm_monitor_data_collection_rule")
+        ),
+        "prometheus_alerts": _alerts(tf.locals.get("prometheus_alerts")),
         "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
         "conditions_and_order": {
             "private_dns_links_before_aks": _waits_for(
@@ -729,6 +758,22 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         "policy_assignments": sorted(assigned),
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(bicep.variable("main.bicep", "requiredTags") or []),
+        "kubernetes_policies": {
+            "definition_ids": sorted(GUID.findall(json.dumps(bicep.variable("aks.bicep", "kubernetesPolicyDefinitions")))),
+            "assignments": sum(
+                1 for _, _, assignment in bicep.resources("Microsoft.Authorization/policyAssignments") if _body(assignment).get("scope")
+            ),
+            "effect_default": bicep.parameter_default("kubernetesPolicyEffect"),
+        },
+        "deny_policy_definition_ids": sorted(GUID.findall(json.dumps(bicep.variable("governance.bicep", "denyPolicies")))),
+        "managed_redis_deny_fields": sorted(set(REDIS_ALIAS.findall(json.dumps(bicep.variable("governance.bicep", "managedRedisDenyRules"))))),
+        "defender_plans": sorted(_body(plan).get("name") for _, _, plan in bicep.resources("Microsoft.Security/pricings")),
+        "stamp_private_dns_zones": sorted(bicep.variable("stamp.bicep", "stampPrivateDnsZoneNames") or []),
+        "data_collection_rules": sorted(
+            [_dig(_body(rule), "properties", "dataFlows", 0, "streams"), _body(rule).get("location") == "monitoringLocation"]
+            for _, _, rule in bicep.resources("Microsoft.Insights/dataCollectionRules")
+        ),
+        "prometheus_alerts": _alerts(bicep.variable("aks.bicep", "prometheusAlerts")),
         "role_assignments": sorted(roles),
         "conditions_and_order": {
             "private_dns_links_before_aks": _deployed_after(

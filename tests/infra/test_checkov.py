@@ -30,6 +30,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_164": "azurerm_container_registry",  # Docker Content Trust is deprecated by the service
         "CKV_AZURE_165": "azurerm_container_registry",  # one registry per stamp, no geo-replication
         "CKV_AZURE_166": "azurerm_container_registry",  # quarantine would block every pull
+        "CKV_AZURE_40": "azurerm_key_vault_key",  # opt-in CMK: rotation policy expires each version
     },
     "bicep": {
         "CKV_AZURE_8": "Microsoft.ContainerService/managedClusters",  # dashboard add-on no longer exists
@@ -38,6 +39,8 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_216": "Microsoft.Network/azureFirewalls",  # threat intel Deny on the policy
         "CKV_AZURE_182": "Microsoft.Network/virtualNetworks",  # the firewall's DNS proxy
         "CKV_AZURE_166": "Microsoft.ContainerRegistry/registries",  # quarantine would block every pull
+        "CKV_AZURE_87": "Microsoft.Security/pricings",  # the Containers plan, read as Key Vault's
+        "CKV_AZURE_40": "Microsoft.KeyVault/vaults/keys",  # opt-in CMK: rotation policy expires each version
     },
     "kubernetes": {
         "CKV_K8S_35": "Deployment",  # settings are env vars; the value comes from Key Vault via CSI

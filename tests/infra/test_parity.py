@@ -101,7 +101,9 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
     assert settings["firewall"]["default_route_next_hop"] == "VirtualAppliance"
     assert settings["bundle_storage"]["shared_key_access"] is False
     assert settings["bundle_storage"]["public_network_access"] is False
-    assert sorted(settings["private_endpoint_groups"]) == ["blob", "redisEnterprise", "registry", "vault"]
+    assert sorted(settings["private_endpoint_groups"]) == [
+        "azuremonitor", "blob", "grafana", "redisEnterprise", "registry", "vault", "vault",
+    ]  # fmt: skip
 
     assert settings["required_tags"] == ["costCenter", "environment", "owner", "tenantId"]
     assert set(settings["policy_assignments"]) == set(settings["policy_definition_ids"])
@@ -118,6 +120,14 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
         "private_dns_links_before_aks": True,
         "front_door_route_only_with_origins": True,
     }
+
+    assert settings["kubernetes_policies"]["assignments"] == 3  # pod security baseline, images, internal LBs
+    assert settings["kubernetes_policies"]["effect_default"] == "deny"
+    assert len(settings["deny_policy_definition_ids"]) == 4  # Storage and Redis: public access, local auth
+    assert settings["defender_plans"] == ["Containers"]
+    # Rules sending to the workspaces sit in the workspaces' region, whatever the stamp's.
+    assert all(in_workspace_region for _, in_workspace_region in settings["data_collection_rules"])
+    assert "privatelink.blob.core.windows.net" in settings["stamp_private_dns_zones"]
 
 
 def test_nodes_pull_only_from_the_stamps_private_registry(terraform_settings: dict) -> None:

@@ -44,6 +44,22 @@ param logAnalyticsWorkspaceId string
 @description('Required. The Azure Monitor workspace for managed Prometheus.')
 param monitorWorkspaceId string
 
+@description('Required. Region of the workspaces: the data collection rules and ingestion endpoint live there, whichever region the cluster is in.')
+param monitoringLocation string
+
+@description('Required. Effect of the Kubernetes policies on the cluster: `deny` or `audit`.')
+@allowed([
+  'audit'
+  'deny'
+])
+param kubernetesPolicyEffect string
+
+@description('Required. Regular expression every container image outside the AKS-managed namespaces must match.')
+param allowedRegistry string
+
+@description('Required. Weekly maintenance windows: `autoUpgrade` and `nodeOS`, each `dayOfWeek`, `startTime`, `utcOffset`, `durationHours`.')
+param maintenanceWindows object
+
 @description('Optional. Tags for every resource.')
 param tags object = {}
 
@@ -51,7 +67,79 @@ param tags object = {}
 //   Variables   //
 // ============= //
 
+var allZones = [
+  '1'
+  '2'
+  '3'
+]
+
+// A gpuNodePool given without `zones` (an older parameters file) keeps the default: all three.
+var gpuZones = contains(gpuNodePool, 'zones') ? gpuNodePool.zones : allZones
+
 var clusterAdminRole = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b')
+
+// Kubernetes policies (Azure Policy add-on, Gatekeeper), built-ins from Azure/azure-policy
+// built-in-policies/.../Kubernetes/:
+// - Kubernetes_PSPBaselineStandard.json: no privileged containers (95edb821-ddaf-4404-9732-
+//   666045e056b4), no host network, PID or IPC, default capabilities only, no hostPath volumes.
+//   Baseline rather than restricted cluster-wide: the restricted initiative's volume-type list
+//   has no `csi`, which the chart's Key Vault mounts need. The tenantgate namespace gets
+//   restricted from Pod Security admission on top (docs/deploy.md, step 2).
+// - ContainerAllowedImages.json: images only from the stamp's registry.
+// - LoadbalancerNoPublicIPs.json: Services of type LoadBalancer only internal.
+var kubernetesPolicyDefinitions = {
+  podSecurityBaseline: '/providers/Microsoft.Authorization/policySetDefinitions/a8640138-9b0a-4a28-b8cb-1666c838647d'
+  allowedImages: '/providers/Microsoft.Authorization/policyDefinitions/febd0533-8e55-448f-b837-bd0e06f16469'
+  internalLoadBalancers: '/providers/Microsoft.Authorization/policyDefinitions/3fc4dc25-5baf-40d8-9b05-7fe74c1bc64e'
+}
+
+// The Gatekeeper defaults, plus the application routing add-on's namespace for the image rule
+// only (its NGINX images come from mcr.microsoft.com); its load balancer stays covered.
+var kubernetesSystemNamespaces = [
+  'kube-system'
+  'gatekeeper-system'
+  'azure-arc'
+]
+
+var imageRuleExcludedNamespaces = concat(kubernetesSystemNamespaces, [
+  'app-routing-system'
+])
+
+// The gateway's and engine's own metrics (docs/operations.md). Until the chart ships its alerts,
+// these cover what takes a region out or loses evidence. A condition that must hold for a while
+// says so in the expression (min/max_over_time over a subquery), as the Terraform must.
+var prometheusAlerts = [
+  {
+    alert: 'TenantgateAvailability'
+    expression: 'min_over_time((sum(rate(tenantgate_requests_total{status=~"5.."}[5m])) / sum(rate(tenantgate_requests_total[5m])))[5m:1m]) > 0.05'
+    severity: 1
+    description: 'More than 5% of requests end in a 5xx.'
+  }
+  {
+    alert: 'TenantgateNotReady'
+    expression: 'max_over_time((min by (check) (tenantgate_ready))[5m:1m]) == 0'
+    severity: 1
+    description: 'A readiness check (engine, policy or quota store) fails; Front Door takes the region out.'
+  }
+  {
+    alert: 'TenantgateQuotaStoreErrors'
+    expression: 'sum(increase(tenantgate_quota_rejections_total{reason=~"store_unavailable|fail_open"}[5m])) > 0'
+    severity: 2
+    description: 'The quota store (Redis) is failing: requests are refused (fail closed) or served unaccounted.'
+  }
+  {
+    alert: 'TenantgateAuditSinkErrors'
+    expression: 'max(delta(tenantgate_audit_sink_errors[10m])) > 0 or max(delta(tenantgate_audit_stream_dropped[10m])) > 0'
+    severity: 1
+    description: 'An audit sink failed to write or dropped entries: a gap in that copy of the audit trail.'
+  }
+  {
+    alert: 'TenantgateKvCachePressure'
+    expression: 'max_over_time((min by (pod) (sum by (pod) (tenantgate_kv_blocks{state=~"free|cached"}) / sum by (pod) (tenantgate_kv_blocks)))[10m:1m]) < 0.1'
+    severity: 3
+    description: 'An engine has under 10% of its KV blocks free or evictable: requests queue or get preempted.'
+  }
+]
 
 // =========== //
 //   Cluster   //
@@ -118,7 +206,9 @@ resource cluster 'Microsoft.ContainerService/managedClusters@2025-07-01' = {
       azurepolicy: {
         enabled: true
       }
-      // Container Insights, authenticated with the cluster's identity.
+      // Container Insights, authenticated with the cluster's identity (its data collection rule
+    // and association are below). The Defender plan itself is enabled on the subscription
+    // (governance.bicep); the securityProfile above only deploys its sensor.
       omsagent: {
         enabled: true
         config: {
@@ -219,6 +309,9 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2025-07-
     gpuProfile: {
       driver: 'Install'
     }
+    // Zonal like the system pool: a zone outage leaves the other zones' engines serving (the
+    // engine StatefulSet spreads over topology.kubernetes.io/zone).
+    availabilityZones: gpuZones
     nodeTaints: [
       'nvidia.com/gpu=present:NoSchedule'
     ]
@@ -227,6 +320,44 @@ resource gpuPool 'Microsoft.ContainerService/managedClusters/agentPools@2025-07-
     }
     upgradeSettings: {
       maxSurge: '1'
+    }
+  }
+}
+
+// Upgrades roll nodes only inside these windows (node images and Kubernetes patches on different
+// days, so a node never goes through both at once).
+resource autoUpgradeWindow 'Microsoft.ContainerService/managedClusters/maintenanceConfigurations@2024-09-01' = {
+  parent: cluster
+  name: 'aksManagedAutoUpgradeSchedule'
+  properties: {
+    maintenanceWindow: {
+      schedule: {
+        weekly: {
+          intervalWeeks: 1
+          dayOfWeek: maintenanceWindows.autoUpgrade.dayOfWeek
+        }
+      }
+      startTime: maintenanceWindows.autoUpgrade.startTime
+      utcOffset: maintenanceWindows.autoUpgrade.utcOffset
+      durationHours: maintenanceWindows.autoUpgrade.durationHours
+    }
+  }
+}
+
+resource nodeOSUpgradeWindow 'Microsoft.ContainerService/managedClusters/maintenanceConfigurations@2024-09-01' = {
+  parent: cluster
+  name: 'aksManagedNodeOSUpgradeSchedule'
+  properties: {
+    maintenanceWindow: {
+      schedule: {
+        weekly: {
+          intervalWeeks: 1
+          dayOfWeek: maintenanceWindows.nodeOS.dayOfWeek
+        }
+      }
+      startTime: maintenanceWindows.nodeOS.startTime
+      utcOffset: maintenanceWindows.nodeOS.utcOffset
+      durationHours: maintenanceWindows.nodeOS.durationHours
     }
   }
 }
@@ -244,31 +375,46 @@ resource clusterAdmins 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   }
 ]
 
-// ====================== //
-//   Managed Prometheus   //
-// ====================== //
+// ================================================= //
+//   Data collection: Prometheus, Container Insights //
+// ================================================= //
 
-resource prometheusEndpoint 'Microsoft.Insights/dataCollectionEndpoints@2023-03-11' = {
-  name: 'dce-${name}'
+// Rules and the ingestion endpoint live in the workspaces' region, whichever region the cluster
+// is in: managed Prometheus needs its DCE and DCR in the Azure Monitor workspace's region, and a
+// rule that sends to Log Analytics sits in the workspace's region. The agents fetch their rules
+// through a configuration endpoint in the cluster's own region (the only one an agent may use for
+// that). All endpoints are private, reached through the Azure Monitor Private Link Scope.
+resource ingestionEndpoint 'Microsoft.Insights/dataCollectionEndpoints@2023-03-11' = {
+  name: 'dce-${name}-ingest'
+  location: monitoringLocation
+  tags: tags
+  kind: 'Linux'
+  properties: {
+    networkAcls: {
+      publicNetworkAccess: 'Disabled'
+    }
+  }
+}
+
+resource configEndpoint 'Microsoft.Insights/dataCollectionEndpoints@2023-03-11' = {
+  name: 'dce-${name}-config'
   location: location
   tags: tags
   kind: 'Linux'
   properties: {
-    // The metrics agents reach it through the hub firewall (*.ingest.monitor.azure.com); an Azure
-    // Monitor Private Link Scope would make this private too (docs/deploy.md).
     networkAcls: {
-      publicNetworkAccess: 'Enabled'
+      publicNetworkAccess: 'Disabled'
     }
   }
 }
 
 resource prometheusRule 'Microsoft.Insights/dataCollectionRules@2023-03-11' = {
   name: 'dcr-${name}-prometheus'
-  location: location
+  location: monitoringLocation
   tags: tags
   kind: 'Linux'
   properties: {
-    dataCollectionEndpointId: prometheusEndpoint.id
+    dataCollectionEndpointId: ingestionEndpoint.id
     dataSources: {
       prometheusForwarder: [
         {
@@ -300,11 +446,168 @@ resource prometheusRule 'Microsoft.Insights/dataCollectionRules@2023-03-11' = {
   }
 }
 
+// Container Insights: the add-on (omsagent) collects what this rule says, into Log Analytics.
+resource containerInsightsRule 'Microsoft.Insights/dataCollectionRules@2023-03-11' = {
+  name: 'dcr-${name}-container-insights'
+  location: monitoringLocation
+  tags: tags
+  kind: 'Linux'
+  properties: {
+    dataCollectionEndpointId: ingestionEndpoint.id
+    dataSources: {
+      extensions: [
+        {
+          name: 'ContainerInsightsExtension'
+          extensionName: 'ContainerInsights'
+          streams: [
+            'Microsoft-ContainerInsights-Group-Default'
+          ]
+          extensionSettings: {
+            dataCollectionSettings: {
+              interval: '1m'
+              namespaceFilteringMode: 'Off'
+              enableContainerLogV2: true
+            }
+          }
+        }
+      ]
+    }
+    destinations: {
+      logAnalytics: [
+        {
+          name: 'ciworkspace'
+          workspaceResourceId: logAnalyticsWorkspaceId
+        }
+      ]
+    }
+    dataFlows: [
+      {
+        streams: [
+          'Microsoft-ContainerInsights-Group-Default'
+        ]
+        destinations: [
+          'ciworkspace'
+        ]
+      }
+    ]
+  }
+}
+
 resource prometheusAssociation 'Microsoft.Insights/dataCollectionRuleAssociations@2023-03-11' = {
   name: 'dcra-${name}-prometheus'
   scope: cluster
   properties: {
     dataCollectionRuleId: prometheusRule.id
+  }
+}
+
+resource containerInsightsAssociation 'Microsoft.Insights/dataCollectionRuleAssociations@2023-03-11' = {
+  name: 'ContainerInsightsExtension'
+  scope: cluster
+  properties: {
+    dataCollectionRuleId: containerInsightsRule.id
+  }
+}
+
+// The one endpoint association a cluster has: where its agents fetch their rules.
+resource configAssociation 'Microsoft.Insights/dataCollectionRuleAssociations@2023-03-11' = {
+  name: 'configurationAccessEndpoint'
+  scope: cluster
+  properties: {
+    dataCollectionEndpointId: configEndpoint.id
+  }
+}
+
+// Alert rules per cluster, evaluated in the Azure Monitor workspace's region.
+resource alertRules 'Microsoft.AlertsManagement/prometheusRuleGroups@2023-03-01' = {
+  name: 'prg-${name}-tenantgate'
+  location: monitoringLocation
+  tags: tags
+  properties: {
+    clusterName: cluster.name
+    scopes: [
+      monitorWorkspaceId
+      cluster.id
+    ]
+    enabled: true
+    interval: 'PT1M'
+    rules: [
+      for rule in prometheusAlerts: {
+        alert: rule.alert
+        enabled: true
+        expression: rule.expression
+        severity: rule.severity
+        annotations: {
+          description: rule.description
+        }
+        resolveConfiguration: {
+          autoResolved: true
+          timeToResolve: 'PT10M'
+        }
+      }
+    ]
+  }
+}
+
+// ========================= //
+//   Kubernetes policies     //
+// ========================= //
+
+// Privilege escalation to the node is the one way out of a pod's sandbox; baseline closes it.
+resource podSecurityBaseline 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-pod-security-baseline'
+  scope: cluster
+  properties: {
+    displayName: 'tenantgate: pod security baseline (${name})'
+    policyDefinitionId: kubernetesPolicyDefinitions.podSecurityBaseline
+    parameters: {
+      effect: {
+        value: kubernetesPolicyEffect
+      }
+      excludedNamespaces: {
+        value: kubernetesSystemNamespaces
+      }
+    }
+  }
+}
+
+// An image from anywhere else bypasses the registry's import review and vulnerability scans
+// (and the firewall would block its pull anyway: this makes the failure explicit at admission).
+resource allowedImages 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-allowed-images'
+  scope: cluster
+  properties: {
+    displayName: 'tenantgate: images only from the stamp\'s registry (${name})'
+    policyDefinitionId: kubernetesPolicyDefinitions.allowedImages
+    parameters: {
+      effect: {
+        value: kubernetesPolicyEffect
+      }
+      allowedContainerImagesRegex: {
+        value: allowedRegistry
+      }
+      excludedNamespaces: {
+        value: imageRuleExcludedNamespaces
+      }
+    }
+  }
+}
+
+// A public load balancer would be a second, WAF-less way in beside Front Door.
+resource internalLoadBalancers 'Microsoft.Authorization/policyAssignments@2024-04-01' = {
+  name: '${name}-internal-load-balancers'
+  scope: cluster
+  properties: {
+    displayName: 'tenantgate: internal load balancers only (${name})'
+    policyDefinitionId: kubernetesPolicyDefinitions.internalLoadBalancers
+    parameters: {
+      effect: {
+        value: kubernetesPolicyEffect
+      }
+      excludedNamespaces: {
+        value: kubernetesSystemNamespaces
+      }
+    }
   }
 }
 
@@ -344,3 +647,15 @@ output kubeletPrincipalId string = cluster.properties.identityProfile.kubeletide
 
 @description('The application routing add-on identity\'s principal ID (reads the ingress certificate).')
 output webAppRoutingPrincipalId string = cluster.properties.ingressProfile.webAppRouting.identity.objectId
+
+@description('The data collection endpoints (ingestion and configuration), for the Azure Monitor Private Link Scope.')
+output dataCollectionEndpoints array = [
+  {
+    name: 'ingest'
+    id: ingestionEndpoint.id
+  }
+  {
+    name: 'config'
+    id: configEndpoint.id
+  }
+]

@@ -16,8 +16,17 @@ param location string
 @description('Required. The Log Analytics workspace for diagnostic settings.')
 param logAnalyticsWorkspaceId string
 
+@description('Optional. A customer-managed key (storage-key.bicep): `vaultUri`, `keyName`, `identityId`. Empty (the default): Microsoft-managed keys.')
+param customerManagedKey object = {}
+
 @description('Optional. Tags for every resource.')
 param tags object = {}
+
+// ============= //
+//   Variables   //
+// ============= //
+
+var cmk = !empty(customerManagedKey)
 
 // ============= //
 //   Resources   //
@@ -32,6 +41,13 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   sku: {
     name: 'Standard_RAGZRS'
   }
+  // Opt-in: the account's own key (storage-key.bicep).
+  identity: cmk ? {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${customerManagedKey.identityId}': {}
+    }
+  } : null
   properties: {
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
@@ -44,7 +60,14 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     isSftpEnabled: false
     encryption: {
       requireInfrastructureEncryption: true
-      keySource: 'Microsoft.Storage'
+      keySource: cmk ? 'Microsoft.Keyvault' : 'Microsoft.Storage'
+      keyvaultproperties: cmk ? {
+        keyvaulturi: customerManagedKey.vaultUri
+        keyname: customerManagedKey.keyName
+      } : null
+      identity: cmk ? {
+        userAssignedIdentity: customerManagedKey.identityId
+      } : null
       services: {
         blob: {
           enabled: true

@@ -74,3 +74,6 @@ output logAnalyticsWorkspaceId string = workspace.id
 
 @description('The Azure Monitor workspace that receives managed Prometheus metrics.')
 output monitorWorkspaceId string = monitorWorkspace.id
+
+@description('Its name.')
+output monitorWorkspaceName string = monitorWorkspace.name

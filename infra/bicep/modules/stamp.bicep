@@ -43,6 +43,30 @@ param logAnalyticsWorkspaceId string
 @description('Required. The Azure Monitor workspace for managed Prometheus.')
 param monitorWorkspaceId string
 
+@description('Required. Region of the workspaces (the data collection rules and ingestion endpoint go there).')
+param monitoringLocation string
+
+@description('Required. The Azure Monitor Private Link Scope (an endpoint in this spoke).')
+param privateLinkScopeId string
+
+@description('Required. The Azure Monitor Private Link Scope\'s name (in the platform resource group).')
+param privateLinkScopeName string
+
+@description('Required. Azure Managed Grafana (an endpoint in this spoke).')
+param grafanaId string
+
+@description('Required. Effect of the Kubernetes policies: `deny` or `audit`.')
+param kubernetesPolicyEffect string
+
+@description('Required. Regular expression every container image outside the AKS-managed namespaces must match; empty for the stamp\'s own registry (acr<name><stamp>, registry.bicep).')
+param allowedRegistry string
+
+@description('Required. The AKS maintenance windows (`autoUpgrade`, `nodeOS`).')
+param maintenanceWindows object
+
+@description('Optional. The bundle storage\'s customer-managed key vault, when this spoke carries its private endpoint (the stamp in the platform region); empty otherwise.')
+param customerManagedKeyVaultId string = ''
+
 @description('Required. The resource group that holds the private DNS zones.')
 param privateDnsResourceGroupName string
 
@@ -62,10 +86,28 @@ param tags object = {}
 var privateDnsZoneIds = {
   keyVault: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.vaultcore.azure.net')
   redis: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.redis.azure.net')
-  blob: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
   registry: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.azurecr.io')
   aks: resourceId(subscription().subscriptionId, privateDnsResourceGroupName, 'Microsoft.Network/privateDnsZones', 'privatelink.${location}.azmk8s.io')
 }
+
+// Zones of resources with an endpoint in every spoke: each stamp keeps its own
+// (stamp-private-dns.bicep says why).
+var stampPrivateDnsZoneNames = [
+  'privatelink.blob.core.windows.net'
+  'privatelink.monitor.azure.com'
+  'privatelink.oms.opinsights.azure.com'
+  'privatelink.ods.opinsights.azure.com'
+  'privatelink.agentsvc.azure-automation.net'
+  'privatelink.grafana.azure.com'
+]
+
+var monitorZoneNames = [
+  'privatelink.monitor.azure.com'
+  'privatelink.oms.opinsights.azure.com'
+  'privatelink.ods.opinsights.azure.com'
+  'privatelink.agentsvc.azure-automation.net'
+  'privatelink.blob.core.windows.net'
+]
 
 // ============= //
 //   Modules     //
@@ -78,6 +120,15 @@ module network 'network.bicep' = {
     location: location
     addressSpace: addressSpace
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
+module stampPrivateDns 'stamp-private-dns.bicep' = {
+  name: '${deployment().name}-private-dns'
+  params: {
+    zoneNames: stampPrivateDnsZoneNames
+    virtualNetworkIds: network.outputs.virtualNetworkIds
     tags: tags
   }
 }
@@ -138,7 +189,21 @@ module aks 'aks.bicep' = {
     gpuNodePool: gpuNodePool
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     monitorWorkspaceId: monitorWorkspaceId
+    monitoringLocation: monitoringLocation
+    kubernetesPolicyEffect: kubernetesPolicyEffect
+    allowedRegistry: empty(allowedRegistry) ? '^acr${name}${stampKey}\\.azurecr\\.io/.+$' : allowedRegistry
+    maintenanceWindows: maintenanceWindows
     tags: tags
+  }
+}
+
+module dataCollectionEndpointsScoped 'ampls-scoped.bicep' = {
+  name: '${deployment().name}-ampls-scoped'
+  scope: resourceGroup(privateDnsResourceGroupName)
+  params: {
+    privateLinkScopeName: privateLinkScopeName
+    namePrefix: stampKey
+    endpoints: aks.outputs.dataCollectionEndpoints
   }
 }
 
@@ -219,15 +284,142 @@ resource bundlesEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
   }
 }
 
+// The stamp's own blob zone: each spoke resolves the account to its own endpoint.
 resource bundlesEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
   parent: bundlesEndpoint
   name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
   properties: {
     privateDnsZoneConfigs: [
       {
         name: 'blob'
         properties: {
-          privateDnsZoneId: privateDnsZoneIds.blob
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+        }
+      }
+    ]
+  }
+}
+
+// The customer-managed key's vault (opt-in), reached from the platform region's spoke.
+resource customerManagedKeyEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = if (!empty(customerManagedKeyVaultId)) {
+  name: 'pe-${name}-${stampKey}-kv-cmk'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'key-vault-cmk'
+        properties: {
+          privateLinkServiceId: customerManagedKeyVaultId
+          groupIds: [
+            'vault'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource customerManagedKeyEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = if (!empty(customerManagedKeyVaultId)) {
+  parent: customerManagedKeyEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'vault'
+        properties: {
+          privateDnsZoneId: privateDnsZoneIds.keyVault
+        }
+      }
+    ]
+  }
+}
+
+// Private ingestion: this spoke's endpoint to the Azure Monitor Private Link Scope, registered in
+// the stamp's own Azure Monitor zones.
+resource monitorEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-${stampKey}-ampls'
+  location: location
+  tags: tags
+  dependsOn: [
+    dataCollectionEndpointsScoped
+  ]
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'ampls'
+        properties: {
+          privateLinkServiceId: privateLinkScopeId
+          groupIds: [
+            'azuremonitor'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource monitorEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: monitorEndpoint
+  name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
+  properties: {
+    privateDnsZoneConfigs: [
+      for zoneName in monitorZoneNames: {
+        name: replace(zoneName, '.', '-')
+        properties: {
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', zoneName)
+        }
+      }
+    ]
+  }
+}
+
+resource grafanaEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: 'pe-${name}-${stampKey}-grafana'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: network.outputs.privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'grafana'
+        properties: {
+          privateLinkServiceId: grafanaId
+          groupIds: [
+            'grafana'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource grafanaEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: grafanaEndpoint
+  name: 'default'
+  dependsOn: [
+    stampPrivateDns
+  ]
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'grafana'
+        properties: {
+          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.grafana.azure.com')
         }
       }
     ]
