@@ -474,9 +474,10 @@ class Bicep:
         return _dig(self.files.get("main.bicep", {}), "parameters", name, "default")
 
 
-def _has_private_endpoint(bicep: Bicep, kind: str) -> bool:
-    """Every `kind` has a private endpoint beside it, in its own file, pointing at its `.id`."""
-    found = bicep.resources(kind)
+def _has_private_endpoint(bicep: Bicep, kind: str, file_name: str | None = None) -> bool:
+    """Every `kind` (in `file_name`, when given) has a private endpoint beside it, in its own file,
+    pointing at its `.id`."""
+    found = [entry for entry in bicep.resources(kind) if file_name in (None, entry[0])]
     for file_name, symbols, _ in found:
         targets = [symbol for symbol, resource in symbols.items() if resource.get("type") == kind]
         endpoints = [
@@ -641,7 +642,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "network_default_action": _dig(vault, "properties", "networkAcls", "defaultAction"),
             "network_bypass": _dig(vault, "properties", "networkAcls", "bypass"),
             "sku": _dig(vault, "properties", "sku", "name"),
-            "private_endpoint_per_vault": _has_private_endpoint(bicep, "Microsoft.KeyVault/vaults"),
+            # The stamps' vaults, as the Terraform reads azurerm_key_vault.this (the opt-in CMK vault's
+            # endpoint is the stamp's, pointing at an ID it is given).
+            "private_endpoint_per_vault": _has_private_endpoint(bicep, "Microsoft.KeyVault/vaults", "key-vault.bicep"),
         },
         "redis": {
             "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
