@@ -96,8 +96,9 @@ def main() -> int:
     print(f"\nafter the kill of {run.killed}: first failed probe {seconds(run.detected_s)}, out of rotation "
           f"{seconds(f.out_of_rotation_s)}; failures stopped {seconds(f.failures_stopped_s)} after the kill")
     print(f"  answered by stamp: {run.stamp_requests}")
-    for name, (rc, last) in run.verified.items():
-        print(f"  tenantgate audit verify, stamp {name}: exit {rc}: {last}")
+    for name, report in run.verified.items():
+        print(f"  audit trail of {name}: {report.verdict}, {report.records} records, {report.checkpoints} checkpoints"
+              + "".join(f"; {w}" for w in report.warnings))
     print_figures("max_retries=0", f)
     if run.retrying is not None:
         print_figures("max_retries=2", run.retrying)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import openai
 
+from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
 from tests.utils.redis import RedisServer
 from tests.utils.server import TENANTGATE, free_port, gateway_env, stop, wait_ready
 
@@ -149,6 +150,10 @@ class Stamp:
         return self.directory / "audit.jsonl"
 
     @property
+    def signing_key(self) -> Path:
+        return self.directory / "audit-signing.pem"
+
+    @property
     def log(self) -> Path:
         return self.directory / "gateway.log"
 
@@ -158,8 +163,7 @@ class Stamp:
 
     def start(self, issuer_url: str, data_dir: Path) -> Stamp:
         """Starts Redis and the gateway; wait() waits for it to be ready (start both, then wait)."""
-        subprocess.run([TENANTGATE, "audit", "keygen", "--out", str(self.directory)], check=True,
-                       capture_output=True, timeout=60)
+        load_or_create_signing_key(self.signing_key)  # here, so verify_audit knows its public half
         self.redis.start()
         env = gateway_env(**{
             "TENANTGATE_MODEL": MODEL, "TENANTGATE_KV_CACHE_MEMORY_BYTES": str(32 << 20),
@@ -167,7 +171,7 @@ class Stamp:
             "TENANTGATE_V1_ISSUER_HOST": issuer_url, "TENANTGATE_AUDIENCES": AUDIENCE,
             "TENANTGATE_POLICY_DATA_DIR": str(data_dir), "TENANTGATE_REDIS_URL": self.redis.url,
             "TENANTGATE_AUDIT_FILE": str(self.audit_file),
-            "TENANTGATE_AUDIT_SIGNING_KEY": str(self.directory / "audit-signing.pem"),
+            "TENANTGATE_AUDIT_SIGNING_KEY": str(self.signing_key),
             "TENANTGATE_AUDIT_CHAIN_ID": self.name, "TENANTGATE_AUDIT_STDOUT": "false",
             "TENANTGATE_METRICS_PORT": "0",
         })
@@ -191,14 +195,10 @@ class Stamp:
             stop(self.process)
         self.redis.stop()
 
-    def verify_audit(self) -> tuple[int, str]:
-        """`tenantgate audit verify` of the audit file: its exit status and last line. Not
-        --strict: a killed stamp's trail ends without its final checkpoint, by design."""
-        result = subprocess.run([TENANTGATE, "audit", "verify", "--public-key",
-                                 str(self.directory / "audit-signing.pub.pem"), str(self.audit_file)],
-                                capture_output=True, text=True, timeout=120)
-        lines = (result.stdout + result.stderr).strip().splitlines()
-        return result.returncode, lines[-1] if lines else ""
+    def verify_audit(self) -> VerifyReport:
+        """What `tenantgate audit verify` says of the audit file. Not strict: a killed stamp's
+        trail ends without its final checkpoint, by design (its unsigned tail is a warning)."""
+        return verify_files([self.audit_file], load_or_create_signing_key(self.signing_key).public_key())
 
     def audit_request_ids(self) -> tuple[set[str], int]:
         """The request ids of the records in the audit file, and how many lines did not parse
@@ -433,7 +433,7 @@ class Run:
     retrying: Figures | None  # callers with the SDK's default retries (max_retries=2)
     detected_s: float | None  # the first failed probe of the killed stamp, after the kill
     stamp_requests: dict[str, int]  # 200 answers by stamp, before and after the kill
-    verified: dict[str, tuple[int, str]]  # `tenantgate audit verify` of each stamp's file
+    verified: dict[str, VerifyReport]  # each stamp's audit file, verified
 
 
 async def _load_and_kill(proxy: HAProxy, token: str, victim: Stamp, rate: float, retrying_rate: float,
