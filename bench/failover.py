@@ -48,8 +48,9 @@ def seconds(value: float | None) -> str:
 def print_figures(label: str, f: Figures) -> None:
     statuses = ", ".join(f"{status}: {n}" for status, n in sorted(f.statuses.items()))
     print(f"  {label}: {f.requests} requests ({statuses})")
-    print(f"    failed {f.failed} ({100 * f.failed_share:.1f} %); first failure sent {seconds(f.first_failure_s)} "
-          f"after the kill, last {seconds(f.failures_stopped_s)} after it")
+    print(f"    failed {f.failed} ({100 * f.failed_share:.1f} %): {f.lost} that no stamp answered (first sent "
+          f"{seconds(f.first_lost_s)} after the kill, last {seconds(f.lost_stopped_s)}), {f.refused} refused by a "
+          f"live stamp (last sent {seconds(f.last_refused_s)} after the kill)")
     print(f"    acknowledged {f.acknowledged}; audit records lost: {len(f.lost_records)}"
           + (f" {f.lost_records[:5]}" if f.lost_records else "")
           + (f"; {f.unattributed} answers without {'X-Served-By'}" if f.unattributed else "")
@@ -94,7 +95,7 @@ def main() -> int:
 
     f = run.plain
     print(f"\nafter the kill of {run.killed}: first failed probe {seconds(run.detected_s)}, out of rotation "
-          f"{seconds(f.out_of_rotation_s)}; failures stopped {seconds(f.failures_stopped_s)} after the kill")
+          f"{seconds(f.out_of_rotation_s)}; requests stopped failing {seconds(f.lost_stopped_s)} after the kill")
     print(f"  answered by stamp: {run.stamp_requests}")
     for name, report in run.verified.items():
         print(f"  audit trail of {name}: {report.verdict}, {report.records} records, {report.checkpoints} checkpoints"
@@ -109,9 +110,10 @@ def main() -> int:
     print(f"load average: start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
           f"end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f} ({os.cpu_count()} CPUs)")
     failed = f.lost_records or (run.retrying and run.retrying.lost_records)
-    stopped = f.failures_stopped_s is None or f.failures_stopped_s <= probe.detection_bound_s + probe.interval_s
+    stopped = f.lost_stopped_s is None or f.lost_stopped_s <= probe.detection_bound_s + probe.interval_s
     print(f"verdict: {'no acknowledged request lost its audit record' if not failed else 'AUDIT RECORDS LOST'}; "
-          f"failures {'stopped within' if stopped else 'went on PAST'} the detection bound + one interval")
+          f"lost requests {'stopped within' if stopped else 'went on PAST'} the detection bound + one interval"
+          + (f"; the survivor refused {f.refused} (see the statuses)" if f.refused else ""))
     return 0 if not failed and stopped else 1
 
 

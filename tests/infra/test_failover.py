@@ -68,11 +68,11 @@ def test_killing_a_stamp_loses_no_acknowledged_record_and_failures_stop_within_t
                            haproxy_binary=haproxy_binary, rate=10, before_s=2, after_s=bound + 2)
     f = run.plain
     # The kill hit live traffic: the stamp served before it, and some requests failed.
-    assert run.stamp_requests.get(run.killed, 0) > 0 and f.failed > 0, run
-    assert f.acknowledged + f.failed == f.requests
-    # Out of rotation, and no failures, within the bound; the load went on past it.
+    assert run.stamp_requests.get(run.killed, 0) > 0 and f.lost > 0, run
+    # Out of rotation within the bound, and from then on no request lost (a refusal by the
+    # survivor, a 429 on an overloaded machine, is the survivor's answer, not the failover's).
     assert f.out_of_rotation_s is not None and f.out_of_rotation_s <= bound, run
-    assert f.failures_stopped_s is not None and f.failures_stopped_s <= bound, run
+    assert f.lost_stopped_s is not None and f.lost_stopped_s <= bound, run
     assert run.stamp_requests.get("neu", 0) > 0
     # Every 200 has its record in the stamp that served it, the killed one included.
     assert f.unattributed == 0 and f.lost_records == [], f.lost_records

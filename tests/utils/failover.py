@@ -350,9 +350,9 @@ class HAProxy:
 class Outcome:
     sent: float  # time.monotonic()
     latency_s: float
-    status: str  # "200", another HTTP code, "connection" or "timeout"
+    status: str  # "200", another HTTP code (with the error's code, if any), "connection" or "timeout"
     request_id: str | None = None
-    served_by: str | None = None
+    served_by: str | None = None  # the stamp that answered (HAProxy's header); None: no stamp did
 
 
 async def steady_load(base_url: str, token: str, rate: float, duration_s: float, *, max_retries: int = 0,
@@ -372,7 +372,8 @@ async def steady_load(base_url: str, token: str, rate: float, duration_s: float,
                 outcomes.append(Outcome(sent, time.monotonic() - sent, str(raw.http_response.status_code),
                                         raw.parse().id, raw.headers.get(SERVED_BY)))
             except openai.APIStatusError as exc:
-                outcomes.append(Outcome(sent, time.monotonic() - sent, str(exc.status_code),
+                status = f"{exc.status_code} {exc.code}" if exc.code else str(exc.status_code)
+                outcomes.append(Outcome(sent, time.monotonic() - sent, status,
                                         served_by=exc.response.headers.get(SERVED_BY)))
             except openai.APITimeoutError:
                 outcomes.append(Outcome(sent, time.monotonic() - sent, "timeout"))
@@ -390,13 +391,19 @@ async def steady_load(base_url: str, token: str, rate: float, duration_s: float,
 
 @dataclass
 class Figures:
-    """What a failover cost, from the callers' side and from the audit trails."""
+    """What a failover cost, from the callers' side and from the audit trails. Failures come in
+    two kinds: lost ones, that no stamp answered (sent to the killed stamp: HAProxy's 502/503,
+    a dropped connection), and refusals a live stamp answered (a 429 when the survivor, now
+    taking all the load, cannot keep up)."""
 
     requests: int
     statuses: Counter
     failed: int
-    first_failure_s: float | None  # after the kill, by the failed request's send time
-    failures_stopped_s: float | None  # the last failed request was sent this long after the kill
+    lost: int  # failures no stamp answered
+    first_lost_s: float | None  # after the kill, by the request's send time
+    lost_stopped_s: float | None  # the last lost request was sent this long after the kill: the RTO
+    refused: int  # failures a live stamp answered
+    last_refused_s: float | None
     acknowledged: int
     lost_records: list[str]  # request ids answered 200 with no record in the stamp that served them
     unattributed: int  # 200 answers without the proxy's served-by header
@@ -410,16 +417,19 @@ class Figures:
 
 def figures(outcomes: list[Outcome], killed_at: float, stamps: list[Stamp], proxy: HAProxy,
             killed: str) -> Figures:
-    failures = sorted(o.sent - killed_at for o in outcomes if o.status != "200")
+    failures = [o for o in outcomes if o.status != "200"]
+    lost = sorted(o.sent - killed_at for o in failures if o.served_by is None)
+    refused = sorted(o.sent - killed_at for o in failures if o.served_by is not None)
     records = {stamp.name: stamp.audit_request_ids() for stamp in stamps}
     acknowledged = [o for o in outcomes if o.status == "200"]
-    lost = [o.request_id for o in acknowledged
-            if o.served_by in records and o.request_id not in records[o.served_by][0]]
+    lost_records = [o.request_id for o in acknowledged
+                    if o.served_by in records and o.request_id not in records[o.served_by][0]]
     down = proxy.first_event(rf"Server origins/{killed} is DOWN", killed_at)
     return Figures(
         requests=len(outcomes), statuses=Counter(o.status for o in outcomes), failed=len(failures),
-        first_failure_s=failures[0] if failures else None, failures_stopped_s=failures[-1] if failures else None,
-        acknowledged=len(acknowledged), lost_records=lost,
+        lost=len(lost), first_lost_s=lost[0] if lost else None, lost_stopped_s=lost[-1] if lost else None,
+        refused=len(refused), last_refused_s=refused[-1] if refused else None,
+        acknowledged=len(acknowledged), lost_records=lost_records,
         unattributed=sum(o.served_by not in records for o in acknowledged),
         torn_lines=sum(torn for _, torn in records.values()),
         out_of_rotation_s=down - killed_at if down is not None else None)
