@@ -51,6 +51,8 @@ def print_figures(label: str, f: Figures) -> None:
     print(f"    failed {f.failed} ({100 * f.failed_share:.1f} %): {f.lost} that no stamp answered (first sent "
           f"{seconds(f.first_lost_s)} after the kill, last {seconds(f.lost_stopped_s)}), {f.refused} refused by a "
           f"live stamp (last sent {seconds(f.last_refused_s)} after the kill)")
+    for status, message in f.refusal_messages.items():
+        print(f"    {status}: {message!r}")
     print(f"    acknowledged {f.acknowledged}; audit records lost: {len(f.lost_records)}"
           + (f" {f.lost_records[:5]}" if f.lost_records else "")
           + (f"; {f.unattributed} answers without {'X-Served-By'}" if f.unattributed else "")

@@ -353,6 +353,7 @@ class Outcome:
     status: str  # "200", another HTTP code (with the error's code, if any), "connection" or "timeout"
     request_id: str | None = None
     served_by: str | None = None  # the stamp that answered (HAProxy's header); None: no stamp did
+    message: str | None = None  # a stamp's error message (the gateway's own words, never the request's)
 
 
 async def steady_load(base_url: str, token: str, rate: float, duration_s: float, *, max_retries: int = 0,
@@ -373,8 +374,9 @@ async def steady_load(base_url: str, token: str, rate: float, duration_s: float,
                                         raw.parse().id, raw.headers.get(SERVED_BY)))
             except openai.APIStatusError as exc:
                 status = f"{exc.status_code} {exc.code}" if exc.code else str(exc.status_code)
+                message = exc.body.get("message") if isinstance(exc.body, dict) else None
                 outcomes.append(Outcome(sent, time.monotonic() - sent, status,
-                                        served_by=exc.response.headers.get(SERVED_BY)))
+                                        served_by=exc.response.headers.get(SERVED_BY), message=message))
             except openai.APITimeoutError:
                 outcomes.append(Outcome(sent, time.monotonic() - sent, "timeout"))
             except openai.APIConnectionError:
@@ -398,6 +400,7 @@ class Figures:
 
     requests: int
     statuses: Counter
+    refusal_messages: dict[str, str]  # one message of a stamp for each refusal status
     failed: int
     lost: int  # failures no stamp answered
     first_lost_s: float | None  # after the kill, by the request's send time
@@ -426,7 +429,9 @@ def figures(outcomes: list[Outcome], killed_at: float, stamps: list[Stamp], prox
                     if o.served_by in records and o.request_id not in records[o.served_by][0]]
     down = proxy.first_event(rf"Server origins/{killed} is DOWN", killed_at)
     return Figures(
-        requests=len(outcomes), statuses=Counter(o.status for o in outcomes), failed=len(failures),
+        requests=len(outcomes), statuses=Counter(o.status for o in outcomes),
+        refusal_messages={o.status: o.message for o in failures if o.served_by is not None and o.message},
+        failed=len(failures),
         lost=len(lost), first_lost_s=lost[0] if lost else None, lost_stopped_s=lost[-1] if lost else None,
         refused=len(refused), last_refused_s=refused[-1] if refused else None,
         acknowledged=len(acknowledged), lost_records=lost_records,
