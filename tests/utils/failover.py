@@ -334,7 +334,8 @@ class HAProxy:
             if servers and all(s["status"] == "UP" and s["check_health"] == full for s in servers.values()):
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"the origins did not reach full health: {self.servers()}\n{self.log()}")
+        states = {name: (s["status"], s["check_health"]) for name, s in self.servers().items()}
+        raise RuntimeError(f"the origins did not reach full health {full}: {states}\n{self.log()}")
 
     def first_event(self, pattern: str, after: float) -> float | None:
         for at, line in self.events:
