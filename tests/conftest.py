@@ -40,16 +40,26 @@ def smollm2_dir(tenantgate_cache_dir: Path, smollm2_gguf: Path) -> Path:
     return ensure_converted(smollm2_gguf, tenantgate_cache_dir, progress=False)
 
 
-@pytest.fixture(scope="session")
-def redis_binary() -> str:
-    """redis-server. Missing locally skips; in CI, where `make test` installs it, it fails."""
-    binary = find_redis_server()
+def required_tool(binary: str | None, name: str, script: str) -> str:
+    """A tool's path. Missing locally skips; in CI, where `make test` installs it, it fails."""
     if binary is None:
-        message = "redis-server not found: run scripts/install-redis.sh (make test does)"
+        message = f"{name} not found: run {script} (make test does)"
         if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return binary
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    return required_tool(find_redis_server(), "redis-server", "scripts/install-redis.sh")
+
+
+@pytest.fixture(scope="session")
+def haproxy_binary() -> str:
+    from tests.utils.failover import find_haproxy  # here: that module imports the openai SDK
+
+    return required_tool(find_haproxy(), "haproxy", "scripts/install-haproxy.sh")
 
 
 @pytest.fixture(scope="session")

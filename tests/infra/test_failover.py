@@ -10,28 +10,13 @@ in the stamp that served it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
 from gateway.auth.issuer import LocalIssuer
-from tests.utils.failover import AUDIENCE, TENANT, OriginProbe, find_haproxy, front_door_probe, run_failover
+from tests.utils.failover import AUDIENCE, TENANT, OriginProbe, front_door_probe, run_failover
 
 PROBE_SCALE = 0.05  # Front Door's 30 s interval becomes 1.5 s
 SLACK_S = 1.0  # scheduling on a loaded machine
-
-
-@pytest.fixture(scope="module")
-def haproxy_binary() -> str:
-    """haproxy. Missing locally skips; where `make test` installs it (scripts/install-haproxy.sh), it fails."""
-    binary = find_haproxy()
-    if binary is None:
-        message = "haproxy not found: run scripts/install-haproxy.sh (make test does)"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("TENANTGATE_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
 
 
 def test_fall_and_rise_reproduce_front_doors_sample_window_for_a_hard_loss() -> None:

@@ -97,27 +97,39 @@ def _value(block: str, pattern: str, source: Path) -> str:
     return match.group(1)
 
 
+# Where the origin group keeps each setting: (the block, a pattern for its value), per language.
+_PROBE_SETTINGS = {
+    FRONT_DOOR_TF: {
+        "interval_s": ("health_probe", r"interval_in_seconds\s*=\s*(\d+)"),
+        "sample_size": ("load_balancing", r"\bsample_size\s*=\s*(\d+)"),
+        "successful_samples_required": ("load_balancing", r"successful_samples_required\s*=\s*(\d+)"),
+        "path": ("health_probe", r'\bpath\s*=\s*"([^"]+)"'),
+        "method": ("health_probe", r'request_type\s*=\s*"(\w+)"'),
+    },
+    FRONT_DOOR_BICEP: {
+        "interval_s": ("healthProbeSettings:", r"probeIntervalInSeconds:\s*(\d+)"),
+        "sample_size": ("loadBalancingSettings:", r"sampleSize:\s*(\d+)"),
+        "successful_samples_required": ("loadBalancingSettings:", r"successfulSamplesRequired:\s*(\d+)"),
+        "path": ("healthProbeSettings:", r"probePath:\s*'([^']+)'"),
+        "method": ("healthProbeSettings:", r"probeRequestType:\s*'(\w+)'"),
+    },
+}
+
+
+def _read_probe(source: Path) -> OriginProbe:
+    text = source.read_text()
+    values = {name: _value(_block(text, opening, source), pattern, source)
+              for name, (opening, pattern) in _PROBE_SETTINGS[source].items()}
+    return OriginProbe(interval_s=float(values["interval_s"]), sample_size=int(values["sample_size"]),
+                       successful_samples_required=int(values["successful_samples_required"]),
+                       path=values["path"], method=values["method"])
+
+
 def front_door_probe() -> OriginProbe:
     """The origin group's probe as infra/ deploys it; a ValueError if Terraform and Bicep disagree."""
-    tf = FRONT_DOOR_TF.read_text()
-    probe, balance = _block(tf, "health_probe", FRONT_DOOR_TF), _block(tf, "load_balancing", FRONT_DOOR_TF)
-    terraform = OriginProbe(
-        interval_s=float(_value(probe, r"interval_in_seconds\s*=\s*(\d+)", FRONT_DOOR_TF)),
-        sample_size=int(_value(balance, r"\bsample_size\s*=\s*(\d+)", FRONT_DOOR_TF)),
-        successful_samples_required=int(_value(balance, r"successful_samples_required\s*=\s*(\d+)", FRONT_DOOR_TF)),
-        path=_value(probe, r'\bpath\s*=\s*"([^"]+)"', FRONT_DOOR_TF),
-        method=_value(probe, r'request_type\s*=\s*"(\w+)"', FRONT_DOOR_TF))
-    bicep = FRONT_DOOR_BICEP.read_text()
-    probe, balance = (_block(bicep, "healthProbeSettings:", FRONT_DOOR_BICEP),
-                      _block(bicep, "loadBalancingSettings:", FRONT_DOOR_BICEP))
-    from_bicep = OriginProbe(
-        interval_s=float(_value(probe, r"probeIntervalInSeconds:\s*(\d+)", FRONT_DOOR_BICEP)),
-        sample_size=int(_value(balance, r"sampleSize:\s*(\d+)", FRONT_DOOR_BICEP)),
-        successful_samples_required=int(_value(balance, r"successfulSamplesRequired:\s*(\d+)", FRONT_DOOR_BICEP)),
-        path=_value(probe, r"probePath:\s*'([^']+)'", FRONT_DOOR_BICEP),
-        method=_value(probe, r"probeRequestType:\s*'(\w+)'", FRONT_DOOR_BICEP))
-    if terraform != from_bicep:
-        raise ValueError(f"Front Door's probe differs: Terraform {terraform}, Bicep {from_bicep}")
+    terraform, bicep = _read_probe(FRONT_DOOR_TF), _read_probe(FRONT_DOOR_BICEP)
+    if terraform != bicep:
+        raise ValueError(f"Front Door's probe differs: Terraform {terraform}, Bicep {bicep}")
     return terraform
 
 
