@@ -20,7 +20,7 @@ region loss, and the load runs on past the detection bound. Printed:
 - the probe settings the run used (--probe-scale shrinks the interval for a quick run) and what
   Front Door's own settings imply; the load average at start and end.
 
-    .venv/bin/python bench/failover.py                      # Front Door's settings: 30 s probes, ~2.5 min
+    .venv/bin/python bench/failover.py                      # Front Door's settings: 30 s probes, ~4 min
     .venv/bin/python bench/failover.py --probe-scale 0.05   # 1.5 s probes, a quick run (~30 s)
 """
 
