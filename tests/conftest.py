@@ -40,13 +40,23 @@ def smollm2_dir(tenantgate_cache_dir: Path, smollm2_gguf: Path) -> Path:
     return ensure_converted(smollm2_gguf, tenantgate_cache_dir, progress=False)
 
 
+def required_tool(binary: str | None, name: str, script: str) -> str:
+    """A tool's path. Missing locally skips; in CI, where `make test` installs it, it fails."""
+    if binary is None:
+        missing_tool(f"{name} not found: run {script} (make test does)")
+    return binary
+
+
 @pytest.fixture(scope="session")
 def redis_binary() -> str:
-    """redis-server. Missing locally skips; in CI, where `make test` installs it, it fails."""
-    binary = find_redis_server()
-    if binary is None:
-        missing_tool("redis-server not found: run scripts/install-redis.sh (make test does)")
-    return binary
+    return required_tool(find_redis_server(), "redis-server", "scripts/install-redis.sh")
+
+
+@pytest.fixture(scope="session")
+def haproxy_binary() -> str:
+    from tests.utils.failover import find_haproxy  # here: that module imports the openai SDK
+
+    return required_tool(find_haproxy(), "haproxy", "scripts/install-haproxy.sh")
 
 
 @pytest.fixture(scope="session")
