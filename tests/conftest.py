@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.policy.opa import OPA_VERSION, find_opa
 from tests.utils.redis import RedisServer, find_redis_server
 from tests.utils.tools import missing_tool
 
@@ -47,6 +48,15 @@ def redis_binary() -> str:
     if binary is None:
         missing_tool("redis-server not found: run scripts/install-redis.sh (make test does)")
     return binary
+
+
+@pytest.fixture(scope="session")
+def opa_bin() -> str:
+    """The opa binary. Missing opa skips locally but fails in CI, where these checks must run."""
+    opa = find_opa()
+    if opa is None:
+        missing_tool(f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)")
+    return opa
 
 
 @pytest.fixture(scope="session")
