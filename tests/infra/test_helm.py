@@ -118,6 +118,9 @@ def test_opa_sidecar_loads_only_signed_bundles(rendered_manifests: dict[str, Pat
     bundle = config["bundles"]["tenantgate"]
     assert bundle["signing"]["keyid"] in config["keys"]
     assert "BEGIN PUBLIC KEY" in config["keys"][bundle["signing"]["keyid"]]["key"]
+    assert config["keys"][bundle["signing"]["keyid"]]["algorithm"] == "ES256", "docs/deploy.md's P-256 key"
+    # Either plugin, configured at all, would post to the only service: the bundle store.
+    assert not {"decision_logs", "status"} & set(config)
     credentials = config["services"][bundle["service"]]["credentials"]["oauth2"]
     assert credentials["client_assertion_path"] == "/var/run/secrets/azure/tokens/azure-identity-token"
     gateway = next(c for c in pod["containers"] if c["name"] == "gateway")
@@ -327,6 +330,7 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "gateway.settings.environment=development"), "/gateway/settings/environment"),
         (("--set", "image.tag=latest"), "/image/tag"),
         (("--set", "gateway.settings.redisUrl=redis://plain:6379"), "/gateway/settings/redisUrl"),
+        (("--set", "opa.bundle.algorithm=HS256"), "/opa/bundle/algorithm"),
     ],
 )
 def test_chart_refuses_unsafe_or_incomplete_values(tools: Tools, values: tuple[str, ...], message: str) -> None:
