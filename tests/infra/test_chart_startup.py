@@ -150,21 +150,30 @@ class PodFiles:
 
     root: Path
     mounts: tuple[str, ...]
+    read_only: tuple[str, ...]
 
     def path(self, pod_path: str) -> Path:
         return self.root / pod_path.lstrip("/")
 
     def remap(self, value: str) -> str:
         """A pod path under one of the mounts, as this machine sees it; any other value as it is."""
-        mounted = any(value == mount or value.startswith(mount.rstrip("/") + "/") for mount in self.mounts)
-        return str(self.path(value)) if mounted else value
+        return str(self.path(value)) if _under(value, self.mounts) else value
+
+    def assert_present(self, value: str) -> None:
+        """A path in a read-only mount must be there: the pod could not create it (here it could)."""
+        assert not _under(value, self.read_only) or self.path(value).exists(), f"{value} is not mounted"
+
+
+def _under(value: str, mounts: tuple[str, ...]) -> bool:
+    return any(value == mount or value.startswith(mount.rstrip("/") + "/") for mount in mounts)
 
 
 def _pod_files(root: Path, objects: list[dict], pod: dict, key_vault: dict[str, str], federated_token: str) -> PodFiles:
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
-    mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]} | {WEBHOOK_TOKEN_DIR}
-    files = PodFiles(root, tuple(sorted(mounts)))
-    for mount in (m for c in pod["containers"] for m in c["volumeMounts"]):
+    mounts = [m for c in pod["containers"] for m in c["volumeMounts"]]
+    files = PodFiles(root, tuple(sorted({m["mountPath"] for m in mounts} | {WEBHOOK_TOKEN_DIR})),
+                     tuple(sorted({m["mountPath"] for m in mounts if m.get("readOnly")} | {WEBHOOK_TOKEN_DIR})))
+    for mount in mounts:
         directory, volume = files.path(mount["mountPath"]), volumes[mount["name"]]
         directory.mkdir(parents=True, exist_ok=True)
         if "configMap" in volume:
@@ -300,6 +309,8 @@ def pod(opa_bin: str, redis_binary: str, tmp_path_factory: pytest.TempPathFactor
                     "TENANTGATE_METRICS_PORT": str(free_port()), "TENANTGATE_OPA_URL": opa.url,
                     "TENANTGATE_REDIS_URL": redis.url, "TENANTGATE_REDIS_ENTRA": "false", "TENANTGATE_DEVICE": "cpu"}
             assert set(here) == set(POD_DIFFERENCES) and set(here) <= set(env)
+            for value in env.values():
+                files.assert_present(value)
             env = {name: files.remap(value) for name, value in env.items()} | here
             with tenantgate_serve(root, gateway_env(**env), command=tuple(gateway["command"][1:])) as serving:
                 yield Pod(serving, opa, health, issuer, store, env)
