@@ -358,6 +358,8 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "image.tag=latest"), "/image/tag"),
         (("--set", "gateway.settings.redisUrl=redis://plain:6379"), "/gateway/settings/redisUrl"),
         (("--set", "opa.bundle.algorithm=HS256"), "/opa/bundle/algorithm"),
+        (("--set", "gateway.settings.authority=http://login.example"), "/gateway/settings/authority"),
+        (("--set", "gateway.settings.redisEntra=null"), "redisEntra"),
         (("--set", "ingress.keyVaultCertificateName="), "/ingress/keyVaultCertificateName"),
     ],
 )
