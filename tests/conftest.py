@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.policy.opa import OPA_VERSION, find_opa
 from tests.utils.redis import RedisServer, find_redis_server
 from tests.utils.tools import missing_tool
 
@@ -57,6 +58,15 @@ def haproxy_binary() -> str:
     from tests.utils.failover import find_haproxy  # here: that module imports the openai SDK
 
     return required_tool(find_haproxy(), "haproxy", "scripts/install-haproxy.sh")
+
+
+@pytest.fixture(scope="session")
+def opa_bin() -> str:
+    """The opa binary. Missing opa skips locally but fails in CI, where these checks must run."""
+    opa = find_opa()
+    if opa is None:
+        missing_tool(f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)")
+    return opa
 
 
 @pytest.fixture(scope="session")

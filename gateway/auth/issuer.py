@@ -111,10 +111,12 @@ def load_or_create_key(key_dir: Path) -> rsa.RSAPrivateKey:
 class LocalIssuer:
     """Entra-shaped discovery + JWKS on loopback, and a minter for tokens it verifies."""
 
-    def __init__(self, base_url: str | None = None, *, port: int = 0, key_dir: Path | None = None) -> None:
+    def __init__(self, base_url: str | None = None, *, port: int = 0, key_dir: Path | None = None,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self._fixed_base_url = base_url.rstrip("/") if base_url else None
         self._port = (urlsplit(base_url).port or 0) if base_url else port
         self._key_dir = Path(key_dir) if key_dir is not None else None
+        self._tls = tls  # (certificate, private key) PEM files: serve https, as an authority outside development must
         key = load_or_create_key(self._key_dir) if self._key_dir else rsa.generate_private_key(65537, 2048)
         self._lock = threading.Lock()
         self._keys: dict[str, rsa.RSAPrivateKey] = {kid_of(key): key}
@@ -216,7 +218,7 @@ class LocalIssuer:
             return self._fixed_base_url
         if not self._port:
             raise RuntimeError("the issuer has no URL until it is started")
-        return f"http://127.0.0.1:{self._port}"
+        return f"{'https' if self._tls else 'http'}://127.0.0.1:{self._port}"
 
     def start(self, timeout_s: float = 10.0) -> LocalIssuer:
         import uvicorn
@@ -231,8 +233,9 @@ class LocalIssuer:
             sock.close()
             raise
         self._port = sock.getsockname()[1]
+        tls = {"ssl_certfile": str(self._tls[0]), "ssl_keyfile": str(self._tls[1])} if self._tls else {}
         config = uvicorn.Config(
-            self._app(), log_config=None, log_level=None, access_log=False, lifespan="off", http="h11", ws="none"
+            self._app(), log_config=None, log_level=None, access_log=False, lifespan="off", http="h11", ws="none", **tls
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -4,19 +4,8 @@ from pathlib import Path
 import pytest
 
 from gateway.auth.issuer import LocalIssuer
-from gateway.policy.opa import OPA_VERSION, find_opa
 from tests.utils.issuer import FaultyIssuer
 from tests.utils.opa import OpaServer, start_opa, stop_opa
-from tests.utils.tools import missing_tool
-
-
-@pytest.fixture(scope="session")
-def opa_bin() -> str:
-    """The opa binary. Missing opa skips locally but fails in CI, where these checks must run."""
-    opa = find_opa()
-    if opa is None:
-        missing_tool(f"opa {OPA_VERSION} not found: run scripts/install-opa.sh (make test does)")
-    return opa
 
 
 @pytest.fixture

@@ -118,6 +118,9 @@ def test_opa_sidecar_loads_only_signed_bundles(rendered_manifests: dict[str, Pat
     bundle = config["bundles"]["tenantgate"]
     assert bundle["signing"]["keyid"] in config["keys"]
     assert "BEGIN PUBLIC KEY" in config["keys"][bundle["signing"]["keyid"]]["key"]
+    assert config["keys"][bundle["signing"]["keyid"]]["algorithm"] == "ES256", "docs/deploy.md's P-256 key"
+    # Either plugin, configured at all, would post to the only service: the bundle store.
+    assert not {"decision_logs", "status"} & set(config)
     credentials = config["services"][bundle["service"]]["credentials"]["oauth2"]
     assert credentials["client_assertion_path"] == "/var/run/secrets/azure/tokens/azure-identity-token"
     gateway = next(c for c in pod["containers"] if c["name"] == "gateway")
@@ -175,6 +178,33 @@ def test_gateway_scales_and_survives_disruption(rendered_manifests: dict[str, Pa
     assert _one(objects, "PodDisruptionBudget", "-gateway")["spec"]["minAvailable"] >= 1
     service = _one(objects, "Service", "-gateway")["spec"]
     assert {port["name"] for port in service["ports"]} == {"http", "metrics"}
+
+
+def test_ingress_takes_its_certificate_from_key_vault_through_the_app_routing_add_on(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["embedded"])
+    ingress = _one(objects, "Ingress", "tg-tenantgate")
+    vault = _one(objects, "SecretProviderClass", "-keyvault")["spec"]["parameters"]["keyvaultName"]
+    # Unversioned, so the add-on picks up a renewed certificate.
+    uri = ingress["metadata"]["annotations"]["kubernetes.azure.com/tls-cert-keyvault-uri"]
+    assert uri == f"https://{vault}.vault.azure.net/certificates/tenantgate-ingress-tls"
+    # The add-on writes the certificate to keyvault-<ingress name>, and only there.
+    (tls,) = ingress["spec"]["tls"]
+    assert tls["secretName"] == "keyvault-" + ingress["metadata"]["name"]
+    assert tls["hosts"] == [rule["host"] for rule in ingress["spec"]["rules"]]
+
+
+def test_gateway_pods_drain_before_they_stop(rendered_manifests: dict[str, Path]) -> None:
+    from gateway.settings import Settings
+
+    for mode in ("embedded", "remote"):
+        pod = _one(_objects(rendered_manifests[mode]), "Deployment", "-gateway")["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        pause = {name: c["lifecycle"]["preStop"]["sleep"]["seconds"] for name, c in containers.items()}
+        drain = float(_env(containers["gateway"]).get("TENANTGATE_SHUTDOWN_TIMEOUT_S") or Settings().shutdown_timeout_s)
+        # The gateway leaves the endpoints before SIGTERM; OPA answers until the gateway's drain is over.
+        assert pause["gateway"] >= 5, mode
+        assert pause["opa"] >= pause["gateway"] + drain, mode
+        assert pod["terminationGracePeriodSeconds"] > pause["opa"], mode
 
 
 def _deployments_file(objects: list[dict]) -> dict:
@@ -327,6 +357,10 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "gateway.settings.environment=development"), "/gateway/settings/environment"),
         (("--set", "image.tag=latest"), "/image/tag"),
         (("--set", "gateway.settings.redisUrl=redis://plain:6379"), "/gateway/settings/redisUrl"),
+        (("--set", "opa.bundle.algorithm=HS256"), "/opa/bundle/algorithm"),
+        (("--set", "gateway.settings.authority=http://login.example"), "/gateway/settings/authority"),
+        (("--set", "gateway.settings.redisEntra=null"), "redisEntra"),
+        (("--set", "ingress.keyVaultCertificateName="), "/ingress/keyVaultCertificateName"),
     ],
 )
 def test_chart_refuses_unsafe_or_incomplete_values(tools: Tools, values: tuple[str, ...], message: str) -> None:

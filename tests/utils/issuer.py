@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from gateway.auth.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID, LocalIssuer
 
@@ -76,3 +78,37 @@ class FaultyIssuer(LocalIssuer):
             await app(scope, receive, send)
 
         return faulty
+
+
+class WorkloadIdentityIssuer(LocalIssuer):
+    """A LocalIssuer that also answers Entra's token endpoint for one workload identity, as OPA's
+    oauth2 credentials call it: a client-credentials grant from `client_id` in `tenant_id` whose
+    client assertion is `federated_token` (the token the workload identity webhook projects into
+    the pod) gets `access_token` for `scope`; anything else gets 400 invalid_client."""
+
+    ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
+    def __init__(self, *, tenant_id: str, client_id: str, federated_token: str, scope: str, **options) -> None:
+        super().__init__(port=0, **options)
+        self._expected = {"grant_type": "client_credentials", "client_id": client_id,
+                          "client_assertion_type": self.ASSERTION_TYPE, "client_assertion": federated_token}
+        self._tenant_id, self._scope = tenant_id, scope
+        self.access_token = secrets.token_urlsafe(32)
+        self.token_grants: list[bool] = []  # one entry per token request: granted or not
+
+    def _app(self):
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def token(request) -> JSONResponse:
+            form = {name: values[0] for name, values in parse_qs((await request.body()).decode()).items()}
+            granted = (request.path_params["tid"] == self._tenant_id and self._scope in form.get("scope", "").split()
+                       and all(form.get(name) == value for name, value in self._expected.items()))
+            self.token_grants.append(granted)
+            if not granted:
+                return JSONResponse({"error": "invalid_client"}, 400)
+            return JSONResponse({"token_type": "Bearer", "expires_in": 3599, "access_token": self.access_token})
+
+        app = super()._app()
+        app.router.routes.append(Route("/{tid}/oauth2/v2.0/token", token, methods=["POST"]))
+        return app

@@ -1,8 +1,11 @@
-"""A real OPA server for tests: `opa run --server` on a free loopback port."""
+"""A real OPA server for tests: `opa run --server` on a free loopback port; and a bundle service."""
 
 from __future__ import annotations
 
+import http.server
+import ssl
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -53,3 +56,59 @@ def stop_opa(server: OpaServer) -> None:
         server.process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.process.kill()
+        server.process.wait()
+
+
+class BundleServer:
+    """Serves one bundle file at /bundles/tenantgate.tar.gz on loopback, the way a bundle service
+    (Blob Storage) would: over HTTPS with tls (certificate, key), and with bearer only to a request
+    that carries that access token (any other gets 401). `requests` records (method, path, status)
+    of every request, uploads included (a POST gets 405)."""
+
+    RESOURCE = "/bundles/tenantgate.tar.gz"
+
+    def __init__(self, path: Path, *, tls: tuple[Path, Path] | None = None, bearer: str | None = None) -> None:
+        self.path = path
+        self.requests: list[tuple[str, str, int]] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path.split("?")[0] != server.RESOURCE:
+                    status = 404
+                elif bearer is not None and self.headers.get("Authorization") != f"Bearer {bearer}":
+                    status = 401
+                else:
+                    status = 200
+                server.requests.append(("GET", self.path, status))
+                if status != 200:
+                    self.send_error(status)
+                    return
+                body = server.path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                server.requests.append(("POST", self.path, 405))
+                self.send_error(405)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

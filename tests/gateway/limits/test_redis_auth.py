@@ -3,20 +3,16 @@ a wrong password fails closed like an outage (the request is refused, never a 5x
 
 from __future__ import annotations
 
-import datetime
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from gateway.limits import Admission, QuotaStoreUnavailable
 from gateway.limits.redis import RedisLimiter, redis_client
 from tests.utils.server import free_port
+from tests.utils.tls import write_certificates
 
 ADMISSION = Admission(tenant="auth-test", principal="p", request_id="r1", tokens=10, requests_per_minute=100,
                       tokens_per_minute=10_000, principal_requests_per_minute=100, principal_tokens_per_minute=10_000,
@@ -60,31 +56,8 @@ async def test_password_from_the_url_is_used_and_a_wrong_one_fails_closed(redis_
         process.wait(10)
 
 
-def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tenantgate test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    import ipaddress
-
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False).sign(ca_key, hashes.SHA256()))
-    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return paths
-
-
 async def test_tls_with_a_verified_server_certificate(redis_binary, tmp_path) -> None:
-    ca, cert, key = _certificates(tmp_path)
+    ca, cert, key = write_certificates(tmp_path)
     port = free_port()
     process = _start(redis_binary, tmp_path, "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
                      "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",

@@ -1,9 +1,7 @@
 """The same policies in a real OPA: strict check, opa test, parity with regorus, signed bundles."""
 
-import http.server
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.loader import rego_files
 from gateway.policy.opa import OpaClient
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
-from tests.utils.opa import wait_http
+from tests.utils.opa import BundleServer, wait_http
 
 
 def test_opa_check_strict(opa_bin: str) -> None:
@@ -47,41 +45,9 @@ def test_parity_every_sample_identical_in_regorus_and_opa(opa_server_factory) ->
     assert not differences, "\n".join(differences)
 
 
-class _BundleServer:
-    """Serves one bundle file over local HTTP, the way a bundle service would."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        bundle_path = path
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                if self.path.split("?")[0] != "/bundles/tenantgate.tar.gz":
-                    self.send_error(404)
-                    return
-                body = bundle_path.read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/gzip")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def bundle_server(tmp_path: Path) -> Iterator[_BundleServer]:
-    server = _BundleServer(tmp_path / "tenantgate.tar.gz")
+def bundle_server(tmp_path: Path) -> Iterator[BundleServer]:
+    server = BundleServer(tmp_path / "tenantgate.tar.gz")
     yield server
     server.close()
 
@@ -107,7 +73,7 @@ def _opa_config(tmp_path: Path, service_url: str, public_pem: bytes, algorithm: 
 
 @pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
 def test_opa_activates_signed_bundle_and_answers_decisions(
-    algorithm: str, opa_server_factory, bundle_server: _BundleServer, tmp_path: Path, request
+    algorithm: str, opa_server_factory, bundle_server: BundleServer, tmp_path: Path, request
 ) -> None:
     private_pem, public_pem = request.getfixturevalue("rsa_key_pem" if algorithm == "RS256" else "ec_key_pem")
     revision = build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
@@ -127,7 +93,7 @@ def test_opa_activates_signed_bundle_and_answers_decisions(
 
 
 def test_opa_refuses_a_tampered_bundle(
-    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, tmp_path: Path
+    opa_server_factory, bundle_server: BundleServer, rsa_key_pem, tmp_path: Path
 ) -> None:
     private_pem, public_pem = rsa_key_pem
     build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
@@ -150,7 +116,7 @@ def test_opa_refuses_a_tampered_bundle(
 
 
 def test_opa_refuses_a_bundle_signed_with_another_key(
-    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, ec_key_pem, tmp_path: Path
+    opa_server_factory, bundle_server: BundleServer, rsa_key_pem, ec_key_pem, tmp_path: Path
 ) -> None:
     build_bundle(bundle_server.path, ec_key_pem[0], policy_dir=POLICY_DIR)
     config = _opa_config(tmp_path, bundle_server.url, rsa_key_pem[1], "RS256")
@@ -163,7 +129,7 @@ def test_opa_refuses_a_bundle_signed_with_another_key(
 
 
 def test_decision_logs_are_masked(
-    opa_server_factory, bundle_server: _BundleServer, rsa_key_pem, tmp_path: Path
+    opa_server_factory, bundle_server: BundleServer, rsa_key_pem, tmp_path: Path
 ) -> None:
     private_pem, public_pem = rsa_key_pem
     build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
