@@ -55,12 +55,13 @@ class AuditRecorder:
                     "response": {"choices": [{"text": response_text}]} if response_text is not None else {}}
         return self.redactor.redact(document, decision.logging.redact)
 
-    def write_after_engine(self, backend, request_id: str, record: dict) -> None:
+    def write_after_engine(self, backend, request_id: str, record: dict) -> asyncio.Task | None:
         """Writes the record once the engine's x-record for the request is in (or a moment has passed).
-        backend: whatever ran the request (None: nothing did), with engine_record() and expects_records."""
+        backend: whatever ran the request (None: nothing did), with engine_record() and expects_records.
+        Returns the task that writes it (None: written already), for a caller that must wait."""
         if backend is None:
             self.write(record)
-            return
+            return None
 
         async def join() -> None:
             deadline = time.monotonic() + ENGINE_RECORD_WAIT_S
@@ -75,6 +76,7 @@ class AuditRecorder:
         task = asyncio.get_running_loop().create_task(join())
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
+        return task
 
     async def drain(self) -> None:
         if self.pending:

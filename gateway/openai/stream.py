@@ -14,7 +14,7 @@ from engine.outputs import RequestOutput
 from gateway.deps import Gateway
 from gateway.errors import GatewayError
 from gateway.openai.responses import DONE, sse, usage
-from gateway.pipeline.accounting import finish
+from gateway.pipeline.accounting import finish, recorded
 from gateway.pipeline.admission import Admitted
 from gateway.pipeline.execution import stream_outputs, until_disconnect
 
@@ -49,7 +49,6 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
                 output = await _next(outputs)
             if usage_chunk is not None:
                 yield sse(usage_chunk() | {"usage": usage(admitted)})
-            yield DONE
             outcome = "completed"
         except GatewayError as exc:
             status, outcome = exc.status_code, "error"
@@ -60,7 +59,10 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
             yield sse(GatewayError("internal error").body())
         finally:
             await outputs.aclose()  # aborts the engine request if it is still running
-            finish(gateway, admitted, status=status, outcome=outcome)
+            written = finish(gateway, admitted, status=status, outcome=outcome)
+        if outcome == "completed":
+            await recorded(written)  # [DONE] only once the record is in the trail
+            yield DONE
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": admitted.request_id})

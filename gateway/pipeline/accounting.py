@@ -25,8 +25,9 @@ def accounted(gateway: Gateway, admitted: Admitted) -> Iterator[None]:
         raise
 
 
-def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> None:
-    """Settles the token budget and writes the audit record (once per request)."""
+def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> asyncio.Task | None:
+    """Settles the token budget and writes the audit record (once per request). Returns what
+    recorded() waits for."""
     used = admitted.prompt_tokens + admitted.output_tokens
     # A task of its own: settling must happen even when the caller's task is being cancelled.
     settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
@@ -57,4 +58,12 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
         content = gateway.audit.content(decision, admitted.ask.body, "".join(admitted.texts or ()))
         if content is not None:
             record["content"] = content
-    gateway.audit.write_after_engine(target, admitted.request_id, record)
+    return gateway.audit.write_after_engine(target, admitted.request_id, record)
+
+
+async def recorded(written: asyncio.Task | None) -> None:
+    """Waits until finish()'s audit record is in the trail. A success is answered only after
+    this: a gateway killed between the answer and the write would leave an acknowledged request
+    without its record. Shielded, so a caller who goes meanwhile can't cancel the write."""
+    if written is not None:
+        await asyncio.shield(written)

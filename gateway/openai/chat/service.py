@@ -14,7 +14,7 @@ from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
-from gateway.pipeline.accounting import accounted, finish
+from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import admit, new_request_id
 from gateway.pipeline.execution import collect
 
@@ -83,5 +83,5 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
             "finish_reason": finish_reason(admitted.finish_reason),
         }
         body_out = base() | {"object": "chat.completion", "choices": [choice], "usage": usage(admitted)}
-        finish(gateway, admitted, status=200, outcome="completed")
+        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(body_out, headers={"X-Request-Id": request_id})

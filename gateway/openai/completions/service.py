@@ -13,7 +13,7 @@ from gateway.openai.asks import build_ask
 from gateway.openai.completions.protocol import CompletionRequest
 from gateway.openai.responses import completion_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
-from gateway.pipeline.accounting import accounted, finish
+from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import admit, new_request_id
 from gateway.pipeline.execution import collect
 
@@ -75,6 +75,6 @@ async def create_completion(gateway: Gateway, principal: Principal, body: Comple
         choice = {"index": 0, "text": text, "finish_reason": finish_reason(admitted.finish_reason),
                   "logprobs": completion_logprobs(token_text, token_logprobs, 0)
                   if body.logprobs is not None else None}
-        finish(gateway, admitted, status=200, outcome="completed")
+        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(base() | {"choices": [choice], "usage": usage(admitted)},
                             headers={"X-Request-Id": request_id})

@@ -51,3 +51,17 @@ def test_the_trail_verifies(gateway) -> None:
     report = verify_files([gateway.audit_file], None)
     assert report.ok, report.reason
     assert report.records >= 2
+
+
+def test_a_success_is_answered_only_once_its_record_is_in_the_trail(gateway) -> None:
+    # A gateway killed between its answer and the write would otherwise leave an acknowledged
+    # request without a record (bench/failover.py kills stamps under load). Read once, no wait.
+    client = gateway.client(ALPHA)
+    for _ in range(10):
+        completion = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+        assert completion.id in {r["request_id"] for r in gateway.audit_records()}
+        stream = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2, stream=True)
+        ids = {chunk.id for chunk in stream}  # to the end of the stream: [DONE] has arrived
+        assert ids <= {r["request_id"] for r in gateway.audit_records()}
+        text = client.completions.create(model="demo", prompt="a gateway", max_tokens=2)
+        assert text.id in {r["request_id"] for r in gateway.audit_records()}
