@@ -67,8 +67,9 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
 
 class OperatorListener:
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
-                                server_header=False)
+        # log_config=None leaves logging as the gateway set it up (access_log=False would also
+        # silence the API listener's access log: uvicorn turns that logger off process-wide).
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="off", server_header=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="operator-listener", daemon=True)
 
