@@ -23,9 +23,25 @@ class TrailFailed(GatewayError):
 
 
 @router.get("/usage")
-async def usage(request: Request, _operator: OperatorDep, start: Annotated[str, Query(alias="from")],
+async def usage(request: Request, operator: OperatorDep, start: Annotated[str, Query(alias="from")],
                 end: Annotated[str, Query(alias="to")], format: Literal["json", "csv"] = "json") -> Response:
+    """Every answer past authentication leaves an audit record: who read the figures, and how it went."""
     gateway = request.app.state.gateway
+    try:
+        response = await _usage(gateway, start, end, format)
+    except GatewayError as exc:
+        _audit(gateway, operator, exc.status_code, exc.code or exc.type)
+        raise
+    _audit(gateway, operator, 200, "completed")
+    return response
+
+
+def _audit(gateway, operator, status: int, outcome: str) -> None:
+    gateway.audit.write({"route": "admin.usage", **gateway.audit.principal_digests(operator), "status": status,
+                         "outcome": outcome})
+
+
+async def _usage(gateway, start: str, end: str, format: str) -> Response:
     settings = gateway.settings
     trail = gateway.audit.trail
     if settings.audit_file is None or trail is None:

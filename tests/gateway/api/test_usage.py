@@ -23,7 +23,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
-from gateway.audit import public_key_pem
+from gateway.audit import load_or_create_signing_key, public_key_pem
 from gateway.inference import EngineBackend
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, THETA, gateway_settings
@@ -49,7 +49,7 @@ def metered(local_issuer, demo_model_dir, tmp_path_factory) -> Iterator[SimpleNa
     app = create_app(settings, backend=EngineBackend(engine, model_name="demo"))
     with serving(app) as base_url:
         state = app.state.gateway
-        (root / "audit.pub.pem").write_bytes(public_key_pem(_signer(state)))
+        (root / "audit.pub.pem").write_bytes(public_key_pem(load_or_create_signing_key(settings.audit_signing_key)))
         start = time.time()
         told = defaultdict(Counter)  # (tenant digest, principal digest) -> what the clients were told
         for i, (tenant, object_id) in enumerate(PRINCIPALS):
@@ -69,10 +69,6 @@ def metered(local_issuer, demo_model_dir, tmp_path_factory) -> Iterator[SimpleNa
         yield SimpleNamespace(base_url=base_url, admin_url=f"http://127.0.0.1:{settings.metrics_port}/admin/usage",
                               settings=settings, root=root, told=told, start=start, end=end, issuer=local_issuer)
         state.backend.async_engine.shutdown()
-
-
-def _signer(state):
-    return state.audit.trail._signer  # the test's own trail: its key is in the test's directory too
 
 
 def _count(counter: Counter, usage) -> None:
@@ -168,6 +164,10 @@ def test_admin_usage_serves_the_same_figures_to_operators_only(metered) -> None:
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "operator_role_required"
     bad = _admin(metered, _operator_token(metered), **{"from": "yesterday"})
     assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]["message"]
+    admin_records = [json.loads(line) for line in metered.settings.audit_file.read_text().splitlines()
+                     if '"route":"admin.usage"' in line]
+    assert [(r["status"], r["outcome"]) for r in admin_records] == [(200, "completed"), (200, "completed"),
+                                                                   (400, "invalid_request")]
     # The public port has no admin routes.
     assert httpx.get(metered.base_url + "/admin/usage", headers={"Authorization": f"Bearer {_operator_token(metered)}"},
                      params={"from": _iso(metered.start), "to": _iso(metered.end)}).status_code == 404
