@@ -14,6 +14,7 @@ from gateway.audit.cli import add_parser as add_audit_parser
 from gateway.auth.cli import add_parser as add_token_parser
 from gateway.cli import add_parser as add_serve_parser
 from gateway.policy.cli import add_parser as add_policy_parser
+from gateway.usage.cli import add_parser as add_usage_parser
 
 EXIT_USAGE = 2
 
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_parser(sub)
     add_serve_parser(sub)
     add_token_parser(sub)
+    add_usage_parser(sub)
     return parser
 
 

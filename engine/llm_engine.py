@@ -172,9 +172,14 @@ class LLMEngine:
         if not batch:
             return []
         start = time.monotonic()
+        for seq in batch.seqs:
+            seq.charge_kv(start)  # until now at the old count; from now with the blocks this step allocated
         results = self.runner.run(batch)
-        step_ms = (time.monotonic() - start) * 1000
+        end = time.monotonic()
+        step_ms = (end - start) * 1000
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.charge_kv(end)
+            seq.engine_ms += step_ms
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq)
         self._track_kv()  # the peak, before finished sequences give their blocks back
@@ -314,6 +319,8 @@ class LLMEngine:
             queue_ms=(scheduled - seq.arrival_time) * 1000,
             ttft_ms=(seq.first_token_time - seq.arrival_time) * 1000 if seq.first_token_time else None,
             e2e_ms=(now - seq.arrival_time) * 1000,
+            kv_block_seconds=round(seq.kv_block_seconds, 6),
+            engine_ms=round(seq.engine_ms, 3),
         )
         for sink in self.sinks:
             sink.request(record)

@@ -248,6 +248,7 @@ class Scheduler:
                 if seq in batch.admitted:
                     batch.admitted.remove(seq)
         self.running.remove(seq)
+        seq.charge_kv(time.monotonic())  # what it held until now; nothing until it is scheduled again
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -256,6 +257,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish(reason)
+        seq.charge_kv(time.monotonic())
         self.block_manager.free(seq)
         if seq in self.running:
             self.running.remove(seq)

@@ -57,6 +57,11 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.top_margins: list[float] = []  # top-1 minus top-2 logit of the first steps
+        # Metering: KV blocks held integrated over time, and time spent in the steps it ran in.
+        self.kv_block_seconds = 0.0
+        self.engine_ms = 0.0
+        self._kv_held = 0  # blocks held since _kv_since
+        self._kv_since = self.arrival_time
         self.raw_prompt_digest = ""
         # Set by the engine: the incremental detokenizer for stop strings and text deltas.
         self.detokenizer: Any = None
@@ -98,6 +103,13 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def charge_kv(self, now: float) -> None:
+        """Adds the blocks held since the last charge times the time since; called wherever the
+        block table changes (a step, a preemption, the end), so each interval has one count."""
+        self.kv_block_seconds += self._kv_held * (now - self._kv_since)
+        self._kv_held = len(self.block_table)
+        self._kv_since = now
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

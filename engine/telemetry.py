@@ -53,6 +53,8 @@ class RequestRecord:
     queue_ms: float
     ttft_ms: float | None
     e2e_ms: float
+    kv_block_seconds: float  # KV blocks held, integrated over the request's life (preempted: none held)
+    engine_ms: float  # the time of the engine steps the request ran in (shared with its batch)
 
 
 @dataclass(frozen=True)

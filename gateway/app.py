@@ -190,11 +190,6 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                             breaker_open_s=settings.breaker_open_s, load_factor=settings.route_load_factor,
                             metrics=app_metrics)
 
-            if settings.metrics_port:
-                port = app_metrics.serve(settings.metrics_host, settings.metrics_port)
-                stack.callback(app_metrics.close)
-                logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
-
             app_limiter = limiter or build_limiter(settings)
             if limiter is None:
                 stack.push_async_callback(app_limiter.aclose)
@@ -208,6 +203,14 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 limiter=app_limiter, audit=app_audit, models=models, router=router,
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
+            if settings.metrics_port:
+                from gateway.operator import OperatorListener, operator_app
+
+                listener = OperatorListener(operator_app(app.state.gateway, asyncio.get_running_loop()),
+                                            settings.metrics_host, settings.metrics_port)
+                port = await asyncio.to_thread(listener.start)
+                stack.callback(listener.close)
+                logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
             yield
 
     # The API's description is for development; in production the API port serves the API only

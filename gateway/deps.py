@@ -58,10 +58,10 @@ def bearer_token(request: Request) -> str:
     return token.strip()
 
 
-async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
-    token = bearer_token(request)
+async def verified_principal(gateway: Gateway, token: str) -> Principal:
+    """The token's principal, or the one answer every refused token gets."""
     try:
-        principal = await gateway.verifier.verify(token)
+        return await gateway.verifier.verify(token)
     except TenantsUnknownError:
         gateway.metrics.auth_failures.labels("tenants_unknown").inc()
         raise Unavailable("the gateway cannot check tokens until its policy source has answered; retry shortly",
@@ -70,6 +70,10 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
         # The reason is for the log (the verifier wrote it) and the metric; the caller gets one answer.
         gateway.metrics.auth_failures.labels(exc.code).inc()
         raise Unauthenticated() from None
+
+
+async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
+    principal = await verified_principal(gateway, bearer_token(request))
     request.state.principal = principal
     # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
     request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
@@ -39,7 +39,6 @@ class GatewayMetrics:
         self.tokens = Counter(
             "gen_ai_client_token_usage", "Tokens processed, by type (input or output) and tenant (digest).",
             ["gen_ai_token_type", "tenant"], registry=self.registry)
-        self._server = None
 
     def watch_audit(self, trail, redis_sink=None) -> None:
         """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
@@ -56,18 +55,6 @@ class GatewayMetrics:
         has them (the embedded one; OPA reports its bundle revision per decision)."""
         if hasattr(policy, "revision") and hasattr(policy, "reload_failures"):
             self.registry.register(_PolicyCollector(policy))
-
-    def serve(self, host: str, port: int) -> int:
-        """Starts the metrics listener; returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self._server = server
-        return server.server_address[1]
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 class _PolicyCollector:

@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     # Also the anchor interval: how long a record may stay unsigned and a live writer silent.
     audit_checkpoint_interval_s: float = Field(10.0, gt=0, le=300)
     audit_chain_id: str = ""  # the chain id's prefix (default: host name and process id); each boot adds a nonce
+    # Prices per model for usage reports and /admin/usage (docs/operations.md, "Usage and chargeback");
+    # unset: reports carry no cost column.
+    usage_prices_file: Path | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -417,13 +417,18 @@ def verify(lines: Iterable[str | bytes], public_key: PublicKeys, *, anchors: Ite
 
 def verify_files(paths: Sequence[str | Path], public_key: PublicKeys, *, anchors: Iterable[str | bytes] | None = None,
                  strict: bool = False, max_unsigned_age_s: float = DEFAULT_MAX_UNSIGNED_AGE_S,
-                 now: float | None = None) -> VerifyReport:
+                 now: float | None = None, on_line: Callable[[bytes], None] | None = None) -> VerifyReport:
     """Checks files as one sequence of entries: give rotated files oldest first. A last
-    line without its newline is a torn entry (the writer stopped mid-write), not tampering."""
+    line without its newline is a torn entry (the writer stopped mid-write), not tampering.
+    `on_line` sees each line as it is checked, so a reader (the usage report) reads the
+    files once; what it gathered counts only if the report is ok."""
     verifier = _Verifier(_keys(public_key), anchors, strict, max_unsigned_age_s, now)
     for path in paths:
         with open(path, "rb") as file:
             for number, raw in enumerate(file, 1):
                 terminated = raw.endswith(b"\n")
-                verifier.feed(raw[:-1] if terminated else raw, f"{path}:{number}", terminated)
+                line = raw[:-1] if terminated else raw
+                verifier.feed(line, f"{path}:{number}", terminated)
+                if on_line is not None:
+                    on_line(line)
     return verifier.report()

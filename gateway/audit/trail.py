@@ -129,6 +129,11 @@ class AuditTrail:
             self._timer.start()
 
     @property
+    def public_key(self):
+        """The key that verifies this trail's checkpoints (None: unsigned)."""
+        return self._signer.public_key() if self._signer is not None else None
+
+    @property
     def seq(self) -> int:
         """The seq the next entry will get."""
         return self._seq

@@ -75,3 +75,34 @@ def test_kv_gauge_reads_zero_used_once_requests_finish(tiny_dir, make_engine) ->
     assert stats.num_used_blocks == 0 and stats.num_cached_blocks > 0  # the finished prompts stay cached
     assert gauge("used") == 0
     assert (gauge("free"), gauge("cached")) == (stats.num_free_blocks, stats.num_cached_blocks)
+
+
+def test_records_meter_kv_block_seconds_and_engine_time(tiny_dir, make_engine, monkeypatch) -> None:
+    """Chargeback figures: the blocks a request held, integrated over its life (in steps and
+    between them), and the time of the steps it ran in, on a clock the test drives."""
+    import time
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    sink = ListSink()
+    engine = make_engine(model=str(tiny_dir))
+    engine.sinks.append(sink)
+    held = []  # blocks the request held during each step
+    run = engine.runner.run
+
+    def timed_run(batch):
+        held.append(len(batch.seqs[0].block_table))
+        now[0] += 1.0  # each step takes one second
+        return run(batch)
+
+    engine.runner.run = timed_run
+    engine.add_request("metered", "a prompt long enough for a few blocks of kv " * 3,
+                       SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), envelope())
+    now[0] += 2.0  # queued, holding nothing
+    while engine.has_unfinished_requests():
+        engine.step()
+        now[0] += 0.5  # between steps the blocks stay held
+    [record] = sink.requests
+    assert len(held) == 20 and held[-1] > held[0] > 0  # the table grew as tokens were appended
+    assert record.engine_ms == 20 * 1000.0
+    assert record.kv_block_seconds == sum(held) * 1.0 + sum(held[:-1]) * 0.5  # the last step ends it

@@ -1,0 +1,91 @@
+"""The operator listener: /metrics and /admin/* on their own port, never the API port.
+
+/metrics answers whoever can reach the port, as a Prometheus scrape expects (keep the port
+inside the cluster). /admin/* needs an Entra access token that carries the app role
+`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --app
+--role TenantGate.Operator`); without one the answer is 401, with a token lacking the role 403.
+
+The listener runs in a thread with its own event loop, so a slow admin report never holds
+up the API; tokens are still checked on the gateway's loop, by the gateway's own verifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Annotated
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.auth.principal import Principal
+from gateway.deps import Gateway, bearer_token, verified_principal
+from gateway.errors import GatewayError, install_handlers
+
+OPERATOR_ROLE = "TenantGate.Operator"
+STARTUP_TIMEOUT_S = 10.0
+
+
+class NotOperator(GatewayError):
+    status_code = 403
+    type = "permission_denied"
+    code = "operator_role_required"
+
+
+async def operator(request: Request) -> Principal:
+    """The caller, if an operator: a valid token with the TenantGate.Operator app role."""
+    gateway: Gateway = request.app.state.gateway
+    token = bearer_token(request)
+    checked = asyncio.run_coroutine_threadsafe(verified_principal(gateway, token), request.app.state.gateway_loop)
+    principal = await asyncio.wrap_future(checked)
+    if OPERATOR_ROLE not in principal.roles:
+        raise NotOperator(f"this needs the {OPERATOR_ROLE} app role")
+    return principal
+
+
+OperatorDep = Annotated[Principal, Depends(operator)]
+
+
+def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> FastAPI:
+    from gateway.usage.router import router as usage_router
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+    app.state.gateway_loop = gateway_loop
+    install_handlers(app)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(usage_router)
+    return app
+
+
+class OperatorListener:
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        # log_config=None leaves logging as the gateway set it up (access_log=False would also
+        # silence the API listener's access log: uvicorn turns that logger off process-wide).
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="off", server_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="operator-listener", daemon=True)
+
+    def start(self) -> int:
+        """Serves in the background; returns the bound port."""
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                config = self._server.config
+                raise OSError(f"the operator listener could not listen on {config.host}:{config.port}")
+            time.sleep(0.01)
+        return self._server.servers[0].sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(10)
