@@ -126,6 +126,7 @@ def render_chart(tools: Tools, *extra: str) -> subprocess.CompletedProcess[str]:
 
 UPSTREAMS_VALUES = REPO / "tests" / "infra" / "values" / "upstreams.yaml"
 PRODUCTION_VALUES = REPO / "tests" / "infra" / "values" / "production.yaml"
+MONITORING_VALUES = REPO / "tests" / "infra" / "values" / "monitoring.yaml"
 TERRAFORM_EXAMPLES = sorted(path for path in (INFRA / "terraform" / "examples").iterdir() if path.is_dir())
 
 RENDER_MODES = {
@@ -136,6 +137,8 @@ RENDER_MODES = {
     "upstreams": ("--values", str(UPSTREAMS_VALUES)),
     # What docs/deploy.md step 4 installs.
     "production": ("--values", str(PRODUCTION_VALUES)),
+    # Remote engines with PodMonitors, the PrometheusRule and the dashboard ConfigMap.
+    "monitoring": ("--values", str(MONITORING_VALUES)),
 }
 
 
