@@ -4,10 +4,11 @@ Run with the infra tools' interpreter (the SDK lives in .venv-infra/grafana-foun
 
     .venv-infra/bin/python tests/infra/check_dashboard.py infra/helm/tenantgate/files/dashboard.json
 
-The SDK's models are generated from Grafana's dashboard schema (the CUE kinds). The dashboard is
-read into them and written back: a field the schema does not have is dropped on the way, and a
-value it does not accept comes back different, so each such path is printed, one per line.
-Exit status 0 when there is none, 1 when there are, 2 when the file cannot be read as a dashboard.
+The SDK's models are generated from Grafana's dashboard schema (the CUE kinds), panel and query
+types included. The dashboard is read into them and written back: a field the schema does not
+have is dropped on the way, and each such path is printed, one per line (so is a value that
+comes back different). The models do not check value types. Exit status 0 when nothing was
+lost, 1 when something was, 2 when the file cannot be read as a dashboard.
 """
 
 from __future__ import annotations
