@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils.tools import missing_tool
+
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 VENV_INFRA = REPO / ".venv-infra"
@@ -46,6 +48,14 @@ def find_go_binary(name: str) -> Path | None:
     )
     candidate = Path(gopath) / "bin" / name if gopath else None
     return candidate if candidate and candidate.exists() else None
+
+
+def require_go_binary(name: str) -> Path:
+    """find_go_binary, or the missing-tool outcome (a skip locally, a failure under make test)."""
+    found = find_go_binary(name)
+    if found is None:
+        missing_tool(f"{name} not found: run scripts/install-infra-tools.sh (make test does)")
+    return found
 
 
 @pytest.fixture(scope="session")

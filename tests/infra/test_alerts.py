@@ -22,8 +22,8 @@ from tests.infra.conftest import (
     VENV_INFRA,
     Tools,
     extract_settings,
-    find_go_binary,
     render_chart,
+    require_go_binary,
     run,
 )
 from tests.utils.tools import missing_tool
@@ -60,10 +60,7 @@ def _dashboard() -> dict:
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    found = find_go_binary("promtool")
-    if found is None:
-        missing_tool("promtool not found (scripts/install-infra-tools.sh builds it with go install)")
-    return found
+    return require_go_binary("promtool")
 
 
 # -- promtool ---------------------------------------------------------------------------------
