@@ -5,8 +5,11 @@
 #   .venv-infra/python-hcl2/    python-hcl2, kept off sys.path by default: checkov ships its own
 #                               fork under the same module name (hcl2); the parity extractor
 #                               puts this folder first on its own sys.path
+#   .venv-infra/grafana-foundation-sdk/  the Grafana dashboard schema's models (Grafana 11.6), off
+#                               sys.path too; tests/infra/test_alerts.py checks the dashboard with them
 #   helm v3.22.0                on PATH or in $(go env GOPATH)/bin, built with `go install` if absent
 #   tflint v0.64.0              likewise (its terraform ruleset is bundled)
+#   promtool (prometheus v0.316.0, Prometheus 3.x) likewise; checks and unit-tests the alert rules
 #   .venv-infra/tflint-plugins/ the azurerm ruleset v0.32.0, a tflint plugin binary (or in
 #                               $TFLINT_PLUGIN_DIR): `go install` from the Go module proxy, or, where the
 #                               proxy does not serve it, `go build` in the checkout that
@@ -24,6 +27,10 @@ PYTHON_HCL2_VERSION=8.1.4
 HELM_VERSION=3.22.0
 TFLINT_VERSION=0.64.0
 TFLINT_RULESET_AZURERM_VERSION=0.32.0
+# The Go module version of github.com/prometheus/prometheus that promtool is built from.
+PROMETHEUS_MODULE_VERSION=0.316.0
+# PyPI's versions carry the Grafana schema version after the epoch.
+GRAFANA_FOUNDATION_SDK_VERSION='1769699379!11.6.0'
 TFLINT_PLUGINS="${TFLINT_PLUGIN_DIR:-$VENV/tflint-plugins}"
 
 stamp="checkov==$CHECKOV_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION python-hcl2==$PYTHON_HCL2_VERSION"
@@ -37,6 +44,15 @@ if [ ! -f "$VENV/.installed" ] || [ "$(cat "$VENV/.installed")" != "$stamp" ]; t
     echo "$stamp" > "$VENV/.installed"
 fi
 echo "infra python tools: $VENV ($stamp)"
+
+sdk="$VENV/grafana-foundation-sdk"
+sdk_stamp="grafana-foundation-sdk==$GRAFANA_FOUNDATION_SDK_VERSION"
+if [ "$(cat "$sdk/.installed" 2>/dev/null)" != "$sdk_stamp" ]; then
+    rm -rf "$sdk"
+    "$VENV/bin/pip" install --quiet --no-deps --target "$sdk" "$sdk_stamp"
+    echo "$sdk_stamp" > "$sdk/.installed"
+fi
+echo "grafana dashboard models: $sdk ($sdk_stamp)"
 
 _module_version() {
     # A `go install` build's module version is in its build info (helm itself reports only
@@ -90,6 +106,8 @@ go_tool() {
 
 go_tool helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "version --template {{.Version}}"
 go_tool tflint github.com/terraform-linters/tflint github.com/terraform-linters/tflint "$TFLINT_VERSION" "--version"
+go_tool promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool \
+    "$PROMETHEUS_MODULE_VERSION" "--version"
 
 # The azurerm ruleset, as a plugin binary in a local directory: tflint loads it from
 # TFLINT_PLUGIN_DIR and never downloads it (infra/terraform/.tflint.hcl has no source for it).

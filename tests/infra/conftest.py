@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils.tools import missing_tool
+
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 VENV_INFRA = REPO / ".venv-infra"
@@ -46,6 +48,14 @@ def find_go_binary(name: str) -> Path | None:
     )
     candidate = Path(gopath) / "bin" / name if gopath else None
     return candidate if candidate and candidate.exists() else None
+
+
+def require_go_binary(name: str) -> Path:
+    """find_go_binary, or the missing-tool outcome (a skip locally, a failure under make test)."""
+    found = find_go_binary(name)
+    if found is None:
+        missing_tool(f"{name} not found: run scripts/install-infra-tools.sh (make test does)")
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +136,7 @@ def render_chart(tools: Tools, *extra: str) -> subprocess.CompletedProcess[str]:
 
 UPSTREAMS_VALUES = REPO / "tests" / "infra" / "values" / "upstreams.yaml"
 PRODUCTION_VALUES = REPO / "tests" / "infra" / "values" / "production.yaml"
+MONITORING_VALUES = REPO / "tests" / "infra" / "values" / "monitoring.yaml"
 TERRAFORM_EXAMPLES = sorted(path for path in (INFRA / "terraform" / "examples").iterdir() if path.is_dir())
 
 RENDER_MODES = {
@@ -136,6 +147,8 @@ RENDER_MODES = {
     "upstreams": ("--values", str(UPSTREAMS_VALUES)),
     # What docs/deploy.md step 4 installs.
     "production": ("--values", str(PRODUCTION_VALUES)),
+    # Remote engines with PodMonitors, the PrometheusRule and the dashboard ConfigMap.
+    "monitoring": ("--values", str(MONITORING_VALUES)),
 }
 
 

@@ -150,12 +150,45 @@ def _block(body: dict, name: str) -> dict:
     return {}
 
 
-def _alerts(rules: Any) -> list:
-    """Prometheus alert rules as [alert, expression, severity], HCL's escaped quotes undone."""
+def _alerts(rules: Any, severities: Any) -> list | None:
+    """Prometheus alert rules as [alert, expression, severity on Azure's scale]; None when the
+    rules could not be read."""
+    if not isinstance(rules, list):
+        return None
+    severities = severities if isinstance(severities, dict) else {}
     return sorted(
-        [rule.get("alert"), str(rule.get("expression")).replace('\\"', '"'), rule.get("severity")]
-        for rule in rules or []
+        [rule.get("alert"), rule.get("expr"), severities.get((rule.get("labels") or {}).get("severity"))]
+        for rule in rules
     )
+
+
+def _rules_file(path: Path) -> list | None:
+    """The first group's rules of a Prometheus rules file (the chart's alerts.yaml)."""
+    import yaml  # noqa: PLC0415 - lives in .venv-infra only (checkov needs it)
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))["groups"][0]["rules"]
+    except (OSError, KeyError, IndexError, TypeError):
+        return None
+
+
+TERRAFORM_RULES = re.compile(r'\$\{yamldecode\(file\("\$\{path\.module\}/([^"]+)"\)\)\.groups\[0\]\.rules\}')
+
+
+def _terraform_rules(root: Path, value: Any) -> list | None:
+    """`yamldecode(file("${path.module}/FILE")).groups[0].rules`: the rules in FILE."""
+    match = TERRAFORM_RULES.fullmatch(str(value))
+    return _rules_file(root / match.group(1)) if match else None
+
+
+def _bicep_rules(module_dir: Path, value: Any) -> list | None:
+    """`loadYamlContent('FILE', '$.groups[0].rules')`: the rules in FILE."""
+    call = _dig(value, "function")
+    if not isinstance(call, dict) or call.get("type") != "load_yaml_content":
+        return None
+    if call["parameters"].get("path_filter") != "$.groups[0].rules":
+        return None
+    return _rules_file(module_dir / call["parameters"]["file_path"])
 
 
 REDIS_ALIAS = re.compile(r"Microsoft\.Cache/redisEnterprise[\w/.]*")
@@ -387,7 +420,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             [_block(rule, "data_flow").get("streams"), "azurerm_resource_group.this" in str(rule.get("location"))]
             for rule in tf.all("azurerm_monitor_data_collection_rule")
         ),
-        "prometheus_alerts": _alerts(tf.locals.get("prometheus_alerts")),
+        "prometheus_alerts": _alerts(
+            _terraform_rules(root, tf.locals.get("prometheus_alerts")), tf.locals.get("prometheus_alert_severity")
+        ),
         "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
         "conditions_and_order": {
             "private_dns_links_before_aks": _waits_for(
@@ -776,7 +811,10 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             [_dig(_body(rule), "properties", "dataFlows", 0, "streams"), _body(rule).get("location") == "monitoringLocation"]
             for _, _, rule in bicep.resources("Microsoft.Insights/dataCollectionRules")
         ),
-        "prometheus_alerts": _alerts(bicep.variable("aks.bicep", "prometheusAlerts")),
+        "prometheus_alerts": _alerts(
+            _bicep_rules(root / "modules", bicep.variable("aks.bicep", "prometheusAlerts")),
+            bicep.variable("aks.bicep", "prometheusAlertSeverity"),
+        ),
         "role_assignments": sorted(roles),
         "conditions_and_order": {
             "private_dns_links_before_aks": _deployed_after(

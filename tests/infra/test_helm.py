@@ -24,8 +24,9 @@ from tests.infra.conftest import (
 )
 
 WORKLOADS = ("Deployment", "StatefulSet")
-# Kinds from CRDs, for which kubernetes-validate bundles no schema: the CSI driver's and Gateway API's.
-CUSTOM_KINDS = {"SecretProviderClass", "HTTPRoute"}
+# Kinds from CRDs, for which kubernetes-validate bundles no schema: the CSI driver's, Gateway API's
+# and the Prometheus Operator's (tests/infra/test_alerts.py checks those).
+CUSTOM_KINDS = {"SecretProviderClass", "HTTPRoute", "PodMonitor", "PrometheusRule"}
 
 
 def _objects(path: Path) -> list[dict]:

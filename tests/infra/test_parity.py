@@ -165,8 +165,10 @@ def test_waf_exempts_only_the_prompt_fields(terraform_settings: dict) -> None:
 def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict, edits: tuple[tuple[str, str, str], ...]) -> list[str]:
     """The settings that differ from the Terraform once `edits` (file, old, new) change a copy of
     the Bicep."""
-    drifted = tmp_path / "bicep"
+    drifted = tmp_path / "infra" / "bicep"
     shutil.copytree(INFRA / "bicep", drifted)
+    # The alert rules come from the chart's files (loadYamlContent('../../helm/...')).
+    (tmp_path / "infra" / "helm").symlink_to(INFRA / "helm")
     for name, old, new in edits:
         path = drifted / "modules" / name
         text = path.read_text(encoding="utf-8")

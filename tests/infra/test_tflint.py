@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.conftest import INFRA, TERRAFORM_EXAMPLES, VENV_INFRA, find_go_binary, run
-from tests.utils.tools import missing_tool
+from tests.infra.conftest import INFRA, TERRAFORM_EXAMPLES, VENV_INFRA, require_go_binary, run
 
 CONFIG = INFRA / "terraform" / ".tflint.hcl"
 PLUGIN_DIR = Path(os.environ.get("TFLINT_PLUGIN_DIR") or VENV_INFRA / "tflint-plugins")
@@ -27,10 +26,7 @@ TARGETS = {"module": INFRA / "terraform", **{f"examples/{example.name}": example
 
 @pytest.fixture(scope="module")
 def tflint() -> Path:
-    found = find_go_binary("tflint")
-    if found is None:
-        missing_tool("tflint not found: run scripts/install-infra-tools.sh (make test does)")
-    return found
+    return require_go_binary("tflint")
 
 
 @pytest.fixture(scope="module")

@@ -105,41 +105,16 @@ var imageRuleExcludedNamespaces = concat(kubernetesSystemNamespaces, [
   'app-routing-system'
 ])
 
-// The gateway's and engine's own metrics (docs/operations.md). Until the chart ships its alerts,
-// these cover what takes a region out or loses evidence. A condition that must hold for a while
-// says so in the expression (min/max_over_time over a subquery), as the Terraform must.
-var prometheusAlerts = [
-  {
-    alert: 'TenantgateAvailability'
-    expression: 'min_over_time((sum(rate(tenantgate_requests_total{status=~"5.."}[5m])) / sum(rate(tenantgate_requests_total[5m])))[5m:1m]) > 0.05'
-    severity: 1
-    description: 'More than 5% of requests end in a 5xx.'
-  }
-  {
-    alert: 'TenantgateNotReady'
-    expression: 'max_over_time((min by (check) (tenantgate_ready))[5m:1m]) == 0'
-    severity: 1
-    description: 'A readiness check (engine, policy or quota store) fails; Front Door takes the region out.'
-  }
-  {
-    alert: 'TenantgateQuotaStoreErrors'
-    expression: 'sum(increase(tenantgate_quota_rejections_total{reason=~"store_unavailable|fail_open"}[5m])) > 0'
-    severity: 2
-    description: 'The quota store (Redis) is failing: requests are refused (fail closed) or served unaccounted.'
-  }
-  {
-    alert: 'TenantgateAuditSinkErrors'
-    expression: 'max(delta(tenantgate_audit_sink_errors[10m])) > 0 or max(delta(tenantgate_audit_stream_dropped[10m])) > 0'
-    severity: 1
-    description: 'An audit sink failed to write or dropped entries: a gap in that copy of the audit trail.'
-  }
-  {
-    alert: 'TenantgateKvCachePressure'
-    expression: 'max_over_time((min by (pod) (sum by (pod) (tenantgate_kv_blocks{state=~"free|cached"}) / sum by (pod) (tenantgate_kv_blocks)))[10m:1m]) < 0.1'
-    severity: 3
-    description: 'An engine has under 10% of its KV blocks free or evictable: requests queue or get preempted.'
-  }
-]
+// The alert rules the chart ships (infra/helm/tenantgate/files/alerts.yaml, docs/operations.md):
+// one file, so the landing zone pages on exactly what the chart's PrometheusRule does. The file
+// has no `for`: a condition that must hold for a while says so in its expression.
+var prometheusAlerts = loadYamlContent('../../helm/tenantgate/files/alerts.yaml', '$.groups[0].rules')
+// The rules' severity label on Azure Monitor's 0 (critical) to 4 (verbose) scale.
+var prometheusAlertSeverity = {
+  critical: 1
+  warning: 2
+  info: 3
+}
 
 // =========== //
 //   Cluster   //
@@ -535,11 +510,10 @@ resource alertRules 'Microsoft.AlertsManagement/prometheusRuleGroups@2023-03-01'
       for rule in prometheusAlerts: {
         alert: rule.alert
         enabled: true
-        expression: rule.expression
-        severity: rule.severity
-        annotations: {
-          description: rule.description
-        }
+        expression: rule.expr
+        severity: prometheusAlertSeverity[rule.labels.severity]
+        labels: rule.labels
+        annotations: rule.annotations
         resolveConfiguration: {
           autoResolved: true
           timeToResolve: 'PT10M'
