@@ -44,9 +44,10 @@ logger = logging.getLogger("tenantgate.limits")
 
 # KEYS: 4 GCRA budgets (tenant r, tenant t, principal r, principal t), the in-flight set, the
 #       request's tombstone. ARGV: 4 costs in ms (how far the request pushes each TAT), request id,
-#       concurrency limit, lease ms. Returns {1, now, 4 TATs after it} when admitted, {0, wait_ms,
-#       index, now, 4 TATs as they stay} when refused (the TATs make the x-ratelimit-* headers),
-#       {0, 0, 0} when the request was released before this ran.
+#       concurrency limit, lease ms. Returns {1, 4 TATs after it} when admitted, {0, wait_ms, index,
+#       4 TATs as they stay} when refused, each TAT in µs from now (integers, so no token is lost
+#       to rounding: they make the x-ratelimit-* headers), {0, 0, 0} when the request was released
+#       before this ran.
 ADMIT = """
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, 0} end
 local t = redis.call('TIME')
@@ -56,22 +57,24 @@ local olds, tats, worst, worst_wait = {}, {}, 0, 0
 for i = 1, 4 do
   local tat = tonumber(redis.call('GET', KEYS[i]) or now)
   if tat < now then tat = now end
-  olds[i] = tat
+  olds[i] = math.floor((tat - now) * 1000)
   tats[i] = tat + tonumber(ARGV[i])
   local wait = tats[i] - now - window
   if wait > worst_wait then worst, worst_wait = i, wait end
 end
-if worst > 0 then return {0, math.ceil(worst_wait), worst, now, olds[1], olds[2], olds[3], olds[4]} end
+if worst > 0 then return {0, math.ceil(worst_wait), worst, olds[1], olds[2], olds[3], olds[4]} end
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[6]) then
-  return {0, 1000, 5, now, olds[1], olds[2], olds[3], olds[4]}
+  return {0, 1000, 5, olds[1], olds[2], olds[3], olds[4]}
 end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[7]), ARGV[5])
 redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
 for i = 1, 4 do
   redis.call('SET', KEYS[i], tats[i], 'PX', math.ceil(tats[i] - now) + 1000)
 end
-return {1, now, tats[1], tats[2], tats[3], tats[4]}
+local us = {}
+for i = 1, 4 do us[i] = math.floor((tats[i] - now) * 1000) end
+return {1, us[1], us[2], us[3], us[4]}
 """
 
 # KEYS: tenant t, principal t, in-flight set. ARGV: ms to give back to each, request id.
@@ -258,9 +261,8 @@ class RedisLimiter:
         await self._client.aclose()
 
 
-def _headers(a: Admission, now_and_tats) -> dict[str, str]:
-    now_ms, *tats_ms = (int(v) for v in now_and_tats)
-    return rate_limit_headers(a, now_ms / 1000, [t / 1000 for t in tats_ms])
+def _headers(a: Admission, tats_us) -> dict[str, str]:
+    return rate_limit_headers(a, 0.0, [int(t) / 1e6 for t in tats_us])
 
 
 def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default"

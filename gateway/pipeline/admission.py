@@ -79,8 +79,8 @@ class Admitted:
     token_ids: list[int]
     prompt_tokens: int  # the gateway's count until a deployment reports its own
     ticket: Ticket
-    targets: list = field(default_factory=list)
-    decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header  # where it may run, in the order to try
+    targets: list = field(default_factory=list)  # where it may run, in the order to try
+    decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header
     deployment: object | None = None  # the target that ran it
     started: float = field(default_factory=time.perf_counter)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -246,10 +246,10 @@ def decision_summary(decision: Decision) -> dict:
 
 
 def audit_refusal(gateway: Gateway, ask: Ask, principal: Principal, judgement: Judgement | None,
-                  prompt_tokens: int, error: GatewayError, decision_id: str | None = None) -> None:
+                  prompt_tokens: int, error: GatewayError, decision_id: str) -> None:
     """A judged request that never reached a deployment still leaves its record."""
     gateway.audit.write({
-        **({"decision_id": decision_id} if decision_id else {}),
+        "decision_id": decision_id,
         "request_id": ask.request_id, "route": ask.route, **gateway.audit.principal_digests(principal),
         "policy_revision": judgement.revision if judgement else None,
         "decision": decision_summary(judgement.decision) if judgement else None,
