@@ -281,7 +281,7 @@ def _error_message(raw: bytes, status: int) -> tuple[str, str | None, str | None
     if error.get("type") == "exceed_context_size_error" or "maximum context length" in message:
         code = "context_length_exceeded"
         prompt, context = error.get("n_prompt_tokens"), error.get("n_ctx")  # llama-server's counts
-        if isinstance(prompt, int) and isinstance(context, int):
+        if isinstance(prompt, int) and isinstance(context, int) and str(context) not in message:
             message = f"{message} (the prompt has {prompt} tokens, the context window {context})"
     return message, param if isinstance(param, str) else None, code
 

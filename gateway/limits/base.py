@@ -70,8 +70,9 @@ def rate_limit_headers(a: Admission, now_s: float, tats_s: Sequence[float]) -> d
     store's clock). Of the tenant's and the caller's budget of a kind, the one with less left.
     Remaining: what could still be admitted now; reset: until the budget is whole again."""
     headers = {}
-    for kind, budgets in (("requests", ((a.requests_per_minute, tats_s[0]), (a.principal_requests_per_minute, tats_s[2]))),
-                          ("tokens", ((a.tokens_per_minute, tats_s[1]), (a.principal_tokens_per_minute, tats_s[3])))):
+    kinds = {"requests": ((a.requests_per_minute, tats_s[0]), (a.principal_requests_per_minute, tats_s[2])),
+             "tokens": ((a.tokens_per_minute, tats_s[1]), (a.principal_tokens_per_minute, tats_s[3]))}
+    for kind, budgets in kinds.items():
         states = []
         for limit, tat in budgets:
             spent_s = min(WINDOW_S, max(0.0, tat - now_s))
