@@ -35,9 +35,10 @@ QUEUE_DEGRADED_SECONDS = 2.0
 class RequestError(ValueError):
     """A request the engine refuses; the message is safe to show to the caller."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code  # OpenAI's error code where one fits (context_length_exceeded)
 
 
 class LLMEngine:
@@ -124,6 +125,7 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len} tokens "
                 "including at least one generated token",
                 param="prompt",
+                code="context_length_exceeded",
             )
         worst_case = self.config.blocks_for(min(len(token_ids) + params.max_tokens, self.max_model_len))
         if worst_case > envelope.kv_block_quota:

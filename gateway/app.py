@@ -26,7 +26,7 @@ from gateway.errors import install_handlers
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown, UnexpectedErrors
+from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown, ResponseHeaders, UnexpectedErrors
 from gateway.pipeline.execution import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
@@ -140,7 +140,8 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
 
 class _GatewayApp(FastAPI):
     def build_middleware_stack(self):
-        return UnexpectedErrors(super().build_middleware_stack())
+        # Outside Starlette's error layer, so its 500s carry the response headers too.
+        return UnexpectedErrors(ResponseHeaders(super().build_middleware_stack()))
 
 
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,

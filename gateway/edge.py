@@ -20,6 +20,7 @@ from http import HTTPStatus
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import GatewayError, HeadersTooLarge, PayloadTooLarge, RequestTimeout, Unavailable
+from gateway.middleware import new_edge_request_id
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -139,5 +140,6 @@ def _response(error: GatewayError) -> bytes:
     body = json.dumps(error.body()).encode()
     lines = [f"HTTP/1.1 {error.status_code} {HTTPStatus(error.status_code).phrase}",
              "content-type: application/json", f"content-length: {len(body)}", "connection: close",
+             f"x-request-id: {new_edge_request_id()}",
              *(f"{name}: {value}" for name, value in error.headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

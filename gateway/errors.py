@@ -20,7 +20,7 @@ logger = logging.getLogger("tenantgate.gateway")
 class GatewayError(Exception):
     status_code = 500
     type = "server_error"
-    code: str | None = None
+    code = "internal_error"  # every error carries a code (docs/api.md lists them)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -38,6 +38,20 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status_code = 400
     type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """A prompt that leaves no room in the context window: OpenAI's 400, which clients that trim
+    their history on overflow react to (a 403 would read as a permission problem). Deployments'
+    own refusals of this kind carry the code with their own message."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, context_tokens: int, whose: str = "This model's") -> None:
+        super().__init__(f"{whose} maximum context length is {context_tokens} tokens, and the prompt has "
+                         f"{prompt_tokens} tokens, which leaves no room for a completion; reduce the length "
+                         "of the messages or the prompt", param="messages")
 
 
 class Unauthenticated(GatewayError):
@@ -123,9 +137,10 @@ class RateLimited(GatewayError):
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, retry_after_s: float, *, code: str | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: float, *, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         seconds = max(1, int(retry_after_s + 0.999))
-        super().__init__(message, code=code, headers={"Retry-After": str(seconds)})
+        super().__init__(message, code=code, headers={**(headers or {}), "Retry-After": str(seconds)})
         self.retry_after_s = seconds
 
 
@@ -175,6 +190,19 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+def _validation_code(exc: RequestValidationError) -> str:
+    """OpenAI's code for the first problem in a body that fails validation."""
+    kinds = [str(e.get("type", "")) for e in exc.errors()]
+    if not kinds or "json_invalid" in kinds:
+        return "invalid_json"
+    first = next((k for k in kinds if not k.endswith("_type")), kinds[0])
+    if first == "extra_forbidden":
+        return "unknown_parameter"
+    if first == "missing":
+        return "missing_required_parameter"
+    return "invalid_type" if first.endswith("_type") else "invalid_value"
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -183,12 +211,13 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(InvalidRequest(message, param=param, code="invalid_request"))
+        return error_response(InvalidRequest(message, param=param, code=_validation_code(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        messages = {404: "no such route", 405: "method not allowed"}
-        error = GatewayError(messages.get(exc.status_code, "request failed"))
+        messages = {404: ("no such route", "route_not_found"), 405: ("method not allowed", "method_not_allowed")}
+        message, code = messages.get(exc.status_code, ("request failed", "request_failed"))
+        error = GatewayError(message, code=code, headers=dict(exc.headers or {}))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(error)

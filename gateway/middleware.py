@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,6 +38,56 @@ class UnexpectedErrors:
             await self.app(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - answered and logged already, see above
             logger.debug("request ended by %s (answered with 500)", type(exc).__name__)
+
+
+REQUEST_ID_HEADER = "x-request-id"
+DECISION_ID_HEADER = "x-tenantgate-decision-id"
+MAX_TOKENS_CLAMPED_HEADER = "x-tenantgate-max-tokens-clamped"
+
+
+def add_response_headers(request, headers: dict[str, str]) -> None:
+    """Headers for whatever response this request ends with, success or error (ResponseHeaders sends them)."""
+    request.state.response_headers = {**getattr(request.state, "response_headers", {}), **headers}
+
+
+def set_request_id(request, request_id: str) -> None:
+    """The id the response's x-request-id carries: the pipeline's (the audit record's request_id)."""
+    request.state.request_id = request_id
+
+
+class ResponseHeaders:
+    """Puts x-request-id on every response, errors included, and the headers the handlers chose
+    for this request (decision id, x-ratelimit-*, ...) on whichever response it ends with.
+
+    Outside Starlette's own error layer, so a 500 it answers carries them too. The request id is
+    the pipeline's once a handler has made one, else one made here.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                extra = {REQUEST_ID_HEADER: state.get("request_id") or new_edge_request_id(),
+                         **state.get("response_headers", {})}
+                headers += [(name.encode(), value.encode()) for name, value in extra.items()
+                            if name.encode() not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def new_edge_request_id() -> str:
+    return "req-" + uuid.uuid4().hex
 
 
 class RequestMetrics:

@@ -186,7 +186,7 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
         try:
             first = await _first(outputs, request)
         except RequestError as exc:
-            raise _Refused(400, "invalid_request_error", str(exc), param=exc.param) from None
+            raise _Refused(400, "invalid_request_error", str(exc), param=exc.param, code=exc.code) from None
         except EngineDeadError:
             raise _Refused(503, "unavailable", "the engine is not running") from None
         if first is None:

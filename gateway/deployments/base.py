@@ -29,11 +29,12 @@ class UpstreamRejected(Exception):
     `message` is shown to the caller only (it may quote the caller's own input); it is never logged.
     """
 
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(f"the upstream refused the request with {status}")
         self.status = status
         self.message = message
         self.param = param
+        self.code = code  # OpenAI's code when the server gave or implied one (context_length_exceeded)
 
 
 @dataclass(frozen=True)

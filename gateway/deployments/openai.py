@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -58,6 +59,7 @@ SHARED_CACHE_REASON = ("cache scope {scope} needs a server that keeps prompt cac
                        "and this one shares one cache across its requests")
 TOKEN_REFRESH_MARGIN_S = 300  # an Entra token is renewed this long before it expires
 MAX_ERROR_BODY = 64 * 1024
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")  # an upstream's error code passed on: OpenAI's kind only
 
 
 @dataclass(frozen=True)
@@ -261,20 +263,27 @@ class _Credentials:
             await self._entra.close()
 
 
-def _error_message(raw: bytes, status: int) -> tuple[str, str | None]:
-    """The upstream's own message for a refused request: OpenAI's {"error": {...}}, or vLLM's
-    {"object": "error", "message": ...}."""
+def _error_message(raw: bytes, status: int) -> tuple[str, str | None, str | None]:
+    """The upstream's own message, param and code for a refused request: OpenAI's {"error": {...}},
+    or vLLM's {"object": "error", "message": ...}. A prompt over the context window gets OpenAI's
+    code whichever way the server says so (OpenAI's code, llama-server's type, vLLM's message)."""
     fallback = f"the upstream refused the request with {status}"
     try:
         document = json.loads(raw)
     except ValueError:
-        return fallback, None
+        return fallback, None, None
     error = document.get("error") if isinstance(document, dict) else None
     if not isinstance(error, dict):
         error = document if isinstance(document, dict) else {}
-    message, param = error.get("message"), error.get("param")
-    return (message[:1000] if isinstance(message, str) and message else fallback,
-            param if isinstance(param, str) else None)
+    message, param, code = error.get("message"), error.get("param"), error.get("code")
+    message = message[:1000] if isinstance(message, str) and message else fallback
+    code = code if isinstance(code, str) and _CODE.fullmatch(code) else None
+    if error.get("type") == "exceed_context_size_error" or "maximum context length" in message:
+        code = "context_length_exceeded"
+        prompt, context = error.get("n_prompt_tokens"), error.get("n_ctx")  # llama-server's counts
+        if isinstance(prompt, int) and isinstance(context, int) and str(context) not in message:
+            message = f"{message} (the prompt has {prompt} tokens, the context window {context})"
+    return message, param if isinstance(param, str) else None, code
 
 
 def _usage(event: dict) -> tuple[int, int, int] | None:
@@ -358,8 +367,8 @@ class OpenAIUpstream:
                 if response.status_code not in CALLER_ERRORS:
                     raise self._unavailable(f"answered {response.status_code}")
                 logger.info("upstream %s refused a request with %d", deployment.name, response.status_code)
-                message, param = _error_message(raw, response.status_code)
-                raise UpstreamRejected(response.status_code, message, param=param)
+                message, param, code = _error_message(raw, response.status_code)
+                raise UpstreamRejected(response.status_code, message, param=param, code=code)
             if not streaming:
                 async with asyncio.timeout_at(whole):
                     document = json.loads(await response.aread())

@@ -112,7 +112,8 @@ class TenantgateReplica:
             reason = code if code in REJECTION_REASONS else "unknown"
             raise EnvelopeRefused(f"engine replica {self.name} refused the envelope ({reason})", reason)
         if 400 <= status < 500:
-            raise UpstreamRejected(status, message, param=param if isinstance(param, str) else None)
+            raise UpstreamRejected(status, message, param=param if isinstance(param, str) else None,
+                                   code=code if isinstance(code, str) and code else None)
         raise UpstreamUnavailable(f"engine replica {self.name} answered {status}")
 
     async def load(self) -> ReplicaLoad:

@@ -8,6 +8,7 @@ request ends. A limit of 0 admits nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +36,7 @@ class Ticket:
     accounted: bool = True  # False when admitted fail-open without the store
     settled: bool = False
     extra: dict = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, after this admission
 
 
 class QuotaStoreUnavailable(Exception):
@@ -60,6 +62,36 @@ def check_admissible(admission: Admission) -> None:
         raise RateLimited(
             f"the request reserves {a.tokens} tokens (prompt plus max_tokens), more than the "
             f"{budget} tokens per minute this caller may use; lower max_tokens", WINDOW_S)
+
+
+def rate_limit_headers(a: Admission, now_s: float, tats_s: Sequence[float]) -> dict[str, str]:
+    """OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the four GCRA budgets'
+    theoretical arrival times (tenant r, tenant t, principal r, principal t; seconds on the
+    store's clock). Of the tenant's and the caller's budget of a kind, the one with less left.
+    Remaining: what could still be admitted now; reset: until the budget is whole again."""
+    headers = {}
+    kinds = {"requests": ((a.requests_per_minute, tats_s[0]), (a.principal_requests_per_minute, tats_s[2])),
+             "tokens": ((a.tokens_per_minute, tats_s[1]), (a.principal_tokens_per_minute, tats_s[3]))}
+    for kind, budgets in kinds.items():
+        states = []
+        for limit, tat in budgets:
+            spent_s = min(WINDOW_S, max(0.0, tat - now_s))
+            states.append((int(limit * (WINDOW_S - spent_s) / WINDOW_S + 1e-9), -spent_s, limit))
+        remaining, spent_s, limit = min(states)
+        headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(remaining)
+        headers[f"x-ratelimit-reset-{kind}"] = duration(-spent_s)
+    return headers
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's headers write it (Go's format): "20ms", "1s", "1.5s", "6m0s"."""
+    ms = max(0, round(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, ms = divmod(ms, 60_000)
+    text = f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{minutes}m{text}" if minutes else text
 
 
 # Which budget refused, by the index the limiters report.

@@ -7,7 +7,7 @@ import threading
 import time
 
 from gateway.errors import RateLimited
-from gateway.limits.base import REFUSED, WINDOW_S, Admission, Ticket, check_admissible
+from gateway.limits.base import REFUSED, WINDOW_S, Admission, Ticket, check_admissible, rate_limit_headers
 
 
 class InProcessLimiter:
@@ -31,18 +31,19 @@ class InProcessLimiter:
         now = self._clock()
         budgets = self._budgets(admission)
         with self._lock:
-            new_tats = [max(self._tat.get(key, now), now) + cost for key, cost in budgets]
+            tats = [max(self._tat.get(key, now), now) for key, _ in budgets]
+            new_tats = [tat + cost for tat, (_, cost) in zip(tats, budgets)]
             waits = [tat - now - WINDOW_S for tat in new_tats]
             worst = max(range(len(waits)), key=waits.__getitem__)
             if waits[worst] > 0:
-                raise RateLimited(REFUSED[worst], waits[worst])
+                raise RateLimited(REFUSED[worst], waits[worst], headers=rate_limit_headers(admission, now, tats))
             in_flight = self._in_flight.setdefault(admission.tenant, set())
             if len(in_flight) >= admission.concurrent_requests:
-                raise RateLimited(REFUSED[4], 1.0)
+                raise RateLimited(REFUSED[4], 1.0, headers=rate_limit_headers(admission, now, tats))
             in_flight.add(admission.request_id)
             for (key, _), tat in zip(budgets, new_tats):
                 self._tat[key] = tat
-        return Ticket(admission)
+        return Ticket(admission, headers=rate_limit_headers(admission, now, new_tats))
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:
         if ticket.settled or not ticket.accounted:

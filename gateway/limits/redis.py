@@ -30,36 +30,51 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.errors import RateLimited
-from gateway.limits.base import REFUSED, WINDOW_S, Admission, QuotaStoreUnavailable, Ticket, check_admissible
+from gateway.limits.base import (
+    REFUSED,
+    WINDOW_S,
+    Admission,
+    QuotaStoreUnavailable,
+    Ticket,
+    check_admissible,
+    rate_limit_headers,
+)
 
 logger = logging.getLogger("tenantgate.limits")
 
 # KEYS: 4 GCRA budgets (tenant r, tenant t, principal r, principal t), the in-flight set, the
 #       request's tombstone. ARGV: 4 costs in ms (how far the request pushes each TAT), request id,
-#       concurrency limit, lease ms. Returns {1} when admitted, {0, wait_ms, index} when refused,
-#       {0, 0, 0} when the request was released before this ran.
+#       concurrency limit, lease ms. Returns {1, 4 TATs after it} when admitted, {0, wait_ms, index,
+#       4 TATs as they stay} when refused, each TAT in µs from now (integers, so no token is lost
+#       to rounding: they make the x-ratelimit-* headers), {0, 0, 0} when the request was released
+#       before this ran.
 ADMIT = """
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = 60000
-local tats, worst, worst_wait = {}, 0, 0
+local olds, tats, worst, worst_wait = {}, {}, 0, 0
 for i = 1, 4 do
   local tat = tonumber(redis.call('GET', KEYS[i]) or now)
   if tat < now then tat = now end
+  olds[i] = math.floor((tat - now) * 1000)
   tats[i] = tat + tonumber(ARGV[i])
   local wait = tats[i] - now - window
   if wait > worst_wait then worst, worst_wait = i, wait end
 end
-if worst > 0 then return {0, math.ceil(worst_wait), worst} end
+if worst > 0 then return {0, math.ceil(worst_wait), worst, olds[1], olds[2], olds[3], olds[4]} end
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[6]) then return {0, 1000, 5} end
+if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[6]) then
+  return {0, 1000, 5, olds[1], olds[2], olds[3], olds[4]}
+end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[7]), ARGV[5])
 redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
 for i = 1, 4 do
   redis.call('SET', KEYS[i], tats[i], 'PX', math.ceil(tats[i] - now) + 1000)
 end
-return {1}
+local us = {}
+for i = 1, 4 do us[i] = math.floor((tats[i] - now) * 1000) end
+return {1, us[1], us[2], us[3], us[4]}
 """
 
 # KEYS: tenant t, principal t, in-flight set. ARGV: ms to give back to each, request id.
@@ -158,8 +173,9 @@ class RedisLimiter:
         if int(result[0]) != 1:
             if int(result[2]) == 0:
                 raise QuotaStoreUnavailable()  # released before it ran (no caller waits for this answer)
-            raise RateLimited(REFUSED[int(result[2]) - 1], int(result[1]) / 1000)
-        ticket = Ticket(admission)
+            raise RateLimited(REFUSED[int(result[2]) - 1], int(result[1]) / 1000,
+                              headers=_headers(a, result[3:]))
+        ticket = Ticket(admission, headers=_headers(a, result[1:]))
         self._live[a.request_id] = ticket
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_leases(), name="tenantgate-lease-renewer")
@@ -243,6 +259,10 @@ class RedisLimiter:
         await asyncio.gather(*(t for t in [self._renewer, *self._retrying] if t is not None), return_exceptions=True)
         self._renewer = None
         await self._client.aclose()
+
+
+def _headers(a: Admission, tats_us) -> dict[str, str]:
+    return rate_limit_headers(a, 0.0, [int(t) / 1e6 for t in tats_us])
 
 
 def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default"

@@ -39,6 +39,7 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
     decision = admitted.judgement.decision
     target = admitted.deployment
     record = {
+        "decision_id": admitted.decision_id,
         "request_id": admitted.request_id,
         "route": admitted.route,
         **gateway.audit.principal_digests(admitted.principal),

@@ -7,6 +7,7 @@ nothing reaches a deployment unless every step before it said yes.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from engine.sampling_params import SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
 from gateway.errors import (
+    ContextLengthExceeded,
     GatewayError,
     InvalidRequest,
     ModelDenied,
@@ -28,6 +30,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
+from gateway.middleware import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, add_response_headers, set_request_id
 from gateway.pipeline.knobs import envelope_for_decision
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
@@ -38,6 +41,8 @@ logger = logging.getLogger("tenantgate.gateway")
 CLASSIFICATION_HEADER = "x-data-classification"
 # The reason policies/authz gives when a tenant may not use the model; such a deny is answered as 404.
 MODEL_DENIED_REASON = "the requested model is not available to this tenant"
+# policies/limits: a prompt with no room left in the tenant's window; alone, it is answered as 400.
+CONTEXT_DENIED_REASON = re.compile(r"the prompt leaves no room in this tenant's context window of (\d+) tokens")
 QUOTA_STORE_RETRY_S = 2.0
 
 
@@ -75,6 +80,7 @@ class Admitted:
     prompt_tokens: int  # the gateway's count until a deployment reports its own
     ticket: Ticket
     targets: list = field(default_factory=list)  # where it may run, in the order to try
+    decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header
     deployment: object | None = None  # the target that ran it
     started: float = field(default_factory=time.perf_counter)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -134,11 +140,22 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
         gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
     request.state.decision = "allow" if judgement.decision.allow else "deny"
     if not judgement.decision.allow:
-        reasons = judgement.decision.reasons
-        denied = (ModelDenied if MODEL_DENIED_REASON in reasons else PolicyDenied)(reasons, judgement.revision)
+        denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record
         raise denied
     return judgement
+
+
+def _denial(judgement: Judgement, prompt_tokens: int) -> GatewayError:
+    """A model the tenant may not use is 404; a prompt too long for the tenant's window, when that
+    is the only reason, is OpenAI's 400 context_length_exceeded; any other deny is 403."""
+    reasons = judgement.decision.reasons
+    if MODEL_DENIED_REASON in reasons:
+        return ModelDenied(reasons, judgement.revision)
+    windows = [CONTEXT_DENIED_REASON.fullmatch(reason) for reason in reasons]
+    if windows and all(windows):
+        return ContextLengthExceeded(prompt_tokens, int(windows[0][1]), "This tenant's")
+    return PolicyDenied(reasons, judgement.revision)
 
 
 def envelope_for(gateway: Gateway, principal: Principal, judgement: Judgement) -> ExecutionEnvelope:
@@ -156,13 +173,12 @@ def effective_max_tokens(decision: Decision, context_cap: int | None, requested:
                          prompt_tokens: int) -> int:
     """The decision's max_tokens, clamped again by the context caps (the policy may be older than the model)."""
     context = decision.limits.max_context_tokens
-    if context_cap is not None:
-        context = min(context, context_cap)
+    whose = "This tenant's"
+    if context_cap is not None and context_cap < context:
+        context, whose = context_cap, "This model's"
     room = context - prompt_tokens
     if room < 1:
-        raise InvalidRequest(
-            f"the prompt has {prompt_tokens} tokens and leaves no room in the {context}-token context window",
-            param="messages", code="context_length_exceeded")
+        raise ContextLengthExceeded(prompt_tokens, context, whose)
     wanted = decision.limits.max_tokens if requested is None else requested
     return max(1, min(wanted, decision.limits.max_tokens, room))
 
@@ -188,6 +204,10 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
                             prompt_tokens=ask.prompt_tokens, max_tokens=ask.max_tokens, temperature=ask.temperature)
     judgement = None
     token_ids, prompt_tokens = ask.token_ids, ask.prompt_tokens
+    # Known before the answer, so a refusal and a success alike name their audit record.
+    decision_id = str(uuid.uuid4())
+    set_request_id(request, ask.request_id)
+    add_response_headers(request, {DECISION_ID_HEADER: decision_id})
     try:
         judgement = await judge(gateway, request, document)
         # After the policy: a model the tenant may not use and one not served get the same 404,
@@ -200,15 +220,19 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             token_ids = ask.special_token_ids()
             prompt_tokens = len(token_ids)
         max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
+        if ask.max_tokens is not None and max_tokens < ask.max_tokens:
+            add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         params = _sampling_params(ask, max_tokens)
         ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
     except GatewayError as exc:
         judgement = judgement or getattr(exc, "judgement", None)
-        audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc)
+        audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc, decision_id)
         raise
-    admitted = Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, targets)
+    add_response_headers(request, ticket.headers)
+    admitted = Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, targets,
+                        decision_id=decision_id)
     if admitted.keeps_content:
         admitted.texts = []
     return admitted
@@ -222,9 +246,10 @@ def decision_summary(decision: Decision) -> dict:
 
 
 def audit_refusal(gateway: Gateway, ask: Ask, principal: Principal, judgement: Judgement | None,
-                  prompt_tokens: int, error: GatewayError) -> None:
+                  prompt_tokens: int, error: GatewayError, decision_id: str) -> None:
     """A judged request that never reached a deployment still leaves its record."""
     gateway.audit.write({
+        "decision_id": decision_id,
         "request_id": ask.request_id, "route": ask.route, **gateway.audit.principal_digests(principal),
         "policy_revision": judgement.revision if judgement else None,
         "decision": decision_summary(judgement.decision) if judgement else None,

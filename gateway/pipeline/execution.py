@@ -58,9 +58,9 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                 raise Unavailable("the deployment failed while answering; the response is incomplete") from None
         except UpstreamRejected as exc:
             admitted.deployment = target
-            raise InvalidRequest(exc.message, param=exc.param) from None
+            raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
         except RequestError as exc:
-            raise InvalidRequest(str(exc), param=exc.param) from None
+            raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
         except EngineDeadError:
             raise Unavailable("the inference engine is not running") from None
         finally:

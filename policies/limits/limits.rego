@@ -50,7 +50,11 @@ deny contains "prompt_tokens must be a non-negative integer" if {
 	not _non_negative_integer(_prompt_tokens)
 }
 
-deny contains "the prompt leaves no room in this tenant's context window" if {
+# The gateway answers this deny alone as 400 context_length_exceeded, with both counts.
+deny contains sprintf(
+	"the prompt leaves no room in this tenant's context window of %d tokens",
+	[_limits.max_context_tokens],
+) if {
 	_prompt_tokens >= _limits.max_context_tokens
 }
 

@@ -68,7 +68,7 @@ test_allow_absent_prompt_tokens_counts_as_zero if {
 }
 
 test_deny_prompt_filling_context if {
-	_deny({"prompt_tokens": 8192, "max_tokens": 8}) == {"the prompt leaves no room in this tenant's context window"}
+	_deny({"prompt_tokens": 8192, "max_tokens": 8}) == {"the prompt leaves no room in this tenant's context window of 8192 tokens"}
 }
 
 test_deny_non_positive_max_tokens if {

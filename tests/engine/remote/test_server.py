@@ -162,6 +162,9 @@ def test_the_client_maps_a_403_to_envelope_refused_and_a_400_to_upstream_rejecte
             with pytest.raises(UpstreamRejected) as rejected:  # a token id beyond the demo vocabulary
                 await anext(trusted.generate([10**9], GREEDY, ENV, "out-of-vocabulary"))
             assert rejected.value.status == 400 and rejected.value.param == "prompt"
+            with pytest.raises(UpstreamRejected) as overflow:  # a prompt over the replica's context window
+                await anext(trusted.generate([5] * 100_000, GREEDY, ENV, "over-the-context"))
+            assert overflow.value.code == "context_length_exceeded" and "100000 tokens" in overflow.value.message
         finally:
             await refused.aclose()
             await trusted.aclose()

@@ -57,8 +57,9 @@ def test_malformed_bodies_are_400(gateway, body: bytes) -> None:
 
 def test_context_overflow_is_400_before_the_engine(gateway) -> None:
     long = {**CHAT, "messages": [{"role": "user", "content": "word " * 3000}]}
-    error = _assert_openai_error(_post(gateway, long), 403)
-    assert "context window" in error["message"]  # the tenant's policy caps the context first
+    error = _assert_openai_error(_post(gateway, long), 400)
+    assert error["code"] == "context_length_exceeded"  # the tenant's policy caps the context first
+    assert "1024 tokens" in error["message"]
 
 
 def test_unregistered_tenant_is_refused_before_any_key_fetch(gateway) -> None:

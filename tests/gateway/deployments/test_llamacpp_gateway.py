@@ -13,7 +13,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.openai.asks import estimate_tokens
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, ZETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, GAMMA, ZETA, gateway_settings
 from tests.utils.server import serving
 
 pytestmark = pytest.mark.upstream
@@ -88,3 +88,23 @@ def test_a_decision_it_cannot_honour_is_refused_with_the_reason(gateway, local_i
     with client(gateway, ALPHA, local_issuer) as sdk, pytest.raises(openai.PermissionDeniedError) as refused:
         sdk.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4)
     assert "dedicated" in refused.value.message and "isolation" in refused.value.message
+
+
+def test_a_prompt_over_llama_servers_context_is_400_context_length_exceeded(llama_server, local_issuer,
+                                                                             tmp_path) -> None:
+    """A tenant window larger than llama-server's (-c 2048): llama-server refuses, and the caller
+    gets OpenAI's 400 context_length_exceeded with llama-server's counts."""
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    tenants["tenants"][GAMMA]["limits"] |= {"max_context_tokens": 100_000}  # shared isolation, as llama-server is
+    (tmp_path / "tenants.json").write_text(json.dumps(tenants))
+    deployments = tmp_path / "deployments.json"
+    deployments.write_text(json.dumps({"models": {"demo": [{
+        "name": "llama", "kind": "openai", "dialect": "llamacpp", "url": llama_server, "upstream_model": "smollm2"}]}}))
+    settings = gateway_settings(local_issuer, deployments_file=deployments, policy_data_dir=tmp_path,
+                                audit_file=tmp_path / "audit.jsonl", audit_signing_key=tmp_path / "audit.pem",
+                                metrics_port=0)
+    with serving(create_app(settings)) as base_url, \
+            client((base_url, settings), GAMMA, local_issuer) as sdk, pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4)
+    assert caught.value.code == "context_length_exceeded"
+    assert "2048" in caught.value.body["message"]  # llama-server's window, in its own words

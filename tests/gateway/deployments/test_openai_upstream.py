@@ -168,6 +168,7 @@ async def test_a_400_is_rejected_with_the_upstreams_message_for_the_caller(fake)
     rejected = caught.value
     assert (rejected.status, rejected.message, rejected.param) == (
         400, "This model's maximum context length is 2048 tokens", "messages")
+    assert rejected.code == "context_length_exceeded"  # vLLM says so in its message only; OpenAI's code for it
     assert "maximum context" not in str(rejected)  # what may reach a log names the status only
 
 
