@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's
 
 # JSON's \ud800-\udfff escapes decode to lone surrogates: code points, but not Unicode scalar
 # values, which no encoder, tokenizer or log handler can write.
@@ -57,7 +58,11 @@ class SamplingFields(RequestModel):
     user: Annotated[str, Field(max_length=256)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
+    # Extensions (vLLM's names and ranges; -1 or 0 turns top_k off): not OpenAI's, see docs/api.md.
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -65,6 +70,13 @@ class SamplingFields(RequestModel):
         stops = [value] if isinstance(value, str) else value or []
         if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"each stop sequence must have 1 to {MAX_STOP_CHARS} characters")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and not all(key.isascii() and key.isdigit() and len(key) <= 10 for key in value):
+            raise ValueError("keys must be token ids, as decimal strings")
         return value
 
     def stop_list(self) -> tuple[str, ...]:
