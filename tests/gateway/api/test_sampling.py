@@ -129,3 +129,10 @@ def test_out_of_range_sampling_fields_are_400_naming_the_field(gateway, extra, p
             client.completions.create(model="demo", prompt=PROMPT, max_tokens=2, **extra)
     assert caught.value.body["param"] == param
     assert param in caught.value.body["message"]
+
+
+def test_a_streamed_request_with_an_unknown_token_is_a_400_before_any_chunk(gateway) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        list(gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=2, stream=True,
+                                                           logit_bias={"99999999": 1}))
+    assert caught.value.body["param"] == "logit_bias"
