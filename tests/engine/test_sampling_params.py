@@ -61,3 +61,13 @@ def test_logit_bias_takes_openais_json_keys_and_remote_pairs() -> None:
     assert SamplingParams(logit_bias=[[42, -100], [7, 2.5]]).logit_bias == params.logit_bias  # as JSON carries it
     assert SamplingParams(logit_bias={str(i): 100 for i in range(300)}).logit_bias[-1] == (299, 100.0)
     assert params.penalized and not SamplingParams(logit_bias={"1": 1}).penalized
+
+
+def test_every_setting_survives_the_replica_wire() -> None:
+    import json
+
+    from engine.remote import params_from_json, params_to_json
+
+    params = SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, top_k=4, min_p=0.1, presence_penalty=0.5,
+                            frequency_penalty=-1.0, logit_bias={"5": -100, "9": 2.5}, seed=3, stop=("x",))
+    assert params_from_json(json.loads(json.dumps(params_to_json(params)))) == params
