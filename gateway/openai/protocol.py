@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS, MAX_PENALTY
+
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
-MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's
 
 # JSON's \ud800-\udfff escapes decode to lone surrogates: code points, but not Unicode scalar
 # values, which no encoder, tokenizer or log handler can write.
@@ -56,11 +57,11 @@ class SamplingFields(RequestModel):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     seed: int | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
+    presence_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
                           Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
-    # Extensions (vLLM's names and ranges; -1 or 0 turns top_k off): not OpenAI's, see docs/api.md.
+    # Extensions, with vLLM's names and ranges (-1 or 0 turns top_k off); docs/engine.md, Sampling.
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
 
