@@ -120,6 +120,10 @@ class LLMEngine:
                 raise RequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
         if not token_ids:
             raise RequestError("the prompt is empty", param="prompt")
+        vocab = self.model_config.vocab_size
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
+            raise RequestError(f"logit_bias: token id {params.logit_bias[-1][0]} is not in this model's "
+                               f"vocabulary (ids 0 to {vocab - 1})", param="logit_bias")
         if len(token_ids) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len} tokens "
@@ -306,6 +310,10 @@ class LLMEngine:
                 "temperature": p.temperature,
                 "top_p": p.top_p,
                 "top_k": p.top_k,
+                "min_p": p.min_p,
+                "presence_penalty": p.presence_penalty,
+                "frequency_penalty": p.frequency_penalty,
+                "logit_bias_tokens": len(p.logit_bias),
                 "seeded": p.seed is not None,
                 "stops": len(p.stop) + len(p.stop_token_ids),
                 "logprobs": p.logprobs,

@@ -137,7 +137,8 @@ class ModelRunner:
             rows = hidden[torch.tensor(sample_rows, device=self.device)]
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
             seqs = [batch.seqs[i] for i in sampling]
-            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+            outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
+            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs], outputs)
             for i, sample in zip(sampling, samples):
                 results[i] = sample
         return results

@@ -1,9 +1,16 @@
-"""Token selection: greedy, temperature, top-k, top-p, per-request seeds, OpenAI-style logprobs.
+"""Token selection: logit bias, presence and frequency penalties, greedy, temperature, top-k,
+top-p, min-p, per-request seeds, OpenAI-style logprobs.
+
+The order is HF transformers': processors on the raw logits (logit_bias, then OpenAI's
+penalties), which greedy decoding sees too; then, for sampled rows, temperature, top-k,
+top-p on what top-k kept, and min-p. Each is one tensor op over the whole batch and touches
+a row only through that row's own values, so a row's result does not depend on its batch
+(the deterministic lane relies on it).
 
 Each sampled request draws its noise from its own torch.Generator, one vector of
 vocabulary size per step, so the tokens a seed yields do not depend on what else is
-in the batch. Logprobs are taken from the raw model distribution (before temperature
-and truncation), as OpenAI and vLLM report them.
+in the batch. Logprobs are taken from the raw model distribution (before bias, penalties,
+temperature and truncation), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ class SampleResult:
     token_id: int
     logprobs: TokenLogprobs | None
     logits: torch.Tensor | None = None  # raw float32 row, only with SamplingParams.keep_logits
-    margin: float = 0.0  # top-1 minus top-2 raw logit: how close the step was to a tie
+    margin: float = 0.0  # top-1 minus top-2 logit after bias and penalties: how close the step was to a tie
 
 
 class Sampler:
@@ -48,14 +55,17 @@ class Sampler:
         self._generators.pop(request_id, None)
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[SampleResult]:
-        """logits: [num_rows, vocab] float32, one row per request that samples this step."""
+    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
+               output_token_ids: list[list[int]] | None = None) -> list[SampleResult]:
+        """logits: [num_rows, vocab] float32, one row per request that samples this step;
+        output_token_ids: per row, the tokens it generated so far (read only for penalized rows)."""
         logits = logits.float()
-        chosen = logits.argmax(dim=-1)
+        processed = process_logits(logits, params, output_token_ids)
+        chosen = processed.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
             rows = torch.tensor(sampled_rows, device=logits.device)
-            probs = self._probabilities(logits[rows], [params[i] for i in sampled_rows])
+            probs = warp_logits(processed[rows], [params[i] for i in sampled_rows]).softmax(dim=-1)
             # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
             noise = torch.stack(
                 [
@@ -66,7 +76,7 @@ class Sampler:
             chosen[rows] = (probs / noise).argmax(dim=-1)
 
         chosen_ids = chosen.tolist()
-        top2 = logits.topk(2, dim=-1).values
+        top2 = processed.topk(2, dim=-1).values
         margins = (top2[:, 0] - top2[:, 1]).tolist()
         want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: dict[int, TokenLogprobs] = {}
@@ -86,21 +96,63 @@ class Sampler:
             for i, tok in enumerate(chosen_ids)
         ]
 
-    @staticmethod
-    def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        temps = torch.tensor([p.temperature for p in params], device=logits.device)[:, None]
-        logits = logits / temps
-        vocab = logits.shape[-1]
-        top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        top_ps = [p.top_p for p in params]
-        if any(k < vocab for k in top_ks) or any(p < 1 for p in top_ps):
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            ranks = torch.arange(vocab, device=logits.device)[None, :]
-            drop = ranks >= torch.tensor(top_ks, device=logits.device)[:, None]
-            sorted_probs = sorted_logits.softmax(dim=-1)
-            # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop |= mass_before >= torch.tensor(top_ps, device=logits.device)[:, None]
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-        return logits.softmax(dim=-1)
+
+def process_logits(logits: torch.Tensor, params: list[SamplingParams],
+                   output_token_ids: list[list[int]] | None = None) -> torch.Tensor:
+    """logit_bias, then OpenAI's presence and frequency penalties over the tokens generated so
+    far: logits[j] += bias[j] - count[j] * frequency_penalty - (count[j] > 0) * presence_penalty.
+    Returns `logits` itself when no row asks for either (no copy, no rounding)."""
+    biased = [i for i, p in enumerate(params) if p.logit_bias]
+    penalized = [i for i, p in enumerate(params) if p.penalized]
+    if not biased and not penalized:
+        return logits
+    logits = logits.clone()
+    device = logits.device
+    if biased:
+        rows = [i for i in biased for _ in params[i].logit_bias]
+        tokens = [t for i in biased for t, _ in params[i].logit_bias]
+        biases = [b for i in biased for _, b in params[i].logit_bias]
+        index = (torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
+        logits.index_put_(index, torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
+    if penalized:
+        if output_token_ids is None:
+            raise ValueError("presence and frequency penalties need the tokens generated so far")
+        # Counts are small integers and each (row, token) of logit_bias is unique, so neither
+        # scatter depends on the order a device adds in.
+        outputs = [output_token_ids[i] for i in penalized]
+        index = (torch.tensor([r for r, out in enumerate(outputs) for _ in out], dtype=torch.long, device=device),
+                 torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device))
+        counts = torch.zeros(len(penalized), logits.shape[-1], dtype=logits.dtype, device=device)
+        counts.index_put_(index, torch.ones(index[0].shape, dtype=logits.dtype, device=device), accumulate=True)
+        frequency, presence = torch.tensor([[params[i].frequency_penalty, params[i].presence_penalty] for i in penalized],
+                                           dtype=logits.dtype, device=device).unbind(dim=1)
+        rows = torch.tensor(penalized, device=device)
+        logits[rows] -= counts * frequency[:, None] + (counts > 0).to(logits.dtype) * presence[:, None]
+    return logits
+
+
+def warp_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, top-k, top-p over what top-k kept, then min-p, as HF's warpers chain them:
+    the logits with every dropped token at -inf (the top token always stays)."""
+    device = logits.device
+    logits = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
+    vocab = logits.shape[-1]
+    top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_ps = [p.top_p for p in params]
+    if any(k < vocab for k in top_ks) or any(p < 1 for p in top_ps):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=device)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= torch.tensor(top_ks, device=device)[:, None],
+                                                  float("-inf"))
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop = mass_before >= torch.tensor(top_ps, device=device)[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+    min_ps = [p.min_p for p in params]
+    if any(m > 0 for m in min_ps):
+        probs = logits.softmax(dim=-1)
+        floor = torch.tensor(min_ps, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits

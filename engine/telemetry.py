@@ -41,7 +41,7 @@ class RequestRecord:
     output_tokens: int
     truncated: bool
     truncation_reason: str | None
-    decode: dict  # max_tokens, temperature, top_p, top_k, seeded, stops, logprobs
+    decode: dict  # max_tokens, temperature, top_p, top_k, min_p, penalties, logit_bias_tokens, seeded, stops, logprobs
     model_fingerprint: str
     cache_scope: str
     cached_tokens: int

@@ -14,6 +14,10 @@ docs/upstreams.md has the table and the documentation behind every field. In sho
 - Priority: `priority` for vLLM and SGLang, in the order the deployment declares.
 - Usage: a streamed call asks for it with `stream_options.include_usage`; a whole answer has
   it in its body. The upstream call streams exactly when the caller's does.
+- Sampling extensions: `top_k` and `min_p` go to vLLM, SGLang and llama.cpp's server, with
+  top_k off sent as -1 (what all three read as off; SGLang refuses 0, llama.cpp defaults to 40).
+  OpenAI and Azure OpenAI have neither: a model with such a deployment refuses them with a 400
+  naming the field (dropping them would change the answer without a word).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -50,6 +54,9 @@ PATHS = {"chat.completions": "chat/completions", "completions": "completions"}
 # logprobs, top_logprobs, best_of and echo (see unsupported_fields).
 FORWARDED = frozenset({"messages", "prompt", "suffix", "temperature", "top_p", "stop", "seed",
                        "presence_penalty", "frequency_penalty", "logit_bias", "response_format"})
+# Sampling extensions, forwarded only to the dialects that document them.
+EXTENSIONS = frozenset({"top_k", "min_p"})
+EXTENSION_DIALECTS = frozenset({"vllm", "sglang", "llamacpp"})
 
 # Statuses that are about the request itself; any other error status is the deployment's
 # (401/403: the gateway's credential, 404: its URL or model name, 408/429/5xx: load or failure).
@@ -141,10 +148,13 @@ def _max_tokens_field(deployment: Deployment, route: str) -> str:
     return "max_tokens"
 
 
-def unsupported_fields(body: dict) -> list[str]:
+def unsupported_fields(body: dict, dialects: Iterable[str] = ()) -> list[str]:
     """The caller's fields an upstream cannot honour through this client (refuse them with 400):
-    one choice per request, and no logprobs (the engine's token-id logprobs have no upstream twin)."""
+    one choice per request, no logprobs (the engine's token-id logprobs have no upstream twin), and
+    no sampling extension when any of the model's deployments (`dialects`) lacks it."""
     names = []
+    if not EXTENSION_DIALECTS.issuperset(dialects):
+        names += sorted(EXTENSIONS.intersection(body))
     if body.get("n", 1) != 1:
         names.append("n")
     if body.get("logprobs") is not None and body.get("logprobs") is not False:  # completions' 0 asks for some
@@ -177,6 +187,10 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
         raise ValueError(f"deployment {deployment.name}: {reason}")
     base = deployment.url.rstrip("/")
     body = {name: value for name, value in call.body.items() if name in FORWARDED}
+    if deployment.dialect in EXTENSION_DIALECTS:
+        body |= {name: value for name, value in call.body.items() if name in EXTENSIONS}
+        if body.get("top_k", 1) <= 0:
+            body["top_k"] = -1
     if deployment.dialect == "azure-openai":
         # The deployment is in the path; the 2024-10-21 request schema has no model field.
         url = (f"{base}/openai/deployments/{quote(deployment.azure_deployment, safe='')}/{PATHS[call.route]}"

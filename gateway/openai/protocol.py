@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS, MAX_PENALTY
+
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 
@@ -55,9 +57,13 @@ class SamplingFields(RequestModel):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     seed: int | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+                          Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
+    # Extensions, with vLLM's names and ranges (-1 or 0 turns top_k off); docs/engine.md, Sampling.
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -65,6 +71,13 @@ class SamplingFields(RequestModel):
         stops = [value] if isinstance(value, str) else value or []
         if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"each stop sequence must have 1 to {MAX_STOP_CHARS} characters")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and not all(key.isascii() and key.isdigit() and len(key) <= 10 for key in value):
+            raise ValueError("keys must be token ids, as decimal strings")
         return value
 
     def stop_list(self) -> tuple[str, ...]:

@@ -62,6 +62,11 @@ class Ask:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    top_k: int | None = None  # -1 and 0: off
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (decimal string) -> bias
     body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
     # When the decision reads special tokens (completions), the ids that run instead of token_ids.
     special_token_ids: Callable[[], list[int]] | None = None
@@ -189,6 +194,11 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
             max_tokens=max_tokens,
             temperature=1.0 if ask.temperature is None else ask.temperature,
             top_p=1.0 if ask.top_p is None else ask.top_p,
+            top_k=max(ask.top_k or 0, 0),
+            min_p=ask.min_p or 0.0,
+            presence_penalty=ask.presence_penalty or 0.0,
+            frequency_penalty=ask.frequency_penalty or 0.0,
+            logit_bias=ask.logit_bias or (),
             seed=ask.seed,
             stop=ask.stop,
             logprobs=ask.logprobs,

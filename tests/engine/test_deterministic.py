@@ -9,6 +9,7 @@ logits, identical tokens, every time. On a Llama with two query heads per KV hea
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -21,8 +22,18 @@ from tests.utils.envelopes import envelope
 NUM_REQUESTS = 50
 
 
-def run_crowded(engine, rng: random.Random, prompt, params, env, companions: int):
-    """The request beside `companions` random others, arriving anywhere among them."""
+def random_processing(rng: random.Random) -> dict:
+    """Penalties, logit_bias, top-k and min-p for a request, drawn at random (or none)."""
+    if rng.random() < 0.3:
+        return {}
+    return {"presence_penalty": rng.uniform(-2, 2), "frequency_penalty": rng.uniform(-2, 2),
+            "logit_bias": {rng.randrange(500): rng.uniform(-100, 100) for _ in range(rng.randrange(1, 20))},
+            "top_k": rng.choice([0, 20]), "min_p": rng.choice([0.0, 0.05])}
+
+
+def run_crowded(engine, rng: random.Random, prompt, params, env, companions: int, processing: bool = False):
+    """The request beside `companions` random others, arriving anywhere among them (with
+    `processing`, the others draw penalties, biases and truncation too)."""
     prompts = [prompt]
     all_params = [params]
     envs = [env]
@@ -35,6 +46,7 @@ def run_crowded(engine, rng: random.Random, prompt, params, env, companions: int
                 temperature=rng.choice([0.0, 0.7, 1.3]),
                 seed=rng.randrange(1000),
                 ignore_eos=True,
+                **(random_processing(rng) if processing else {}),
             )
         )
         envs.append(envelope(f"c{rng.randrange(5)}", deterministic=rng.random() < 0.3))
@@ -107,6 +119,31 @@ def test_deterministic_requests_are_bit_identical_under_load(engines) -> None:
     for engine in engines:
         engine.check_invariants()
         assert engine.block_manager.num_prefix_hit_tokens > 0
+
+
+def test_penalized_and_biased_deterministic_requests_stay_bit_identical_under_load(engines) -> None:
+    """Penalties and logit_bias read a row's own tokens and touch only its own logits: the lane's
+    guarantee holds with them on, beside companions that use them too."""
+    engines, num_requests = engines
+    rng = random.Random(4321)
+    changed, cases = 0, num_requests // 5
+    for case in range(cases):
+        prompt = [rng.randrange(2, 500) for _ in range(rng.randrange(2, 300))]
+        params = SamplingParams(max_tokens=rng.randrange(6, 14), temperature=rng.choice([0.0, 0.9]),
+                                seed=rng.randrange(10_000), ignore_eos=True, keep_logits=True,
+                                presence_penalty=rng.uniform(0.5, 2), frequency_penalty=rng.uniform(0.5, 2),
+                                logit_bias={rng.randrange(500): 5.0, rng.randrange(500): -100.0})
+        env = envelope(f"penalized-{case}", deterministic=True)
+        reference = engines[0].generate([prompt], params, env)[0]
+        plain = engines[0].generate([prompt], dataclasses.replace(params, presence_penalty=0, frequency_penalty=0,
+                                                                  logit_bias=()), env)[0]
+        changed += plain.token_ids != reference.token_ids
+        for engine in engines:
+            result = run_crowded(engine, rng, prompt, params, env, rng.randrange(1, 32), processing=True)
+            assert result.token_ids == reference.token_ids, f"case {case}: tokens differ"
+            for step, (a, b) in enumerate(zip(result.logits, reference.logits)):
+                assert torch.equal(a, b), f"case {case}, step {step}: logits differ"
+    assert changed > cases // 2, "the penalties and biases seldom changed the tokens: the test proves little"
 
 
 def test_smollm2_is_bit_identical_alone_crowded_cached_chunked_and_preempted(smollm2_dir) -> None:

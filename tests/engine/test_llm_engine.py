@@ -55,6 +55,33 @@ def test_sampled_tokens_stay_inside_top_k_and_top_p(tiny_dir, make_engine) -> No
             assert token in order[:nucleus].tolist()
 
 
+def test_greedy_steps_follow_openais_penalties_over_the_tokens_generated_so_far(tiny_dir, make_engine) -> None:
+    from tests.engine.test_sampler import openai_penalties
+
+    engine = make_engine(model=str(tiny_dir))
+    plain = engine.generate([PROMPT], sampled(temperature=0, keep_logits=True), envelopes=ENV)[0]
+    penalized = sampled(temperature=0, presence_penalty=1.5, frequency_penalty=2.0, keep_logits=True)
+    result = engine.generate([PROMPT], penalized, envelopes=ENV)[0]
+    assert result.token_ids != plain.token_ids
+    for step, (token, raw) in enumerate(zip(result.token_ids, result.logits)):
+        expected = openai_penalties(raw.numpy(), result.token_ids[:step], 1.5, 2.0)
+        assert token == int(expected.argmax()), f"step {step}"
+
+
+def test_logit_bias_forces_and_bans_tokens_in_the_engine(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    greedy = engine.generate([PROMPT], sampled(temperature=0, max_tokens=4), envelopes=ENV)[0].token_ids
+    banned = engine.generate([PROMPT], sampled(temperature=0, max_tokens=4, logit_bias={greedy[0]: -100}),
+                             envelopes=ENV)[0].token_ids
+    assert greedy[0] not in banned
+    forced = engine.generate([PROMPT], sampled(temperature=0.9, seed=5, max_tokens=4, logit_bias={"77": 100}),
+                             envelopes=ENV)[0].token_ids
+    assert forced == [77] * 4
+    with pytest.raises(RequestError, match="not in this model's vocabulary") as caught:
+        engine.generate([PROMPT], sampled(logit_bias={"512": 1}), envelopes=ENV)
+    assert caught.value.param == "logit_bias"
+
+
 def test_logprobs_are_the_raw_distribution(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir))
     result = engine.generate([PROMPT], sampled(temperature=0.7, seed=3, logprobs=5, keep_logits=True), envelopes=ENV)[0]

@@ -26,6 +26,18 @@ from engine.sampling_params import SamplingParams, SamplingParamsError
         ({"stop": 5}, "stop"),
         ({"stop_token_ids": 5}, "stop_token_ids"),
         ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 2.01}, "presence_penalty"),
+        ({"presence_penalty": float("nan")}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"frequency_penalty": "1"}, "frequency_penalty"),
+        ({"logit_bias": {"a": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias"),
+        ({"logit_bias": {5: True}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"logit_bias": "5"}, "logit_bias"),
     ],
 )
 def test_out_of_range_settings_name_the_field(kwargs, param) -> None:
@@ -41,3 +53,21 @@ def test_valid_edges_are_accepted() -> None:
     assert SamplingParams(stop="END").stop == ("END",)  # one string, not its characters
     assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
     assert SamplingParams(top_p=1.0, max_tokens=1, logprobs=0, stop=["x"]).stop == ("x",)
+
+
+def test_logit_bias_takes_openais_json_keys_and_remote_pairs() -> None:
+    params = SamplingParams(logit_bias={"42": -100, "7": 2.5}, presence_penalty=-2, frequency_penalty=2, min_p=1)
+    assert params.logit_bias == ((7, 2.5), (42, -100.0))
+    assert SamplingParams(logit_bias=[[42, -100], [7, 2.5]]).logit_bias == params.logit_bias  # as JSON carries it
+    assert SamplingParams(logit_bias={str(i): 100 for i in range(300)}).logit_bias[-1] == (299, 100.0)
+    assert params.penalized and not SamplingParams(logit_bias={"1": 1}).penalized
+
+
+def test_every_setting_survives_the_replica_wire() -> None:
+    import json
+
+    from engine.remote import params_from_json, params_to_json
+
+    params = SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, top_k=4, min_p=0.1, presence_penalty=0.5,
+                            frequency_penalty=-1.0, logit_bias={"5": -100, "9": 2.5}, seed=3, stop=("x",))
+    assert params_from_json(json.loads(json.dumps(params_to_json(params)))) == params

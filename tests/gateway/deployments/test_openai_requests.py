@@ -221,6 +221,35 @@ def test_unsupported_fields_are_named_for_a_400():
         "logprobs", "best_of", "echo"]
 
 
+# -- sampling fields ------------------------------------------------------------------------------
+# OpenAI's penalties and logit_bias mean the same on every dialect and go as sent. top_k and min_p are
+# extensions: vLLM's "Extra parameters" (top_k: -1 or 0 disables; min_p), SGLang's sampling params
+# ("top_k: -1 means disabled"; it refuses 0), llama.cpp's server (top_k <= 0 uses the whole vocabulary,
+# default 40; min_p default 0.05). OpenAI and Azure OpenAI answer an unknown field with 400.
+SAMPLING = {"presence_penalty": 0.5, "frequency_penalty": -1.0, "logit_bias": {"15": -100}}
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang", "llamacpp"])
+def test_top_k_and_min_p_go_to_the_dialects_that_document_them(dialect):
+    sent = compile_request(deployment(dialect), upstream_call(CHAT_BODY | SAMPLING | {"top_k": 5, "min_p": 0.1}), "m")
+    assert {name: sent.json[name] for name in (*SAMPLING, "top_k", "min_p")} == SAMPLING | {"top_k": 5, "min_p": 0.1}
+    for off in (0, -1):  # off is -1 everywhere: SGLang refuses 0, and llama.cpp's default is 40
+        assert compile_request(deployment(dialect), upstream_call(CHAT_BODY | {"top_k": off}), "m").json["top_k"] == -1
+    assert "top_k" not in compile_request(deployment(dialect), upstream_call(), "m").json
+
+
+@pytest.mark.parametrize("dialect", ["azure-openai", "openai"])
+def test_openai_dialects_get_the_penalties_and_never_an_extension(dialect):
+    call = upstream_call(CHAT_BODY | SAMPLING | {"top_k": 5, "min_p": 0.1}, scope="shared")
+    sent = compile_request(deployment(dialect), call, "m")
+    assert {name: sent.json[name] for name in SAMPLING} == SAMPLING
+    assert "top_k" not in sent.json and "min_p" not in sent.json
+    # ... because a model with such a deployment refuses them before anything runs.
+    assert unsupported_fields(CHAT_BODY | {"min_p": 0.1, "top_k": 5}, ["vllm", dialect]) == ["min_p", "top_k"]
+    assert unsupported_fields(CHAT_BODY | SAMPLING, [dialect]) == []
+    assert unsupported_fields(CHAT_BODY | {"top_k": 5}, ["vllm", "llamacpp", "sglang"]) == []
+
+
 # -- the deployments file fields this client adds -------------------------------------------------
 
 def upstream_file(**fields) -> str:

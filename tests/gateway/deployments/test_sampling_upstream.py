@@ -1,0 +1,62 @@
+"""The sampling fields through an OpenAI-compatible deployment, end to end: the openai SDK over
+real HTTP to the gateway, the gateway over real HTTP to a scripted upstream that records what it
+got. Penalties and logit_bias reach every dialect as sent; top_k and min_p reach vLLM and are
+refused with a 400 naming the field for a model served by Azure OpenAI (which has neither)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from gateway.app import create_app
+from tests.gateway.api.conftest import AUDIENCE, BETA, gateway_settings
+from tests.gateway.deployments.test_openai_upstream import FakeUpstream
+from tests.utils.server import serving
+
+MODEL = "some-other-model"  # the one model Beta's policy names
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+SAMPLING = {"presence_penalty": 0.5, "frequency_penalty": -1.5, "logit_bias": {"15": -100, "7": 3}}
+
+
+@pytest.fixture(scope="module", params=["vllm", "azure-openai"])
+def upstream(request, local_issuer, tmp_path_factory):
+    fake = FakeUpstream()
+    with serving(fake.app) as upstream_url:
+        entry = {"name": "u", "kind": "openai", "dialect": request.param, "url": upstream_url + "/v1"}
+        if request.param == "azure-openai":
+            # One cache for the whole resource: only a deployment dedicated to Beta honours its tenant scope.
+            entry |= {"azure_deployment": "gpt-4o-mini", "dedicated_tenants": [BETA]}
+        deployments = tmp_path_factory.mktemp("upstream") / "deployments.json"
+        deployments.write_text(json.dumps({"models": {MODEL: [entry]}}))
+        app = create_app(gateway_settings(local_issuer, deployments_file=deployments, metrics_port=0))
+        with serving(app) as base_url, openai.OpenAI(base_url=base_url + "/v1", max_retries=0,
+                                                     api_key=local_issuer.mint(BETA, audience=AUDIENCE)) as client:
+            yield request.param, fake, client
+
+
+def test_penalties_and_logit_bias_reach_the_upstream_as_sent(upstream) -> None:
+    dialect, fake, client = upstream
+    fake.received.clear()
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, **SAMPLING)
+    assert reply.choices[0].message.content == "Paris."
+    (sent,) = [r["json"] for r in fake.received]
+    assert {name: sent[name] for name in SAMPLING} == SAMPLING
+
+
+def test_top_k_and_min_p_reach_vllm_and_are_refused_for_azure(upstream) -> None:
+    dialect, fake, client = upstream
+    fake.received.clear()
+    extensions = {"top_k": 0, "min_p": 0.1}
+    if dialect == "vllm":
+        client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, extra_body=extensions)
+        (sent,) = [r["json"] for r in fake.received]
+        assert (sent["top_k"], sent["min_p"]) == (-1, 0.1)  # top_k off, as vLLM, SGLang and llama.cpp read it
+        return
+    for field in extensions:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5,
+                                           extra_body={field: extensions[field]})
+        assert refused.value.body["param"] == field and field in refused.value.body["message"]
+    assert fake.received == []  # refused before anything was sent
