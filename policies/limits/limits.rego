@@ -3,7 +3,9 @@
 # description: |
 #   Token and request budgets from the tenant's data. The requested max_tokens is
 #   clamped to the tenant's limit and to what the context window leaves after the
-#   prompt.
+#   prompt. Embeddings generate nothing: their max_tokens is the tenant's limit, unused,
+#   and their inputs (each cut at the encoder's own length) count against the token
+#   budget, not a context window.
 package tenantgate.limits
 
 _limits := data.tenants[input.principal.tenant_id].limits
@@ -12,11 +14,19 @@ _prompt_tokens := object.get(input.request, "prompt_tokens", 0)
 
 _requested := object.get(input.request, "max_tokens", null)
 
+_embeddings if input.request.route == "embeddings"
+
 _wanted := _limits.max_tokens if _requested == null
 
 _wanted := _requested if _requested != null
 
+max_tokens := _limits.max_tokens if {
+	_embeddings
+	_non_negative_integer(_prompt_tokens)
+}
+
 max_tokens := min([_wanted, _limits.max_tokens, _limits.max_context_tokens - _prompt_tokens]) if {
+	not _embeddings
 	_positive_integer(_wanted)
 	_non_negative_integer(_prompt_tokens)
 }
@@ -55,6 +65,7 @@ deny contains sprintf(
 	"the prompt leaves no room in this tenant's context window of %d tokens",
 	[_limits.max_context_tokens],
 ) if {
+	not _embeddings
 	_prompt_tokens >= _limits.max_context_tokens
 }
 

@@ -108,3 +108,25 @@ test_allow_tenant_sets_principal_limits_and_fail_open if {
 	l.concurrent_requests == 2
 	l.fail_open == true
 }
+
+test_allow_embeddings_generate_nothing if {
+	l := _limits({"route": "embeddings", "prompt_tokens": 100})
+	l.max_tokens == 1024 # the tenant's limit, as an allowed decision needs one; the gateway ignores it
+	l.notes == set()
+}
+
+test_allow_embeddings_inputs_beyond_the_context_window if {
+	# Each input is cut at the encoder's length; their sum is a budget matter, not a window's.
+	_deny({"route": "embeddings", "prompt_tokens": 20000}) == set()
+	_limits({"route": "embeddings", "prompt_tokens": 20000}).max_tokens == 1024
+}
+
+test_deny_embeddings_with_a_negative_count if {
+	_deny({"route": "embeddings", "prompt_tokens": -1}) == {"prompt_tokens must be a non-negative integer"}
+}
+
+test_deny_chat_still_bounded_by_the_context_window if {
+	_deny({"route": "chat.completions", "prompt_tokens": 20000}) == {
+		"the prompt leaves no room in this tenant's context window of 8192 tokens",
+	}
+}

@@ -16,6 +16,7 @@ always_redact := {"/request/headers/authorization"}
 # METADATA
 # description: Where prompts and completions live; removed unless content is "redacted".
 content_pointers := {
+	"/request/input",
 	"/request/messages",
 	"/request/prompt",
 	"/response/choices",

@@ -23,6 +23,7 @@ default decision := {
 		"content": "none",
 		"redact": [
 			"/request/headers/authorization",
+			"/request/input",
 			"/request/messages",
 			"/request/prompt",
 			"/response/choices",
