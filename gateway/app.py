@@ -23,7 +23,7 @@ from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
 from gateway.deps import Gateway
 from gateway.errors import install_handlers
-from gateway.inference import EngineBackend, InferenceBackend, NullBackend
+from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown, ResponseHeaders, UnexpectedErrors
@@ -66,19 +66,31 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
     return EngineBackend(engine, model_name=name)
 
 
+async def build_encoder_backend(settings: Settings) -> EncoderBackend | None:
+    if not settings.embedding_model or settings.engine == "null":
+        return None
+    return await asyncio.to_thread(build_encoder, settings.embedding_model, device=settings.device,
+                                   dtype=settings.embedding_dtype, batch_size=settings.embedding_batch_size)
+
+
 async def build_models(settings: Settings, metrics: GatewayMetrics, stack: AsyncExitStack,
-                       backend: InferenceBackend | None) -> tuple[dict[str, ServedModel], InferenceBackend | None]:
-    """The served models from the deployments file, or the embedded engine alone without one.
-    A backend passed in is the embedded deployment's (tests and benchmarks)."""
+                       backend: InferenceBackend | None, encoder: EncoderBackend | None = None,
+                       ) -> tuple[dict[str, ServedModel], InferenceBackend | None]:
+    """The served models from the deployments file, or the embedded engine (and encoder) alone
+    without one. A backend or encoder passed in is the embedded deployment's (tests and
+    benchmarks); a test that passes a backend and no encoder serves no embeddings."""
     deployments = deployments_for(settings)
     embedded = [(model, d) for model, ds in (deployments.models.items() if deployments else ()) for d in ds
-                if d.kind == "embedded"]
+                if d.kind == "embedded" and d.task == "generate"]
+    encoded = [d for d in deployments.models_of_kind("embedded") if d.task == "embed"] if deployments else []
     engine = backend
     if engine is None and (deployments is None or embedded):
         engine = await build_backend(settings, metrics, name=embedded[0][0] if embedded else None)
         stack.push_async_callback(engine.aclose)
+    if encoder is None and (encoded or (deployments is None and backend is None)):
+        encoder = await build_encoder_backend(settings)
     if deployments is None:
-        deployments = embedded_only(engine.model_name)
+        deployments = embedded_only(engine.model_name, encoder.model_name if encoder is not None else None)
     signer = None
     if deployments.models_of_kind("tenantgate"):
         from engine.remote import EnvelopeSigner, load_private_key
@@ -86,7 +98,7 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         signer = EnvelopeSigner(load_private_key(settings.envelope_signing_key), ttl_s=settings.envelope_ttl_s)
     models, replicas = {}, []
     for model, entries in deployments.models.items():
-        served = await asyncio.to_thread(served_model_for, model, entries, engine, signer)
+        served = await asyncio.to_thread(served_model_for, model, entries, engine, signer, encoder)
         for target in served.targets:
             stack.push_async_callback(target.aclose)
             if isinstance(target, ReplicaTarget):
@@ -146,7 +158,7 @@ class _GatewayApp(FastAPI):
 
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
-               limiter: Limiter | None = None) -> FastAPI:
+               limiter: Limiter | None = None, encoder: EncoderBackend | None = None) -> FastAPI:
     settings = settings or Settings()
     app_metrics = metrics or GatewayMetrics()
 
@@ -184,7 +196,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             await app_verifier.start()
             app_metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
 
-            models, app_backend = await build_models(settings, app_metrics, stack, backend)
+            models, app_backend = await build_models(settings, app_metrics, stack, backend, encoder)
             if app_backend is not None:
                 await app_backend.start()
             router = Router(max_attempts=settings.route_max_attempts, breaker_failures=settings.breaker_failures,
@@ -229,11 +241,13 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     from gateway import health
     from gateway.openai.chat.router import router as chat_router
     from gateway.openai.completions.router import router as completions_router
+    from gateway.openai.embeddings.router import router as embeddings_router
     from gateway.openai.models.router import router as models_router
 
     app.include_router(health.router)
     app.include_router(chat_router)
     app.include_router(completions_router)
+    app.include_router(embeddings_router)
     app.include_router(models_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)

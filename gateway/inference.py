@@ -82,6 +82,36 @@ class EngineBackend(GatewayTokenizer):
         await asyncio.to_thread(self.async_engine.shutdown)
 
 
+class EncoderBackend:
+    """The embedded sentence encoder (engine/encoder), one call at a time on a worker thread, so the
+    event loop never waits on torch and no request's inputs share a forward pass with another's."""
+
+    expects_records = False
+
+    def __init__(self, encoder, *, model_name: str) -> None:
+        self.encoder = encoder
+        self.model_name = model_name
+        self.fingerprint = encoder.fingerprint
+        self.dimensions = encoder.dimensions
+        self._lock = asyncio.Lock()
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return self.encoder.tokenize(texts)
+
+    async def embed(self, inputs: list[list[int]]):
+        """Unit vectors, one float32 row per input. Raises engine.encoder.EncoderError for ids out of bounds."""
+        async with self._lock:
+            return await asyncio.to_thread(self.encoder.embed, inputs)
+
+
+def build_encoder(model: str, *, device: str, dtype: str, batch_size: int) -> EncoderBackend:
+    from engine.encoder import Encoder
+    from engine.model.catalog import resolve_encoder_path, served_encoder_name
+
+    encoder = Encoder(resolve_encoder_path(model), device=device, dtype=dtype, batch_size=batch_size)
+    return EncoderBackend(encoder, model_name=served_encoder_name(model))
+
+
 class NullBackend:
     """Streams `max_tokens` fixed tokens at once: no model, no tokenizer, no waiting."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.envelope import ExecutionEnvelope
 
 
@@ -49,9 +51,17 @@ class ReplicaLoad:
 class UpstreamCall:
     """One request for an OpenAI-compatible upstream, after admission."""
 
-    route: str  # "chat.completions" or "completions"
+    route: str  # "chat.completions", "completions" or "embeddings"
     body: dict  # the caller's validated request (wire names), without the fields the gateway owns
     max_tokens: int  # already clamped by the decision and the context caps
     envelope: ExecutionEnvelope  # what the decision allows: the cache namespace digest, priority, ...
     request_id: str
     tenant_id: str
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """What a deployment returns for an embeddings request."""
+
+    vectors: np.ndarray  # float32, one row per input, in the caller's order
+    prompt_tokens: int  # the deployment's own count of the inputs' tokens (0: it gave none)

@@ -9,8 +9,15 @@
              "upstream_model": "meta-llama/Llama-3.1-8B-Instruct", "batch_invariant": true,
              "api_key_file": "/mnt/secrets/vllm-api-key"}],
         "qwen2.5-7b-instruct": [
-            {"name": "engines", "kind": "tenantgate", "replicas": ["http://engine-0:8100", "http://engine-1:8100"]}]
+            {"name": "engines", "kind": "tenantgate", "replicas": ["http://engine-0:8100", "http://engine-1:8100"]}],
+        "all-minilm-l6-v2": [{"name": "local-encoder", "kind": "embedded", "task": "embed"}],
+        "bge-m3": [{"name": "vllm-embed", "kind": "openai", "dialect": "vllm", "url": "http://vllm-embed:8000/v1",
+                    "task": "embed", "upstream_model": "BAAI/bge-m3"}]
     }}
+
+`task` says what a model does: "generate" (chat and completions, the default) or "embed"
+(/v1/embeddings). An embedded embed deployment is the gateway's own encoder (the
+`embedding_model` setting); tenantgate engine replicas only generate.
 
 Without the file the gateway serves one embedded deployment of the `model` setting, as it
 always has. A model listed here is still only usable by tenants whose policy names it.
@@ -54,6 +61,7 @@ class Credentials(_Strict):
 class Deployment(Credentials):
     name: Name  # unique across the file; in audit records and metrics
     kind: Literal["embedded", "tenantgate", "openai"]
+    task: Literal["generate", "embed"] = "generate"
     dialect: Dialect | None = None  # kind openai only
     url: str | None = None  # kind openai: the base URL up to /v1 (Azure: the resource endpoint)
     replicas: list[str] = []  # kind tenantgate: the engine servers' base URLs
@@ -93,6 +101,10 @@ class Deployment(Credentials):
                 raise ValueError("cache_prompt is for dialect llamacpp")
         elif self.dialect is not None or self.url is not None:
             raise ValueError(f"dialect and url are for kind openai, not {self.kind}")
+        if self.task == "embed" and self.kind == "tenantgate":
+            raise ValueError("tenantgate engine replicas do not embed: use kind embedded or openai for task embed")
+        if self.task == "embed" and (self.tokenizer is not None or self.cache_prompt):
+            raise ValueError("tokenizer and cache_prompt are for task generate")
         if self.kind == "tenantgate" and not self.replicas:
             raise ValueError("kind tenantgate needs at least one replica URL")
         if self.kind != "tenantgate" and self.replicas:
@@ -112,9 +124,10 @@ class DeploymentsFile(_Strict):
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
             raise ValueError(f"deployment names must be unique; repeated: {', '.join(duplicated)}")
-        embedded = [d.name for d in self.models_of_kind("embedded")]
-        if len(embedded) > 1:
-            raise ValueError(f"at most one embedded deployment per gateway; found {', '.join(embedded)}")
+        for task in ("generate", "embed"):
+            embedded = [d.name for d in self.models_of_kind("embedded") if d.task == task]
+            if len(embedded) > 1:
+                raise ValueError(f"at most one embedded {task} deployment per gateway; found {', '.join(embedded)}")
         return self
 
     def models_of_kind(self, kind: str) -> list[Deployment]:
@@ -145,9 +158,15 @@ def load_deployments(path: Path) -> DeploymentsFile:
     return parse_deployments(document)
 
 
-def embedded_only(model_name: str) -> DeploymentsFile:
-    """What a gateway without a deployments file serves: its embedded engine under one name."""
-    return DeploymentsFile(models={model_name: [Deployment(name="embedded", kind="embedded")]})
+def embedded_only(model_name: str | None, encoder_name: str | None = None) -> DeploymentsFile:
+    """What a gateway without a deployments file serves: its embedded engine under one name, and
+    its embedded encoder (when it has one) under another."""
+    models = {}
+    if model_name is not None:
+        models[model_name] = [Deployment(name="embedded", kind="embedded")]
+    if encoder_name is not None:
+        models[encoder_name] = [Deployment(name="embedded-encoder", kind="embedded", task="embed")]
+    return DeploymentsFile(models=models)
 
 
 def deployments_for(settings) -> DeploymentsFile | None:

@@ -18,6 +18,8 @@ docs/upstreams.md has the table and the documentation behind every field. In sho
   top_k off sent as -1 (what all three read as off; SGLang refuses 0, llama.cpp defaults to 40).
   OpenAI and Azure OpenAI have neither: a model with such a deployment refuses them with a 400
   naming the field (dropping them would change the answer without a word).
+- Embeddings go to the upstream's /embeddings with the same cache and priority fields, asking
+  for floats whatever the caller asked: the gateway renders the caller's encoding itself.
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import httpx
+import numpy as np
 
 from engine.envelope import CacheScope, ExecutionEnvelope
 from engine.outputs import RequestOutput
-from gateway.deployments.base import UpstreamCall, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import Embeddings, UpstreamCall, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.config import Deployment
 
 logger = logging.getLogger("tenantgate.gateway.upstream")
 
-PATHS = {"chat.completions": "chat/completions", "completions": "completions"}
+PATHS = {"chat.completions": "chat/completions", "completions": "completions", "embeddings": "embeddings"}
 
 # The caller's fields that mean the same upstream and go as they are. The rest are the gateway's
 # (model, max_tokens, max_completion_tokens, stream, stream_options), an extension a client may
@@ -57,6 +60,9 @@ FORWARDED = frozenset({"messages", "prompt", "suffix", "temperature", "top_p", "
 # Sampling extensions, forwarded only to the dialects that document them.
 EXTENSIONS = frozenset({"top_k", "min_p"})
 EXTENSION_DIALECTS = frozenset({"vllm", "sglang", "llamacpp"})
+# An embeddings call's: input (texts or token ids) and dimensions; user is dropped as above, and
+# encoding_format is the gateway's (always float upstream).
+EMBEDDING_FORWARDED = frozenset({"input", "dimensions"})
 
 # Statuses that are about the request itself; any other error status is the deployment's
 # (401/403: the gateway's credential, 404: its URL or model name, 408/429/5xx: load or failure).
@@ -186,8 +192,10 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
     if reason is not None:
         raise ValueError(f"deployment {deployment.name}: {reason}")
     base = deployment.url.rstrip("/")
-    body = {name: value for name, value in call.body.items() if name in FORWARDED}
-    if deployment.dialect in EXTENSION_DIALECTS:
+    embeds = call.route == "embeddings"
+    forwarded = EMBEDDING_FORWARDED if embeds else FORWARDED
+    body = {name: value for name, value in call.body.items() if name in forwarded}
+    if deployment.dialect in EXTENSION_DIALECTS and not embeds:
         body |= {name: value for name, value in call.body.items() if name in EXTENSIONS}
         if body.get("top_k", 1) <= 0:
             body["top_k"] = -1
@@ -198,11 +206,15 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
     else:
         url = f"{base}/{PATHS[call.route]}"
         body["model"] = deployment.upstream_model or served_model
-    body[_max_tokens_field(deployment, call.route)] = call.max_tokens
-    streaming = streams(call)
-    body["stream"] = streaming
-    if streaming:
-        body["stream_options"] = {"include_usage": True}  # usage arrives in a last chunk
+    if embeds:
+        body["encoding_format"] = "float"
+        streaming = False
+    else:
+        body[_max_tokens_field(deployment, call.route)] = call.max_tokens
+        streaming = streams(call)
+        body["stream"] = streaming
+        if streaming:
+            body["stream_options"] = {"include_usage": True}  # usage arrives in a last chunk
     body |= _cache_fields(deployment, call.envelope)
     body |= _priority_fields(deployment, call.envelope)
     accept = "text/event-stream" if streaming else "application/json"
@@ -331,6 +343,29 @@ def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | 
     return "", None
 
 
+def _input_count(value) -> int:
+    """How many vectors an embeddings `input` asks for: one for a text or one list of token ids."""
+    if isinstance(value, list) and not all(type(item) is int for item in value):
+        return len(value)
+    return 1
+
+
+def _embeddings(document: dict, expected: int) -> Embeddings:
+    """An OpenAI embeddings answer: `data` items by index, each a list of floats."""
+    data = document["data"]
+    if not isinstance(data, list) or len(data) != expected:
+        raise ValueError("not one embedding per input")
+    rows = sorted(data, key=lambda item: item["index"])
+    if [item["index"] for item in rows] != list(range(expected)):
+        raise ValueError("embedding indexes are not 0..n-1")
+    vectors = np.asarray([item["embedding"] for item in rows], dtype=np.float32)
+    if vectors.ndim != 2 or not np.isfinite(vectors).all():
+        raise ValueError("embeddings are not finite vectors of one length")
+    usage = document.get("usage")
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return Embeddings(vectors, prompt if type(prompt) is int and prompt >= 0 else 0)
+
+
 class OpenAIUpstream:
     """One OpenAI-compatible deployment: streams an admitted call as engine-style deltas."""
 
@@ -352,37 +387,16 @@ class OpenAIUpstream:
         request itself. Closing the generator closes the upstream stream."""
         deployment = self.deployment
         compiled = compile_request(deployment, call, self.served_model)
-        headers = compiled.headers | await self._credentials.headers()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = asyncio.get_running_loop().time()
         whole = started + deployment.timeout_s
         streaming = streams(call)
         # Streamed, the first token must come within first_token_timeout_s; whole, the answer within timeout_s.
         first = min(started + deployment.first_token_timeout_s, whole) if streaming else whole
         outputs = 0
         finish_reason, usage = None, None
-        request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
+        response = await self._send(compiled, first, streaming)
         try:
-            async with asyncio.timeout_at(first):
-                try:
-                    response = await self._client.send(request, stream=True)
-                except httpx.RemoteProtocolError:
-                    # The server closed a kept-alive connection as this request went out (llama-server
-                    # does so every few dozen streamed requests): it answered nothing, so once more
-                    # on a fresh connection.
-                    response = await self._client.send(request, stream=True)
-        except TimeoutError:
-            raise self._unavailable("timed out before its first token" if streaming else "timed out") from None
-        except httpx.TransportError as exc:
-            raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
-        try:
-            if response.status_code >= 400:
-                raw = await self._read_error(response)
-                if response.status_code not in CALLER_ERRORS:
-                    raise self._unavailable(f"answered {response.status_code}")
-                logger.info("upstream %s refused a request with %d", deployment.name, response.status_code)
-                message, param, code = _error_message(raw, response.status_code)
-                raise UpstreamRejected(response.status_code, message, param=param, code=code)
+            await self._refused(response)
             if not streaming:
                 async with asyncio.timeout_at(whole):
                     document = json.loads(await response.aread())
@@ -433,6 +447,54 @@ class OpenAIUpstream:
         prompt, completion, cached = usage or (0, outputs, 0)
         yield UpstreamOutput(call.request_id, [], "", prompt, completion, cached, finished=True,
                              finish_reason=finish_reason, usage_reported=usage is not None)
+
+    async def _send(self, compiled: UpstreamRequest, deadline: float, streaming: bool) -> httpx.Response:
+        """The upstream's response, its body not yet read; UpstreamUnavailable when it cannot be had by `deadline`."""
+        headers = compiled.headers | await self._credentials.headers()
+        request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
+        try:
+            async with asyncio.timeout_at(deadline):
+                try:
+                    return await self._client.send(request, stream=True)
+                except httpx.RemoteProtocolError:
+                    # The server closed a kept-alive connection as this request went out (llama-server
+                    # does so every few dozen streamed requests): it answered nothing, so once more
+                    # on a fresh connection.
+                    return await self._client.send(request, stream=True)
+        except TimeoutError:
+            raise self._unavailable("timed out before its first token" if streaming else "timed out") from None
+        except httpx.TransportError as exc:
+            raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
+
+    async def _refused(self, response: httpx.Response) -> None:
+        """Raises for an error status: UpstreamRejected for the caller's, UpstreamUnavailable for the deployment's."""
+        if response.status_code < 400:
+            return
+        raw = await self._read_error(response)
+        if response.status_code not in CALLER_ERRORS:
+            raise self._unavailable(f"answered {response.status_code}")
+        logger.info("upstream %s refused a request with %d", self.deployment.name, response.status_code)
+        message, param, code = _error_message(raw, response.status_code)
+        raise UpstreamRejected(response.status_code, message, param=param, code=code)
+
+    async def embed(self, call: UpstreamCall) -> Embeddings:
+        """The upstream's vectors, in input order, and its token count. Raises as stream() does."""
+        compiled = compile_request(self.deployment, call, self.served_model)
+        deadline = asyncio.get_running_loop().time() + self.deployment.timeout_s
+        response = await self._send(compiled, deadline, streaming=False)
+        try:
+            await self._refused(response)
+            async with asyncio.timeout_at(deadline):
+                document = json.loads(await response.aread())
+            return _embeddings(document, _input_count(compiled.json["input"]))
+        except TimeoutError:
+            raise self._unavailable("timed out") from None
+        except httpx.TransportError as exc:
+            raise self._unavailable(f"broke its answer ({type(exc).__name__})") from None
+        except (ValueError, TypeError, KeyError):  # a malformed answer (json.JSONDecodeError is a ValueError)
+            raise self._unavailable("sent a malformed answer") from None
+        finally:
+            await response.aclose()
 
     @staticmethod
     async def _read_error(response: httpx.Response) -> bytes:

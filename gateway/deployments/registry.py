@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.deployments.config import Deployment, DeploymentsError
 from gateway.deployments.openai import OpenAIUpstream
 from gateway.deployments.routing import Target
-from gateway.deployments.targets import EmbeddedTarget, ReplicaTarget, UpstreamTarget
+from gateway.deployments.targets import EmbeddedTarget, EncoderTarget, ReplicaTarget, UpstreamTarget
 from gateway.deployments.tenantgate import TenantgateReplica
 
 
@@ -31,6 +32,10 @@ class ServedModel:
     context_tokens: int | None = None  # the smallest context window the deployments file declares
     # False: targets take the caller's text and return no logprobs (OpenAI-compatible upstreams).
     takes_token_ids: bool = True
+    task: Literal["generate", "embed"] = "generate"  # embed: /v1/embeddings only
+    # embed: each text's ids as the encoder runs them (truncated at its length), when the gateway
+    # has the encoder; without it inputs are counted by estimate and sent as text.
+    tokenize_inputs: Callable[[list[str]], list[list[int]]] | None = None
 
     @property
     def max_model_len(self) -> int | None:
@@ -50,10 +55,31 @@ def load_tokenizer(model: str) -> Tokenizer:
     return GatewayTokenizer(EngineTokenizer.from_dir(resolve_model_path(model, progress=False)))
 
 
-def served_model_for(model: str, deployments: list[Deployment], engine, signer) -> ServedModel:
+def _served_encoder(model: str, deployments: list[Deployment], encoder) -> ServedModel:
+    """An embedding model: the embedded encoder, or OpenAI-compatible upstreams (not both: the
+    gateway's token count and an upstream's could differ for the same inputs)."""
+    kinds = {d.kind for d in deployments}
+    if len(kinds) > 1:
+        raise DeploymentsError(f"model {model}: an embedded encoder cannot be mixed with upstreams")
+    if kinds == {"embedded"}:
+        if encoder is None:
+            raise DeploymentsError(f"deployment {deployments[0].name}: no embedded encoder was built "
+                                   "(set TENANTGATE_EMBEDDING_MODEL)")
+        return ServedModel(name=model, targets=[EncoderTarget(deployments[0].name, encoder)], task="embed",
+                           tokenize_inputs=encoder.tokenize)
+    return ServedModel(name=model, targets=[UpstreamTarget(d, OpenAIUpstream(d, model)) for d in deployments],
+                       takes_token_ids=False, task="embed")
+
+
+def served_model_for(model: str, deployments: list[Deployment], engine, signer, encoder=None) -> ServedModel:
     """A served model from its deployments file entries. All of a model's deployments run the same
     model, so one tokenizer counts for all; a model that mixes upstreams (text) with engines (ids)
     is refused, since its requests could not fail over from one to the other."""
+    tasks = {d.task for d in deployments}
+    if len(tasks) > 1:
+        raise DeploymentsError(f"model {model}: its deployments must all have the same task")
+    if tasks == {"embed"}:
+        return _served_encoder(model, deployments, encoder)
     kinds = {d.kind for d in deployments}
     if "openai" in kinds and len(kinds) > 1:
         raise DeploymentsError(f"model {model}: OpenAI-compatible upstreams cannot be mixed with engine deployments")

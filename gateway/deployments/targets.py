@@ -9,8 +9,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from engine.envelope import ExecutionEnvelope, Isolation
+from engine.llm_engine import RequestError
 from engine.outputs import RequestOutput
-from gateway.deployments.base import ReplicaLoad, UpstreamCall, UpstreamUnavailable
+from gateway.deployments.base import Embeddings, ReplicaLoad, UpstreamCall, UpstreamUnavailable
 from gateway.deployments.config import Deployment
 from gateway.deployments.openai import OpenAIUpstream, unmet_cache_scope
 from gateway.deployments.tenantgate import TenantgateReplica
@@ -59,6 +60,50 @@ class EmbeddedTarget:
 
     async def aclose(self) -> None:
         pass  # the app closes the engine itself: a test's engine outlives its app
+
+
+class EncoderTarget:
+    """The sentence encoder in this process. Each request is encoded alone, one at a time, so
+    every isolation class and the deterministic lane hold, and no state outlives a request."""
+
+    expects_records = False
+    max_model_len = None  # each input is cut at the encoder's own length instead
+
+    def __init__(self, name: str, backend) -> None:
+        self.name = name
+        self.backend = backend
+
+    @property
+    def fingerprint(self) -> str:
+        return self.backend.fingerprint
+
+    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+        return None
+
+    async def embed(self, admitted) -> Embeddings:
+        from engine.encoder import EncoderError
+
+        dimensions = admitted.ask.body.get("dimensions")
+        if dimensions is not None and dimensions != self.backend.dimensions:
+            raise RequestError(f"dimensions must be {self.backend.dimensions} for this model "
+                               "(it has no shortened embeddings)", param="dimensions")
+        try:
+            vectors = await self.backend.embed(admitted.ask.embed_inputs)
+        except EncoderError as exc:
+            raise RequestError(str(exc), param="input") from None
+        return Embeddings(vectors.numpy(), sum(len(ids) for ids in admitted.ask.embed_inputs))
+
+    def engine_record(self, request_id: str):
+        return None
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return None
+
+    def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass
 
 
 class ReplicaTarget:
@@ -130,11 +175,18 @@ class UpstreamTarget:
             return NOT_DEDICATED.format(isolation=envelope.isolation.value)
         return unmet_cache_scope(self.deployment, envelope, tenant_id)
 
-    def run(self, admitted) -> AsyncIterator[RequestOutput]:
-        call = UpstreamCall(route=admitted.route, body=admitted.ask.body, max_tokens=admitted.params.max_tokens,
+    @staticmethod
+    def _call(admitted) -> UpstreamCall:
+        return UpstreamCall(route=admitted.route, body=admitted.ask.body,
+                            max_tokens=admitted.params.max_tokens if admitted.params is not None else 0,
                             envelope=admitted.envelope, request_id=admitted.request_id,
                             tenant_id=admitted.principal.tenant_id)
-        return self.upstream.stream(call)
+
+    def run(self, admitted) -> AsyncIterator[RequestOutput]:
+        return self.upstream.stream(self._call(admitted))
+
+    async def embed(self, admitted) -> Embeddings:
+        return await self.upstream.embed(self._call(admitted))
 
     def engine_record(self, request_id: str):
         return None

@@ -38,13 +38,14 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
     gateway.metrics.tokens.labels("output", tenant_tag).inc(admitted.output_tokens)
     decision = admitted.judgement.decision
     target = admitted.deployment
+    max_tokens = admitted.params.max_tokens if admitted.params is not None else 0  # embeddings sample nothing
     record = {
         "decision_id": admitted.decision_id,
         "request_id": admitted.request_id,
         "route": admitted.route,
         **gateway.audit.principal_digests(admitted.principal),
         "policy_revision": admitted.judgement.revision,
-        "decision": decision_summary(decision) | {"max_tokens": admitted.params.max_tokens},
+        "decision": decision_summary(decision) | {"max_tokens": max_tokens},
         "model": admitted.ask.model,
         "deployment": target.name if target is not None else None,
         "model_fingerprint": target.fingerprint if target is not None else None,

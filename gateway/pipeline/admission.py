@@ -44,6 +44,7 @@ MODEL_DENIED_REASON = "the requested model is not available to this tenant"
 # policies/limits: a prompt with no room left in the tenant's window; alone, it is answered as 400.
 CONTEXT_DENIED_REASON = re.compile(r"the prompt leaves no room in this tenant's context window of (\d+) tokens")
 QUOTA_STORE_RETRY_S = 2.0
+EMBEDDINGS_ROUTE = "embeddings"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ class Ask:
     body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
     # When the decision reads special tokens (completions), the ids that run instead of token_ids.
     special_token_ids: Callable[[], list[int]] | None = None
+    # Embeddings: each input's ids for the embedded encoder (None: the inputs go as sent, in body).
+    embed_inputs: list[list[int]] | None = None
+
+    @property
+    def embeds(self) -> bool:
+        return self.route == EMBEDDINGS_ROUTE
 
 
 @dataclass
@@ -80,7 +87,7 @@ class Admitted:
     principal: Principal
     judgement: Judgement
     envelope: ExecutionEnvelope
-    params: SamplingParams
+    params: SamplingParams | None  # None for embeddings: nothing is sampled
     token_ids: list[int]
     prompt_tokens: int  # the gateway's count until a deployment reports its own
     ticket: Ticket
@@ -225,16 +232,22 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         served = gateway.models.get(ask.model)
         if served is None:
             raise ModelNotFound()
+        if (served.task == "embed") != ask.embeds:
+            raise InvalidRequest(f"model {ask.model} does not serve {'embeddings' if ask.embeds else ask.route}",
+                                 param="model", code="model_not_supported")
         decision = judgement.decision
         if decision.prompt.special_tokens and ask.special_token_ids is not None:
             token_ids = ask.special_token_ids()
             prompt_tokens = len(token_ids)
-        max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
-        if ask.max_tokens is not None and max_tokens < ask.max_tokens:
-            add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
+        max_tokens, params = 0, None  # embeddings generate nothing: the budget holds their inputs
+        if not ask.embeds:
+            max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
+            if ask.max_tokens is not None and max_tokens < ask.max_tokens:
+                add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
-        params = _sampling_params(ask, max_tokens)
+        if not ask.embeds:
+            params = _sampling_params(ask, max_tokens)
         ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
     except GatewayError as exc:
         judgement = judgement or getattr(exc, "judgement", None)

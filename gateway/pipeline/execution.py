@@ -16,7 +16,7 @@ from fastapi import Request
 from engine.async_engine import EngineDeadError
 from engine.llm_engine import RequestError
 from engine.outputs import RequestOutput
-from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import Embeddings, UpstreamRejected, UpstreamUnavailable
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest, Unavailable
 from gateway.pipeline.admission import Admitted
@@ -68,6 +68,37 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
             await outputs.aclose()  # a request left unfinished is aborted here, not when collected
     raise Unavailable("no deployment of this model could take the request; retry shortly",
                       headers={"Retry-After": "1"})
+
+
+async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embeddings:
+    """Runs an embeddings request on its targets, moving to the next on a deployment failure
+    (nothing has been sent yet); the caller's disconnect abandons it."""
+
+    async def run() -> Embeddings:
+        for target in admitted.targets:
+            gateway.router.started(target)
+            try:
+                result = await target.embed(admitted)
+            except UpstreamUnavailable as exc:
+                gateway.router.failed(target, after_output=False)
+                logger.warning("deployment %s failed before its answer: %s", target.name, exc)
+                continue
+            except UpstreamRejected as exc:
+                admitted.deployment = target
+                raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
+            except RequestError as exc:
+                raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
+            finally:
+                gateway.router.ended(target)
+            gateway.router.succeeded(target)
+            admitted.deployment = target
+            if result.prompt_tokens:
+                admitted.prompt_tokens = result.prompt_tokens  # the deployment's own count
+            return result
+        raise Unavailable("no deployment of this model could take the request; retry shortly",
+                          headers={"Retry-After": "1"})
+
+    return await until_disconnect(request, run())
 
 
 async def until_disconnect(request: Request, awaitable):

@@ -1,0 +1,56 @@
+"""Embeddings: count the inputs' tokens, admit them like any request, answer OpenAI's list of vectors."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.auth.principal import Principal
+from gateway.deps import Gateway
+from gateway.openai.asks import estimate_tokens
+from gateway.openai.embeddings.protocol import EmbeddingRequest
+from gateway.pipeline.accounting import accounted, finish, recorded
+from gateway.pipeline.admission import EMBEDDINGS_ROUTE, Ask, admit, new_request_id
+from gateway.pipeline.execution import embed
+
+
+def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request_id: str) -> Ask:
+    """With the embedded encoder, the ids it will run (texts cut at its length) and their count;
+    otherwise (an upstream, or a model this gateway does not embed with) the count alone: token
+    ids as given, texts by estimate, settled on the upstream's own count afterwards."""
+    served = gateway.models.get(body.model)
+    texts, ids = body.texts(), body.token_ids()
+    inputs = None
+    if served is not None and served.task == "embed" and served.tokenize_inputs is not None:
+        inputs = ids if ids is not None else served.tokenize_inputs(texts)
+        prompt_tokens = sum(map(len, inputs))
+    elif ids is not None:
+        prompt_tokens = sum(map(len, ids))
+    else:
+        prompt_tokens = sum(estimate_tokens(text) for text in texts)
+    return Ask(route=EMBEDDINGS_ROUTE, request_id=request_id, model=body.model, stream=False,
+               prompt_tokens=prompt_tokens, token_ids=[], max_tokens=None,
+               body=body.model_dump(mode="json", exclude_none=True), embed_inputs=inputs)
+
+
+def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":  # OpenAI's: little-endian float32 bytes
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+async def create_embeddings(gateway: Gateway, principal: Principal, body: EmbeddingRequest,
+                            request: Request) -> Response:
+    request_id = new_request_id("embd")
+    admitted = await admit(gateway, request, principal, build_embeddings_ask(gateway, body, request_id))
+    with accounted(gateway, admitted):
+        result = await embed(gateway, admitted, request)
+        data = [{"object": "embedding", "index": index, "embedding": encoded(vector, body.encoding_format)}
+                for index, vector in enumerate(result.vectors)]
+        usage = {"prompt_tokens": admitted.prompt_tokens, "total_tokens": admitted.prompt_tokens}
+        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
+        return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage},
+                            headers={"X-Request-Id": request_id})
