@@ -234,7 +234,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             raise ModelNotFound()
         if (served.task == "embed") != ask.embeds:
             raise InvalidRequest(f"model {ask.model} does not serve {'embeddings' if ask.embeds else ask.route}",
-                                 param="model", code="model_not_supported")
+                                 param="model", code="invalid_value")
         decision = judgement.decision
         if decision.prompt.special_tokens and ask.special_token_ids is not None:
             token_ids = ask.special_token_ids()

@@ -165,7 +165,7 @@ def test_what_the_model_cannot_do_is_refused_after_the_policy(embedder: Embedder
     assert embedder.post({"model": MODEL, "input": "x", "dimensions": 384}).status_code == 200
     with pytest.raises(openai.BadRequestError) as caught:
         embedder.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert caught.value.body["param"] == "model" and caught.value.body["code"] == "model_not_supported"
+    assert caught.value.body["param"] == "model" and caught.value.body["code"] == "invalid_value"
 
 
 async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_is_an_error(
