@@ -24,8 +24,8 @@ NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment d
                  "and no deployment of this model is")
 
 
-class EmbeddedTarget:
-    """The engine in this process (or the null backend): it enforces every decision itself."""
+class _InProcess:
+    """A backend in this process: the app builds and closes it (a test's may outlive its app)."""
 
     def __init__(self, name: str, backend) -> None:
         self.name = name
@@ -34,6 +34,16 @@ class EmbeddedTarget:
     @property
     def fingerprint(self) -> str:
         return self.backend.fingerprint
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return None
+
+    async def aclose(self) -> None:
+        pass
+
+
+class EmbeddedTarget(_InProcess):
+    """The engine in this process (or the null backend): it enforces every decision itself."""
 
     @property
     def expects_records(self) -> bool:
@@ -52,30 +62,16 @@ class EmbeddedTarget:
     def engine_record(self, request_id: str):
         return self.backend.engine_record(request_id)
 
-    def reported_load(self) -> ReplicaLoad | None:
-        return None
-
     def ready(self) -> bool:
         return self.backend.ready()
 
-    async def aclose(self) -> None:
-        pass  # the app closes the engine itself: a test's engine outlives its app
 
-
-class EncoderTarget:
+class EncoderTarget(_InProcess):
     """The sentence encoder in this process. Each request is encoded alone, one at a time, so
     every isolation class and the deterministic lane hold, and no state outlives a request."""
 
     expects_records = False
     max_model_len = None  # each input is cut at the encoder's own length instead
-
-    def __init__(self, name: str, backend) -> None:
-        self.name = name
-        self.backend = backend
-
-    @property
-    def fingerprint(self) -> str:
-        return self.backend.fingerprint
 
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None
@@ -96,14 +92,8 @@ class EncoderTarget:
     def engine_record(self, request_id: str):
         return None
 
-    def reported_load(self) -> ReplicaLoad | None:
-        return None
-
     def ready(self) -> bool:
         return True
-
-    async def aclose(self) -> None:
-        pass
 
 
 class ReplicaTarget:

@@ -1,5 +1,5 @@
-"""An end-to-end gateway: uvicorn on a loopback port, the demo engine, the repository's
-policies with test tenants, and a local Entra-style issuer with real RSA keys."""
+"""An end-to-end gateway: uvicorn on a loopback port, the demo engine and all-MiniLM-L6-v2's
+encoder, the repository's policies with test tenants, and a local Entra-style issuer with real RSA keys."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engine.llm_engine import LLMEngine
 from engine.telemetry import ListSink, PrometheusSink
 from gateway.app import create_app
 from gateway.auth.issuer import LocalIssuer
-from gateway.inference import EngineBackend
+from gateway.inference import EncoderBackend, EngineBackend, build_encoder
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from tests.utils.server import free_port, gateway_env, serving
@@ -30,6 +30,8 @@ ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_to
 ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down
 THETA = "77777777-0000-4000-8000-000000000007"  # like Alpha, but logs redacted content (minus /request/user)
 IOTA = "66666666-0000-4000-8000-000000000006"  # like Theta, logs no content; completion prompts may spell special tokens
+KAPPA = "55555555-0000-4000-8000-000000000005"  # only the embedding model, 3,000 tokens per minute
+EMBEDDING_MODEL = "all-minilm-l6-v2"  # Alpha, Gamma, Theta and Kappa may use it
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
@@ -73,6 +75,12 @@ def demo_engine(demo_model_dir: Path) -> tuple[LLMEngine, ListSink]:
     return LLMEngine(config, sinks=[sink]), sink
 
 
+@pytest.fixture(scope="session")
+def embedding_encoder(encoder_dir: Path) -> EncoderBackend:
+    """The gateway's embedded encoder in float32, the oracle tests' dtype."""
+    return build_encoder(EMBEDDING_MODEL, device="cpu", dtype="float32", batch_size=16)
+
+
 def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:
     values = dict(
         authority=issuer.base_url, v1_issuer_host=issuer.base_url, audiences=[AUDIENCE],
@@ -93,14 +101,15 @@ def serve_env(issuer: LocalIssuer, **settings: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def gateway(local_issuer: LocalIssuer, demo_engine, tmp_path_factory) -> Iterator[Gateway]:
+def gateway(local_issuer: LocalIssuer, demo_engine, embedding_encoder, tmp_path_factory) -> Iterator[Gateway]:
     engine, sink = demo_engine
     audit_dir = tmp_path_factory.mktemp("audit")
     settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
                                 audit_signing_key=audit_dir / "audit-signing.pem")
     metrics = GatewayMetrics()
     engine.sinks.append(PrometheusSink(metrics.registry))
-    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics)
+    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics,
+                     encoder=embedding_encoder)
     with serving(app) as base_url:
         running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", local_issuer, engine,
                           sink, app, [], settings.audit_file)

@@ -4,8 +4,6 @@ the embedded all-MiniLM-L6-v2 encoder against sentence-transformers, auth, polic
 from __future__ import annotations
 
 import base64
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,52 +12,18 @@ import openai
 import pytest
 import torch
 
-from gateway.app import create_app
-from gateway.inference import NullBackend, build_encoder
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, THETA, ZETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, BETA, KAPPA, THETA, Gateway, gateway_settings
+from tests.gateway.api.conftest import EMBEDDING_MODEL as MODEL
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings, oracle_token_count
-from tests.utils.server import serving
-
-MODEL = "all-minilm-l6-v2"
 
 
-class Embedder:
-    def __init__(self, base_url: str, issuer, audit_file: Path, encoder) -> None:
-        self.base_url, self.issuer, self.audit_file, self.encoder = base_url, issuer, audit_file, encoder
-        self.clients: list[openai.OpenAI] = []
-
-    def client(self, tenant: str = ALPHA, **options) -> openai.OpenAI:
-        token = self.issuer.mint(tenant, audience=AUDIENCE, **options)
-        client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=token, max_retries=0, timeout=120)
-        self.clients.append(client)
-        return client
-
-    def post(self, body: dict, tenant: str = ALPHA) -> httpx.Response:
-        token = self.issuer.mint(tenant, audience=AUDIENCE)
-        return httpx.post(self.base_url + "/v1/embeddings", json=body, timeout=60,
-                          headers={"authorization": f"Bearer {token}"})
-
-    def records(self) -> list[dict]:
-        entries = map(json.loads, self.audit_file.read_text().splitlines())
-        return [e["record"] if "record" in e else e for e in entries if e.get("type") == "record"]
+def post(gateway: Gateway, body: dict, tenant: str = ALPHA) -> httpx.Response:
+    return httpx.post(gateway.base_url + "/v1/embeddings", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {gateway.token(tenant)}"})
 
 
-@pytest.fixture(scope="module")
-def embedder(local_issuer, encoder_dir, tmp_path_factory) -> Iterator[Embedder]:
-    audit_dir = tmp_path_factory.mktemp("embeddings-audit")
-    settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
-                                audit_signing_key=audit_dir / "audit-signing.pem", audit_checkpoint_every=1)
-    encoder = build_encoder(MODEL, device="cpu", dtype="float32", batch_size=16)
-    app = create_app(settings, backend=NullBackend(model_name="demo"), encoder=encoder)
-    with serving(app) as base_url:
-        running = Embedder(base_url, local_issuer, settings.audit_file, encoder)
-        yield running
-        for client in running.clients:
-            client.close()
-
-
-def test_sdk_vectors_match_sentence_transformers(embedder: Embedder, encoder_dir: Path) -> None:
-    answer = embedder.client().embeddings.create(model=MODEL, input=TEXTS)  # the SDK asks for base64
+def test_sdk_vectors_match_sentence_transformers(gateway: Gateway, encoder_dir: Path) -> None:
+    answer = gateway.client().embeddings.create(model=MODEL, input=TEXTS)  # the SDK asks for base64
     ours = torch.tensor([item.embedding for item in sorted(answer.data, key=lambda d: d.index)])
     assert ours.shape == (len(TEXTS), 384)
     similarity = cosines(ours, oracle_embeddings(encoder_dir, TEXTS))
@@ -69,60 +33,60 @@ def test_sdk_vectors_match_sentence_transformers(embedder: Embedder, encoder_dir
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
 
 
-def test_float_and_base64_carry_the_same_vector(embedder: Embedder, encoder_dir: Path) -> None:
-    floats = embedder.post({"model": MODEL, "input": TEXTS[0], "encoding_format": "float"}).json()
-    packed = embedder.post({"model": MODEL, "input": TEXTS[0], "encoding_format": "base64"}).json()
+def test_float_and_base64_carry_the_same_vector(gateway: Gateway, encoder_dir: Path) -> None:
+    floats = post(gateway, {"model": MODEL, "input": TEXTS[0], "encoding_format": "float"}).json()
+    packed = post(gateway, {"model": MODEL, "input": TEXTS[0], "encoding_format": "base64"}).json()
     vector = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
     assert np.array_equal(vector, np.asarray(floats["data"][0]["embedding"], dtype=np.float32))
     assert floats["object"] == "list" and floats["data"][0] == {"object": "embedding", "index": 0,
                                                                  "embedding": floats["data"][0]["embedding"]}
 
 
-def test_token_id_inputs_run_as_given(embedder: Embedder) -> None:
-    ids = embedder.encoder.tokenize(TEXTS[:3])
-    by_ids = embedder.client().embeddings.create(model=MODEL, input=ids, encoding_format="float")
-    by_text = embedder.client().embeddings.create(model=MODEL, input=TEXTS[:3], encoding_format="float")
+def test_token_id_inputs_run_as_given(gateway: Gateway, embedding_encoder) -> None:
+    ids = embedding_encoder.tokenize(TEXTS[:3])
+    by_ids = gateway.client().embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    by_text = gateway.client().embeddings.create(model=MODEL, input=TEXTS[:3], encoding_format="float")
     assert cosines(torch.tensor([d.embedding for d in by_ids.data]),
                    torch.tensor([d.embedding for d in by_text.data])).min() >= 1 - 1e-6
     assert by_ids.usage.prompt_tokens == sum(map(len, ids))
-    one = embedder.client().embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
+    one = gateway.client().embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
     assert len(one.data) == 1 and one.usage.prompt_tokens == len(ids[0])
 
 
-def test_models_lists_the_encoder_only_where_policy_allows_it(embedder: Embedder) -> None:
-    assert MODEL in [m.id for m in embedder.client(ALPHA).models.list()]
-    assert MODEL not in [m.id for m in embedder.client(BETA).models.list()]
+def test_models_lists_the_encoder_only_where_policy_allows_it(gateway: Gateway) -> None:
+    assert MODEL in [m.id for m in gateway.client(ALPHA).models.list()]
+    assert MODEL not in [m.id for m in gateway.client(BETA).models.list()]
 
 
-def test_a_tenant_without_the_model_gets_the_policy_404(embedder: Embedder) -> None:
+def test_a_tenant_without_the_model_gets_the_policy_404(gateway: Gateway) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        embedder.client(BETA).embeddings.create(model=MODEL, input="hello")
+        gateway.client(BETA).embeddings.create(model=MODEL, input="hello")
     assert caught.value.body["code"] == "model_not_found"
 
 
-def test_a_token_without_the_scope_is_denied_by_policy(embedder: Embedder) -> None:
+def test_a_token_without_the_scope_is_denied_by_policy(gateway: Gateway) -> None:
     with pytest.raises(openai.PermissionDeniedError) as caught:
-        embedder.client(ALPHA, scopes=("User.Read",)).embeddings.create(model=MODEL, input="hello")
+        gateway.client(ALPHA, scopes=("User.Read",)).embeddings.create(model=MODEL, input="hello")
     assert caught.value.body["code"] == "policy_denied"
     assert "Inference.Invoke scope" in caught.value.body["message"]
 
 
-def test_the_token_budget_counts_input_tokens(embedder: Embedder) -> None:
-    # Zeta may spend 3,000 tokens a minute (refilled at 50 a second): eleven 256-token inputs (2,816)
+def test_the_token_budget_counts_input_tokens(gateway: Gateway) -> None:
+    # Kappa may spend 3,000 tokens a minute (refilled at 50 a second): eleven 256-token inputs (2,816)
     # pass, and the same again is refused unless most of a minute has gone by.
     long_inputs = [TEXTS[-7]] * 11
-    first = embedder.client(ZETA).embeddings.create(model=MODEL, input=long_inputs)
+    first = gateway.client(KAPPA).embeddings.create(model=MODEL, input=long_inputs)
     assert first.usage.prompt_tokens == 11 * 256
     with pytest.raises(openai.RateLimitError):
-        embedder.client(ZETA).embeddings.create(model=MODEL, input=long_inputs)
+        gateway.client(KAPPA).embeddings.create(model=MODEL, input=long_inputs)
 
 
-def test_each_request_leaves_an_audit_record_without_its_text(embedder: Embedder) -> None:
+def test_each_request_leaves_an_audit_record_without_its_text(gateway: Gateway, embedding_encoder) -> None:
     secret_text = "the quarterly numbers for project nightingale"
-    answer = embedder.client(ALPHA).embeddings.with_raw_response.create(model=MODEL, input=[secret_text, "x"])
+    answer = gateway.client(ALPHA).embeddings.with_raw_response.create(model=MODEL, input=[secret_text, "x"])
     request_id = answer.headers["x-request-id"]
-    embedder.client(THETA).embeddings.create(model=MODEL, input=secret_text + " (theta)")
-    records = embedder.records()
+    gateway.client(THETA).embeddings.create(model=MODEL, input=secret_text + " (theta)")
+    records = gateway.audit_records()
     mine = [r for r in records if r.get("request_id") == request_id]
     assert len(mine) == 1
     record = mine[0]
@@ -130,8 +94,8 @@ def test_each_request_leaves_an_audit_record_without_its_text(embedder: Embedder
         "embeddings", MODEL, 200, "completed")
     assert record["usage"]["prompt_tokens"] == answer.parse().usage.prompt_tokens
     assert record["usage"]["completion_tokens"] == 0
-    assert record["deployment"] == "embedded-encoder" and record["model_fingerprint"] == embedder.encoder.fingerprint
-    alpha_text = embedder.audit_file.read_text()
+    assert record["deployment"] == "embedded-encoder" and record["model_fingerprint"] == embedding_encoder.fingerprint
+    alpha_text = gateway.audit_file.read_text()
     assert secret_text not in alpha_text.replace(secret_text + " (theta)", "")
     theta = [r for r in records if r.get("route") == "embeddings" and "content" in r]
     assert theta and theta[-1]["content"]["request"]["input"] == secret_text + " (theta)"
@@ -146,25 +110,25 @@ def test_each_request_leaves_an_audit_record_without_its_text(embedder: Embedder
     ({"input": "x", "dimensions": 0}, "dimensions"),
     ({"input": "x", "temperature": 0}, "temperature"),
 ])
-def test_malformed_bodies_get_a_400(embedder: Embedder, body: dict, param: str) -> None:
-    response = embedder.post({"model": MODEL} | body)
+def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, param: str) -> None:
+    response = post(gateway, {"model": MODEL} | body)
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert param in (response.json()["error"]["param"] or "")
 
 
-def test_what_the_model_cannot_do_is_refused_after_the_policy(embedder: Embedder) -> None:
+def test_what_the_model_cannot_do_is_refused_after_the_policy(gateway: Gateway) -> None:
     cases = [({"model": MODEL, "input": "x", "dimensions": 64}, "dimensions"),
              ({"model": MODEL, "input": [[101, 10**6]]}, "input"),
              ({"model": MODEL, "input": [[101] * 300]}, "input"),
              ({"model": "demo", "input": "x"}, "model")]
     for body, param in cases:
-        response = embedder.post(body)
+        response = post(gateway, body)
         assert response.status_code == 400, body
         assert response.json()["error"]["param"] == param
-    assert embedder.post({"model": MODEL, "input": "x", "dimensions": 384}).status_code == 200
+    assert post(gateway, {"model": MODEL, "input": "x", "dimensions": 384}).status_code == 200
     with pytest.raises(openai.BadRequestError) as caught:
-        embedder.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.body["param"] == "model" and caught.value.body["code"] == "invalid_value"
 
 

@@ -98,7 +98,7 @@ def test_tenant_with_smaller_max_tokens_is_clamped(gateway) -> None:
 
 
 def test_models_lists_only_what_the_tenant_may_use(gateway) -> None:
-    assert [m.id for m in gateway.client(ALPHA).models.list()] == ["demo"]
+    assert [m.id for m in gateway.client(ALPHA).models.list()] == ["demo", "all-minilm-l6-v2"]
     assert [m.id for m in gateway.client(BETA).models.list()] == []
     with pytest.raises(openai.NotFoundError):
         gateway.client(BETA).models.retrieve("demo")

@@ -12,9 +12,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.gateway.api.conftest import GAMMA
+from tests.gateway.api.conftest import EMBEDDING_MODEL, GAMMA
 
-OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}"]
+OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
+              "GET /v1/models/{model}"]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,7 @@ def test_no_server_errors(api_schema, gateway, label: str) -> None:
     method, path = label.split(" ")
     operation = api_schema[path][method]
     # Gamma's policy caps max_tokens at 4, so generated requests stay cheap to decode.
+    served = EMBEDDING_MODEL if path == "/v1/embeddings" else "demo"
     headers = {"Authorization": f"Bearer {gateway.token(GAMMA)}"}
     seen: list[int] = []
 
@@ -42,7 +44,7 @@ def test_no_server_errors(api_schema, gateway, label: str) -> None:
         # generated bodies travel the whole path (policy, clamp, envelope, engine).
         if len(seen) % 4 != 3:
             if isinstance(case.body, dict):
-                case.body["model"] = "demo"
+                case.body["model"] = served
             if case.path_parameters and "model" in case.path_parameters:
                 case.path_parameters["model"] = "demo"
         response = case.call(headers=headers, timeout=60)
