@@ -7,9 +7,9 @@ top-p on what top-k kept, and min-p. Each is one tensor op over the whole batch 
 a row only through that row's own values, so a row's result does not depend on its batch
 (the deterministic lane relies on it).
 
-Each sampled request draws its noise from its own torch.Generator, one vector of
-vocabulary size per step, so the tokens a seed yields do not depend on what else is
-in the batch. Logprobs are taken from the raw model distribution (before bias, penalties,
+Each sampled request draws one uniform per step from its own torch.Generator and picks
+its token by inverse CDF, so the tokens a seed yields do not depend on what else is in the
+batch. Logprobs are taken from the raw model distribution (before bias, penalties,
 temperature and truncation), as vLLM reports them by default.
 """
 
@@ -66,14 +66,10 @@ class Sampler:
         if sampled_rows:
             rows = torch.tensor(sampled_rows, device=logits.device)
             probs = warp_logits(processed[rows], [params[i] for i in sampled_rows]).softmax(dim=-1)
-            # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-            noise = torch.stack(
-                [
-                    torch.empty(logits.shape[-1]).exponential_(generator=self.generator_for(request_ids[i], params[i]))
-                    for i in sampled_rows
-                ]
+            uniforms = torch.stack(
+                [torch.rand((), generator=self.generator_for(request_ids[i], params[i])) for i in sampled_rows]
             ).to(logits.device)
-            chosen[rows] = (probs / noise).argmax(dim=-1)
+            chosen[rows] = inverse_cdf(probs, uniforms)
 
         chosen_ids = chosen.tolist()
         top2 = processed.topk(2, dim=-1).values
@@ -95,6 +91,20 @@ class Sampler:
             SampleResult(tok, logprobs.get(i), logits[i].cpu().clone() if params[i].keep_logits else None, margins[i])
             for i, tok in enumerate(chosen_ids)
         ]
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token whose slice of [0, total) holds uniforms[row] * total, per row: a draw from
+    probs with one uniform each. (An exponential race, argmax(p / E), needs a vocabulary of
+    draws per row: 30 ms a step at 32 rows of 49,152 here, against well under 1 ms.) A
+    row's cumulative sum runs in order within the row, so its draw does not depend on the
+    batch; tokens of zero probability have empty slices and are never chosen."""
+    cdf = probs.cumsum(dim=-1)
+    targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    chosen = torch.searchsorted(cdf, targets, right=True).squeeze(1)
+    # Rounding can put a target at the total itself: take the last token with any probability.
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(dim=-1)
+    return torch.minimum(chosen, last)
 
 
 def process_logits(logits: torch.Tensor, params: list[SamplingParams],

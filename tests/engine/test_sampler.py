@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampler import Sampler, process_logits, warp_logits
+from engine.sampler import Sampler, inverse_cdf, process_logits, warp_logits
 from engine.sampling_params import SamplingParams
 
 VOCAB = 512
@@ -149,3 +149,17 @@ def test_seeded_sampling_with_every_setting_is_reproducible() -> None:
 def test_penalized_rows_need_their_outputs() -> None:
     with pytest.raises(ValueError, match="generated so far"):
         process_logits(random_logits(1, rows=1), [SamplingParams(presence_penalty=1)])
+
+
+def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_zero_one() -> None:
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    n = 40_000
+    uniforms = torch.rand(n, generator=torch.Generator().manual_seed(0))
+    drawn = inverse_cdf(probs.expand(n, -1), uniforms)
+    counts = torch.bincount(drawn, minlength=probs.numel()).double()
+    assert counts[probs == 0].sum() == 0
+    sigma = (n * probs.double() * (1 - probs.double())).sqrt()
+    assert ((counts - n * probs.double()).abs() <= 4 * sigma + 1e-9).all(), counts.tolist()
+    # The ends of [0, 1): the first and the last token with any probability.
+    edges = inverse_cdf(probs.expand(2, -1), torch.tensor([0.0, 1.0 - 2**-24]))
+    assert edges.tolist() == [1, 4]
