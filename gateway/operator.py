@@ -2,7 +2,7 @@
 
 /metrics answers whoever can reach the port, as a Prometheus scrape expects (keep the port
 inside the cluster). /admin/* needs an Entra access token that carries the app role
-`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --app
+`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --tenant T
 --role TenantGate.Operator`); without one the answer is 401, with a token lacking the role 403.
 
 The listener runs in a thread with its own event loop, so a slow admin report never holds

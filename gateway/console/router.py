@@ -2,7 +2,7 @@
 
 GET /console (every view) and /console/<view> need a console session; without one the answer
 is 401 with the login page. POST /console/login takes a pasted Entra access token with the
-TenantGate.Operator app role (in development: `tenantgate token --app --role
+TenantGate.Operator app role (in development: `tenantgate token --tenant T --role
 TenantGate.Operator`) and answers with the session cookie; POST /console/logout ends it.
 GET /admin/console serves the same views as JSON to a bearer token, like /admin/usage.
 
