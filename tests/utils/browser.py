@@ -53,8 +53,9 @@ def chromium(width: int = 1280, height: int = 1000) -> Iterator:
 
 def full_page_screenshot(driver, path: Path) -> Path:
     """The whole page, not only the window: the window grows to the document's height first."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
     width = driver.get_window_size()["width"]
+    driver.set_window_size(width, 600)  # a page shorter than the last one is not padded to its height
+    height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(width, min(max(height + 120, 600), 6000))
     driver.save_screenshot(str(path))
     return path

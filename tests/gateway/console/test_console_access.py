@@ -140,3 +140,10 @@ def test_a_session_ends_at_its_ttl() -> None:
     second = sessions.open("token-b")
     sessions.close(second)
     assert sessions.token(second) is None
+
+
+def test_every_value_is_escaped() -> None:
+    from gateway.console.router import _page
+
+    page = _page("refused.html", 403, message='<script>alert("x")</script>').body.decode()
+    assert "<script>" not in page and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page
