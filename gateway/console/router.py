@@ -24,7 +24,8 @@ from gateway.auth.principal import Principal
 from gateway.console.sessions import Sessions
 from gateway.console.views import VIEWS, console_views
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.operator import OPERATOR_ROLE, NotOperator, OperatorDep, audit_operator, operator_for, verified_on_gateway_loop
+from gateway.operator import OPERATOR_ROLE, NotOperator, OperatorDep, audit_operator, operator_for
+from gateway.operator import verified_on_gateway_loop
 
 COOKIE = "tenantgate_console"
 PATH = "/console"
@@ -130,7 +131,8 @@ async def login(request: Request) -> Response:
         principal = await verified_on_gateway_loop(request, token)
     except GatewayError as exc:
         if exc.status_code == 401:
-            raise ConsoleRefused(401, "That token was refused: it is invalid, expired or not for this gateway.") from None
+            raise ConsoleRefused(401, "That token was refused: it is invalid, expired or not for this gateway."
+                                 ) from None
         raise ConsoleRefused(exc.status_code, exc.message) from None
     if OPERATOR_ROLE not in principal.roles:
         audit_operator(gateway, principal, "admin.console.login", 403, NotOperator.code)

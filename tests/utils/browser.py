@@ -18,7 +18,7 @@ ARTIFACTS_ENV = "TENANTGATE_TEST_ARTIFACTS"
 def find_chromium() -> tuple[str, str] | None:
     """(chromium, chromedriver), or None when either is missing."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None)
+    driver = shutil.which("chromedriver")
     return (browser, driver) if browser and driver else None
 
 
