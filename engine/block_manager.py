@@ -106,6 +106,7 @@ class BlockManager:
         self.charged: Counter[bytes] = Counter()
         self.quotas: dict[bytes, int] = {}
         self.num_prefix_hit_tokens = 0
+        self.evicted: Counter[bytes] = Counter()  # cached blocks evicted per owner, since take_evictions()
         # Sequences that hold blocks, by request id, to report usage and check invariants.
         self._holders: dict[str, Sequence] = {}
 
@@ -303,6 +304,7 @@ class BlockManager:
             del self._evictable_by_owner[block.owner]
 
     def _evict(self, block: Block) -> None:
+        self.evicted[block.owner] += 1
         self._remove_evictable(block)
         del self.cached[block.hash]
         block.hash = None
@@ -328,6 +330,11 @@ class BlockManager:
             allocated += len(seq.block_table) * self.block_size
             used += min(seq.num_computed_tokens, len(seq.block_table) * self.block_size)
         return KVStats(self.num_blocks, self.num_free_blocks, self.num_cached_blocks, allocated, used)
+
+    def take_evictions(self) -> Counter[bytes]:
+        """The cached blocks evicted per owner since the last call (each step record carries them)."""
+        evicted, self.evicted = self.evicted, Counter()
+        return evicted
 
     def tenant_usage(self) -> dict[bytes, TenantKV]:
         """Every tenant charged with a block: what it holds, what it keeps cached, its share."""

@@ -286,6 +286,7 @@ class LLMEngine:
             kv_tenants=tuple(
                 sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in self.block_manager.tenant_usage().items())
             ),
+            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in self.block_manager.take_evictions().items())),
         )
         for sink in self.sinks:
             sink.step(record)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence as Seq
 
@@ -80,6 +81,8 @@ class StepRecord:
     regime: str  # normal | memory_pressured | queue_degraded | isolation_strict
     # (tenant digest, blocks held, blocks cached, guaranteed share) per tenant charged with KV
     kv_tenants: tuple[tuple[str, int, int, int], ...] = ()
+    # (tenant digest, cached blocks of that tenant evicted for this step's allocations) per tenant that lost any
+    kv_evicted: tuple[tuple[str, int], ...] = ()
 
 
 class RecordSink(Protocol):
@@ -123,6 +126,30 @@ class PendingRecords:
     def pop(self, request_id: str):
         with self._lock:
             return self._records.pop(request_id, None)
+
+
+class StepHistory:
+    """The last `limit` step records with the wall time each arrived, and every tenant's evicted
+    blocks since the engine started (the gateway's operator console reads both)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._steps: deque[tuple[float, StepRecord]] = deque(maxlen=limit)
+        self._evicted: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def request(self, record: RequestRecord) -> None:
+        pass
+
+    def step(self, record: StepRecord) -> None:
+        with self._lock:
+            self._steps.append((time.time(), record))
+            for tag, blocks in record.kv_evicted:
+                self._evicted[tag] = self._evicted.get(tag, 0) + blocks
+
+    def snapshot(self) -> tuple[list[tuple[float, StepRecord]], dict[str, int]]:
+        """(the steps kept, oldest first, each with its time; evicted blocks by tenant digest)."""
+        with self._lock:
+            return list(self._steps), dict(self._evicted)
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

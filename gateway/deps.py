@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.principal import Principal
 from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
+from gateway.limits.headroom import QuotaHeadroom
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
@@ -38,6 +39,7 @@ class Gateway:
     router: Router | None = None
     issuer: LocalIssuer | None = None
     extras: dict = field(default_factory=dict)
+    headroom: QuotaHeadroom = field(default_factory=QuotaHeadroom)  # the quota store's last answer per tenant
     background: set = field(default_factory=set)  # tasks that must outlive their request
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from engine.envelope import ExecutionEnvelope
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.telemetry import PendingRecords
+from engine.telemetry import PendingRecords, StepHistory
 
 
 class InferenceBackend(Protocol):
@@ -64,7 +64,8 @@ class EngineBackend(GatewayTokenizer):
         self._tokenizer = engine.tokenizer
         self.expects_records = True
         self._records = PendingRecords()
-        engine.sinks.append(self._records)
+        self.steps = StepHistory()  # the operator console's regime timeline and KV by tenant
+        engine.sinks += [self._records, self.steps]
 
     def engine_record(self, request_id: str):
         return self._records.pop(request_id)

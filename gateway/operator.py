@@ -1,8 +1,8 @@
-"""The operator listener: /metrics and /admin/* on their own port, never the API port.
+"""The operator listener: /metrics, /admin/* and the console (/console) on their own port, never the API port.
 
 /metrics answers whoever can reach the port, as a Prometheus scrape expects (keep the port
 inside the cluster). /admin/* needs an Entra access token that carries the app role
-`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --app
+`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --tenant T
 --role TenantGate.Operator`); without one the answer is 401, with a token lacking the role 403.
 
 The listener runs in a thread with its own event loop, so a slow admin report never holds
@@ -35,21 +35,37 @@ class NotOperator(GatewayError):
     code = "operator_role_required"
 
 
-async def operator(request: Request) -> Principal:
-    """The caller, if an operator: a valid token with the TenantGate.Operator app role."""
+async def verified_on_gateway_loop(request: Request, token: str) -> Principal:
+    """The token's principal, checked by the gateway's verifier on the gateway's loop."""
     gateway: Gateway = request.app.state.gateway
-    token = bearer_token(request)
     checked = asyncio.run_coroutine_threadsafe(verified_principal(gateway, token), request.app.state.gateway_loop)
-    principal = await asyncio.wrap_future(checked)
+    return await asyncio.wrap_future(checked)
+
+
+async def operator_for(request: Request, token: str) -> Principal:
+    """The token's principal, if an operator: a valid token with the TenantGate.Operator app role."""
+    principal = await verified_on_gateway_loop(request, token)
     if OPERATOR_ROLE not in principal.roles:
         raise NotOperator(f"this needs the {OPERATOR_ROLE} app role")
     return principal
 
 
+async def operator(request: Request) -> Principal:
+    """The caller, if an operator (the bearer token of the request)."""
+    return await operator_for(request, bearer_token(request))
+
+
 OperatorDep = Annotated[Principal, Depends(operator)]
 
 
+def audit_operator(gateway: Gateway, operator: Principal, route: str, status: int, outcome: str) -> None:
+    """What an operator read or did, and how it went: a record in the audit trail."""
+    gateway.audit.write({"route": route, **gateway.audit.principal_digests(operator), "status": status,
+                         "outcome": outcome})
+
+
 def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> FastAPI:
+    from gateway.console import install_console
     from gateway.usage.router import router as usage_router
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
@@ -62,6 +78,7 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(usage_router)
+    install_console(app)
     return app
 
 

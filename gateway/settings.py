@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     # Prices per model for usage reports and /admin/usage (docs/operations.md, "Usage and chargeback");
     # unset: reports carry no cost column.
     usage_prices_file: Path | None = None
+    # How long an operator console session lasts at most (it also ends with its token).
+    console_session_ttl_s: float = Field(900.0, ge=60, le=8 * 3600)
 
     @model_validator(mode="before")
     @classmethod

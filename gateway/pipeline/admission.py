@@ -297,9 +297,10 @@ async def reserve(gateway: Gateway, principal: Principal, decision: Decision, re
         concurrent_requests=limits.concurrent_requests,
     )
     try:
-        return await gateway.limiter.admit(admission)
-    except RateLimited:
+        ticket = await gateway.limiter.admit(admission)
+    except RateLimited as exc:
         gateway.metrics.rate_limited.labels("budget").inc()
+        gateway.headroom.observe(admission, exc.headers, admitted=False)
         raise
     except QuotaStoreUnavailable:
         if limits.fail_open:
@@ -308,3 +309,5 @@ async def reserve(gateway: Gateway, principal: Principal, decision: Decision, re
         gateway.metrics.rate_limited.labels("store_unavailable").inc()
         raise RateLimited("the quota store is unreachable, so this request is refused (fail closed); "
                           "retry shortly", QUOTA_STORE_RETRY_S, code="quota_store_unavailable") from None
+    gateway.headroom.observe(admission, ticket.headers, admitted=True)
+    return ticket

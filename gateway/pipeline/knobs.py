@@ -10,6 +10,11 @@ from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_dige
 from gateway.policy.schema import Decision
 
 
+def isolation_key(namespace_key: bytes, tenant_id: str) -> bytes:
+    """The engine's key for a tenant: fairness, KV quota and isolation (its records show a tag of it)."""
+    return keyed_digest(namespace_key, "tenant:" + tenant_id)
+
+
 def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decision) -> ExecutionEnvelope:
     """Raises EnvelopeError/ValueError when the decision cannot become an envelope."""
     scope = CacheScope(decision.cache.scope)
@@ -18,7 +23,7 @@ def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decisi
         cache_namespace=namespace,
         cache_scope=scope,
         isolation=Isolation(decision.batching.isolation),
-        isolation_key=keyed_digest(namespace_key, "tenant:" + tenant_id),
+        isolation_key=isolation_key(namespace_key, tenant_id),
         deterministic=decision.batching.deterministic,
         kv_block_quota=decision.limits.kv_blocks,
         priority=decision.limits.priority,

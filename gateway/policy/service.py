@@ -35,6 +35,7 @@ class Judgement:
 class PolicyEngine(Protocol):
     async def decide(self, input_document: Mapping) -> Judgement: ...
     def tenant_known(self, tenant_id: str) -> bool | None: ...  # None: the tenant list is not known yet
+    def tenant_ids(self) -> frozenset[str] | None: ...  # the registered tenants (None: not known yet)
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -98,6 +99,10 @@ class EmbeddedPolicy:
         """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
         tenants = self._evaluator.source.data.get("tenants")
         return isinstance(tenants, dict) and tenant_id in tenants
+
+    def tenant_ids(self) -> frozenset[str]:
+        tenants = self._evaluator.source.data.get("tenants")
+        return frozenset(tenants) if isinstance(tenants, dict) else frozenset()
 
     def ready(self) -> bool:
         return True  # a policy that failed to load never got this far
@@ -174,6 +179,9 @@ class OpaPolicy:
     def tenant_known(self, tenant_id: str) -> bool | None:
         tenants = self._watch.tenants
         return None if tenants is None else tenant_id in tenants
+
+    def tenant_ids(self) -> frozenset[str] | None:
+        return self._watch.tenants
 
     def ready(self) -> bool:
         return self._watch.healthy and self._watch.tenants is not None

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.audit import rotated_files
 from gateway.errors import GatewayError, InvalidRequest, Unavailable
-from gateway.operator import OperatorDep
+from gateway.operator import OperatorDep, audit_operator
 from gateway.usage.report import TrailRejected, UsageError, load_prices, parse_time, read_usage, to_csv
 
 router = APIRouter(prefix="/admin")
@@ -30,15 +30,10 @@ async def usage(request: Request, operator: OperatorDep, start: Annotated[str, Q
     try:
         response = await _usage(gateway, start, end, format)
     except GatewayError as exc:
-        _audit(gateway, operator, exc.status_code, exc.code or exc.type)
+        audit_operator(gateway, operator, "admin.usage", exc.status_code, exc.code or exc.type)
         raise
-    _audit(gateway, operator, 200, "completed")
+    audit_operator(gateway, operator, "admin.usage", 200, "completed")
     return response
-
-
-def _audit(gateway, operator, status: int, outcome: str) -> None:
-    gateway.audit.write({"route": "admin.usage", **gateway.audit.principal_digests(operator), "status": status,
-                         "outcome": outcome})
 
 
 async def _usage(gateway, start: str, end: str, format: str) -> Response:

@@ -165,6 +165,18 @@ def test_eviction_takes_from_the_tenant_furthest_over_its_share_not_the_oldest_b
     bm.check_invariants()
 
 
+def test_evictions_are_counted_per_owner_until_taken() -> None:
+    bm = BlockManager(12, 4)
+    t1, t2, t3 = envelope("t1", quota=12), envelope("t2", quota=12), envelope("t3", quota=12)
+    cache_blocks(bm, t2, 5, 0)
+    cache_blocks(bm, t1, 7, 1000)  # shares of 4: t1 is three over, t2 one
+    assert bm.take_evictions() == {}
+    seq = make_seq("t3", 8, t3, tokens=list(range(500, 508)))
+    assert bm.allocate(seq, 8)  # two blocks, both t1's
+    assert bm.take_evictions() == {t1.isolation_key: 2}
+    assert bm.take_evictions() == {}  # each eviction is reported once
+
+
 def test_tenants_over_their_shares_do_not_trade_blocks() -> None:
     bm = BlockManager(12, 4)
     t1, t2, t3 = envelope("t1", quota=12), envelope("t2", quota=12), envelope("t3", quota=12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 
 import pytest
 
@@ -176,3 +177,7 @@ def test_a_flood_past_the_pool_leaves_a_neighbours_share_alone(tiny_dir, make_en
     assert both and all((h[a.tenant_tag][1], h[b.tenant_tag][1]) == (12, 19) for h in both)
     assert max(h[b.tenant_tag][0] for h in both) > 19  # b still bursts past its share into what a leaves free
     assert sum(s.num_preempted for s in sink.steps) > 0  # the pool was under pressure
+    evicted = Counter()
+    for step in sink.steps:
+        evicted.update(dict(step.kv_evicted))
+    assert evicted[b.tenant_tag] > 0 and a.tenant_tag not in evicted  # b recycled its own cache, never a's

@@ -147,3 +147,10 @@ async def test_reloads_of_a_large_data_file_do_not_leak_engines(policy_copy) -> 
     assert growth < 32, f"RSS grew {growth:.0f} MB over {RELOADS - WARM_UP} reloads"
     assert policy.reload_failures == 0
     assert time.monotonic() - started < 60
+
+
+def test_the_registered_tenants_are_the_policy_datas() -> None:
+    policy = EmbeddedPolicy(Path(__file__).parents[3] / "policies", DATA_DIR)
+    registered = json.loads((DATA_DIR / "tenants.json").read_text())["tenants"]
+    assert policy.tenant_ids() == frozenset(registered) and ALPHA in policy.tenant_ids()
+    assert all(policy.tenant_known(tenant) for tenant in policy.tenant_ids())
