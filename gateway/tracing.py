@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
@@ -77,11 +77,18 @@ class RequestTrace:
 
     def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict | None = None) -> Span:
         """A child span of the server span; the caller ends it (see `stage` for the common case)."""
+        if not self.recording:
+            return trace.INVALID_SPAN
         return self.tracer.start_span(name, context=self._context, kind=kind, attributes=attributes)
 
-    @contextmanager
-    def stage(self, name: str, **attributes) -> Iterator[Span]:
+    def stage(self, name: str, **attributes) -> AbstractContextManager[Span]:
         """A child span around a block; an exception leaving it sets error.type (never its message)."""
+        if not self.recording:
+            return _NO_STAGE  # tracing off: not even a generator per stage
+        return self._stage(name, attributes)
+
+    @contextmanager
+    def _stage(self, name: str, attributes: dict) -> Iterator[Span]:
         span = self.start(name, attributes=attributes)
         try:
             yield span
@@ -118,6 +125,7 @@ def headers_for(span: Span) -> dict[str, str]:
 
 
 OFF = RequestTrace(trace.NoOpTracer(), trace.INVALID_SPAN)
+_NO_STAGE = nullcontext(trace.INVALID_SPAN)
 
 
 def trace_of(request) -> RequestTrace:
