@@ -16,7 +16,8 @@ import pytest
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.tracing import tracer_provider
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EMBEDDING_MODEL, gateway_settings
+from tests.gateway.api.conftest import embedding_encoder  # noqa: F401 - the fixture, shared with the API tests
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
 from tests.utils.otelcol import Span
 from tests.utils.server import serving
@@ -30,9 +31,11 @@ STAGES = {"authenticate", "policy", "quota", "engine", "audit"}
 
 
 @contextmanager
-def traced_gateway(issuer, collector, tmp_path, monkeypatch, **otel: str) -> Iterator[tuple[str, FakeUpstream, object]]:
-    """The demo model on the null engine and UPSTREAM_MODEL on a scripted vLLM, exporting to the
-    collector as the OTEL_* variables say. Leaving it stops the app, which flushes its spans."""
+def traced_gateway(issuer, collector, tmp_path, monkeypatch, encoder=None,
+                   **otel: str) -> Iterator[tuple[str, FakeUpstream, object]]:
+    """The demo model on the null engine, UPSTREAM_MODEL on a scripted vLLM (and the encoder, if
+    given), exporting to the collector as the OTEL_* variables say. Leaving it stops the app,
+    which flushes its spans."""
     environment = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_SERVICE_NAME": "tenantgate-test",
                    "OTEL_BSP_SCHEDULE_DELAY": "50"} | otel
     for name, value in environment.items():
@@ -42,9 +45,10 @@ def traced_gateway(issuer, collector, tmp_path, monkeypatch, **otel: str) -> Ite
         deployments = tmp_path / "deployments.json"
         deployments.write_text(json.dumps({"models": {
             "demo": [{"name": "local", "kind": "embedded"}],
-            UPSTREAM_MODEL: [{"name": "vllm-a", "kind": "openai", "dialect": "vllm", "url": upstream_url + "/v1"}]}}))
+            UPSTREAM_MODEL: [{"name": "vllm-a", "kind": "openai", "dialect": "vllm", "url": upstream_url + "/v1"}],
+            EMBEDDING_MODEL: [{"name": "local-encoder", "kind": "embedded", "task": "embed"}]}}))
         app = create_app(gateway_settings(issuer, deployments_file=deployments, metrics_port=0),
-                         backend=NullBackend(model_name="demo"))
+                         backend=NullBackend(model_name="demo"), encoder=encoder)
         with serving(app) as base_url:
             yield base_url, fake, app
 
@@ -62,8 +66,9 @@ def children(spans: list[Span], parent: Span) -> dict[str, Span]:
 
 
 def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span_per_stage(
-        local_issuer, otel_collector, tmp_path, monkeypatch) -> None:
-    with traced_gateway(local_issuer, otel_collector, tmp_path, monkeypatch) as (base_url, fake, app):
+        local_issuer, otel_collector, embedding_encoder, tmp_path, monkeypatch) -> None:
+    with traced_gateway(local_issuer, otel_collector, tmp_path, monkeypatch, embedding_encoder) as (base_url, fake,
+                                                                                                  app):
         with client(base_url, local_issuer, ALPHA) as alpha, client(base_url, local_issuer, BETA) as beta:
             stream = alpha.chat.completions.create(model="demo", messages=CHAT, max_tokens=3, stream=True)
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == " ok ok ok"
@@ -71,10 +76,10 @@ def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span
             assert reply.choices[0].message.content == "Paris."
             with pytest.raises(openai.NotFoundError):  # Alpha's policy does not name the upstream's model
                 alpha.chat.completions.create(model=UPSTREAM_MODEL, messages=CHAT, max_tokens=2)
+            assert len(alpha.embeddings.create(model=EMBEDDING_MODEL, input="Paris").data) == 1
         alpha_digest = app.state.gateway.audit.tenant_digest(ALPHA)[:12]
-    spans = otel_collector.wait_for(3, kind=Span.SERVER)
-    servers = [s for s in spans if s.kind == Span.SERVER]
-    assert len(servers) == 3
+    servers = otel_collector.wait_for(4, kind=Span.SERVER)
+    assert len(servers) == 4
     assert all((s.trace_id, s.parent_span_id) == (CALLER_TRACE, CALLER_SPAN) for s in servers)
     assert {s.resource["service.name"] for s in servers} == {"tenantgate-test"}
     everything = otel_collector.spans()
@@ -119,6 +124,11 @@ def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span
     assert denied.attributes["error.type"] == "model_not_found"
     assert denied.attributes["http.response.status_code"] == 404 and denied.status != 2
     assert set(children(everything, denied)) == {"authenticate", "policy", "audit"}
+
+    embedded = by_status[f"embeddings {EMBEDDING_MODEL}", 200]
+    assert embedded.attributes["gen_ai.operation.name"] == "embeddings"
+    assert embedded.attributes["gen_ai.usage.input_tokens"] > 0
+    assert set(children(everything, embedded)) == STAGES
 
 
 def test_a_request_without_traceparent_starts_a_trace_and_unserved_model_names_stay_out(
