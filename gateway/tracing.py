@@ -21,7 +21,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.middleware import StatusRecorder
 
 TRACER_NAME = "tenantgate.gateway"
 # gen_ai.operation.name for each route (the conventions' well-known values).
@@ -160,16 +162,9 @@ class RequestTracing:
             attributes={"http.request.method": method, "url.scheme": scope.get("scheme", "http")})
         state = scope.setdefault("state", {})
         state["trace"] = request_trace = RequestTrace(tracer, span)
-        status = 500
-
-        async def observe(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusRecorder(send)
         try:
-            await self.app(scope, receive, observe)
+            await self.app(scope, receive, sent)
         except BaseException as exc:
             state.setdefault("error_type", type(exc).__name__)  # answered by the outermost layer
             raise
@@ -180,6 +175,7 @@ class RequestTracing:
                 span.set_attribute("http.route", template)
                 if not request_trace.named:
                     span.update_name(f"{method} {template}")
+            status = sent.status
             span.set_attribute("http.response.status_code", status)
             if status >= 400:
                 span.set_attribute("error.type", state.get("error_type") or str(status))
