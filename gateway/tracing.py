@@ -70,6 +70,9 @@ class RequestTrace:
     def __init__(self, tracer: Tracer, span: Span) -> None:
         self.tracer = tracer
         self.span = span
+        # False only when tracing is off. A span the sampler dropped still has a context, which
+        # its children share and pass on (sampled flag unset), so deployments drop theirs too.
+        self.traced = span.get_span_context().is_valid
         self.named = False  # by the pipeline, once it knows the operation and model
         self._context = trace.set_span_in_context(span)
 
@@ -79,13 +82,13 @@ class RequestTrace:
 
     def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict | None = None) -> Span:
         """A child span of the server span; the caller ends it (see `stage` for the common case)."""
-        if not self.recording:
+        if not self.traced:
             return trace.INVALID_SPAN
         return self.tracer.start_span(name, context=self._context, kind=kind, attributes=attributes)
 
     def stage(self, name: str, **attributes) -> AbstractContextManager[Span]:
         """A child span around a block; an exception leaving it sets error.type (never its message)."""
-        if not self.recording:
+        if not self.traced:
             return _NO_STAGE  # tracing off: not even a generator per stage
         return self._stage(name, attributes)
 
@@ -119,10 +122,10 @@ def failed(span: Span, exc: BaseException, *, error: bool = True) -> None:
 
 
 def headers_for(span: Span) -> dict[str, str]:
-    """The W3C traceparent (and tracestate) that makes a deployment's span a child of `span`."""
+    """The W3C traceparent (and tracestate) that makes a deployment's span a child of `span`;
+    none when tracing is off."""
     carrier: dict[str, str] = {}
-    if span.is_recording():
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier
 
 

@@ -160,6 +160,18 @@ def test_the_sdk_switches_and_the_sampler_are_honoured(local_issuer, otel_collec
     assert otel_collector.spans() == []
 
 
+def test_a_caller_that_does_not_sample_gets_no_spans_and_the_deployment_is_told_so(
+        local_issuer, otel_collector, tmp_path, monkeypatch) -> None:
+    unsampled = f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
+    with traced_gateway(local_issuer, otel_collector, tmp_path, monkeypatch) as (base_url, fake, _app):
+        with client(base_url, local_issuer, BETA, traceparent=unsampled) as beta:
+            beta.chat.completions.create(model=UPSTREAM_MODEL, messages=CHAT, max_tokens=2)
+    (sent,) = fake.received
+    version, trace_id, parent, flags = sent["headers"]["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CALLER_TRACE, "00") and parent != CALLER_SPAN
+    assert otel_collector.spans() == []
+
+
 def test_tracing_is_off_without_an_endpoint_and_refuses_a_protocol_it_cannot_speak() -> None:
     assert tracer_provider({}) is None
     assert tracer_provider({"OTEL_SERVICE_NAME": "tenantgate"}) is None
