@@ -32,19 +32,30 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _CALLER_HEADERS = (b"traceparent", b"tracestate")
 
 
-def tracer_provider(environ: Mapping[str, str] = os.environ):
-    """An SDK TracerProvider exporting OTLP over HTTP as OTEL_* says, or None (tracing off) when
-    no endpoint is set, the SDK is disabled, or OTEL_TRACES_EXPORTER is none."""
+class TracingError(ValueError):
+    """The OTEL_* variables ask for something the gateway cannot do."""
+
+
+def traces_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether OTEL_* turns tracing on: an endpoint is set, and neither OTEL_SDK_DISABLED nor
+    OTEL_TRACES_EXPORTER=none turns it off. TracingError for a protocol other than http/protobuf."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
+        return False
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
-        return None
+        return False
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
-        return None
+        return False
     protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
     if protocol != "http/protobuf":
-        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not supported; use http/protobuf")
+        raise TracingError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol} is not supported; use http/protobuf")
+    return True
+
+
+def tracer_provider(environ: Mapping[str, str] = os.environ):
+    """An SDK TracerProvider exporting OTLP over HTTP as OTEL_* says, or None when tracing is off."""
+    if not traces_enabled(environ):
+        return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider

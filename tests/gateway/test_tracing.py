@@ -15,7 +15,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.inference import NullBackend
-from gateway.tracing import tracer_provider
+from gateway.tracing import TracingError, tracer_provider
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EMBEDDING_MODEL, gateway_settings
 from tests.gateway.api.conftest import embedding_encoder  # noqa: F401 - the fixture, shared with the API tests
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
@@ -175,5 +175,5 @@ def test_a_caller_that_does_not_sample_gets_no_spans_and_the_deployment_is_told_
 def test_tracing_is_off_without_an_endpoint_and_refuses_a_protocol_it_cannot_speak() -> None:
     assert tracer_provider({}) is None
     assert tracer_provider({"OTEL_SERVICE_NAME": "tenantgate"}) is None
-    with pytest.raises(ValueError, match="http/protobuf"):
+    with pytest.raises(TracingError, match="http/protobuf"):
         tracer_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
