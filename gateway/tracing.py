@@ -29,7 +29,9 @@ TRACER_NAME = "tenantgate.gateway"
 # gen_ai.operation.name for each route (the conventions' well-known values).
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 _PROPAGATOR = TraceContextTextMapPropagator()
-_CALLER_HEADERS = (b"traceparent", b"tracestate")
+# Only the caller's traceparent (hex ids and flags, checked by the propagator): its tracestate is
+# free text of the caller's, which would be exported with every span.
+_CALLER_HEADER = b"traceparent"
 
 
 class TracingError(ValueError):
@@ -133,8 +135,7 @@ def failed(span: Span, exc: BaseException, *, error: bool = True) -> None:
 
 
 def headers_for(span: Span) -> dict[str, str]:
-    """The W3C traceparent (and tracestate) that makes a deployment's span a child of `span`;
-    none when tracing is off."""
+    """The W3C traceparent that makes a deployment's span a child of `span`; none when tracing is off."""
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier
@@ -168,8 +169,8 @@ class RequestTracing:
         if tracer is None or scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        carrier = {name.decode("latin-1"): value.decode("latin-1")
-                   for name, value in scope.get("headers", ()) if name in _CALLER_HEADERS}
+        carrier = {"traceparent": value.decode("latin-1")
+                   for name, value in scope.get("headers", ()) if name == _CALLER_HEADER}
         method = scope["method"]
         span = tracer.start_span(
             method, context=_PROPAGATOR.extract(carrier), kind=SpanKind.SERVER,

@@ -28,6 +28,7 @@ TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 UPSTREAM_MODEL = "some-other-model"  # the one model Beta's policy names
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 STAGES = {"authenticate", "policy", "quota", "engine", "audit"}
+TRACESTATE_CANARY = "cnrytracestate7e21"
 
 
 @contextmanager
@@ -54,7 +55,8 @@ def traced_gateway(issuer, collector, tmp_path, monkeypatch, encoder=None,
 
 
 def client(base_url: str, issuer, tenant: str, traceparent: str | None = TRACEPARENT) -> openai.OpenAI:
-    headers = {"traceparent": traceparent} if traceparent else {}
+    # The tracestate is the caller's free text: it must not be exported or passed on.
+    headers = {"traceparent": traceparent, "tracestate": f"vendor={TRACESTATE_CANARY}"} if traceparent else {}
     return openai.OpenAI(base_url=base_url + "/v1", api_key=issuer.mint(tenant, audience=AUDIENCE), max_retries=0,
                          default_headers=headers)
 
@@ -119,6 +121,7 @@ def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span
     assert [e["name"] for e in upstream.events] == ["gen_ai.first_token"]
     (sent,) = fake.received
     assert sent["headers"]["traceparent"] == f"00-{CALLER_TRACE}-{upstream.span_id}-01"
+    assert "tracestate" not in sent["headers"] and TRACESTATE_CANARY not in otel_collector.raw()
 
     # A refusal: the server span says why in error.type (4xx: not a server error), no stage ran it.
     assert denied.attributes["error.type"] == "model_not_found"
