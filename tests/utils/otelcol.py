@@ -5,7 +5,6 @@ span it receives to a file as OTLP JSON, which `spans()` reads back."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -13,20 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.utils.server import free_port
+from tests.utils.tools import find_go_binary
 
 BINARY = "otelcol-tenantgate"
 
 
 def find_otelcol() -> str | None:
-    found = shutil.which(BINARY)
-    if found:
-        return found
-    go = shutil.which("go")
-    if go is None:
-        return None
-    gopath = subprocess.run([go, "env", "GOPATH"], capture_output=True, text=True, check=False).stdout.strip()
-    candidate = Path(gopath) / "bin" / BINARY
-    return str(candidate) if gopath and candidate.exists() else None
+    found = find_go_binary(BINARY)
+    return str(found) if found is not None else None
 
 
 @dataclass
