@@ -85,6 +85,7 @@ def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span
     assert all((s.trace_id, s.parent_span_id) == (CALLER_TRACE, CALLER_SPAN) for s in servers)
     assert {s.resource["service.name"] for s in servers} == {"tenantgate-test"}
     everything = otel_collector.spans()
+    assert ALPHA not in otel_collector.raw() and BETA not in otel_collector.raw()  # tenants only as digests
 
     by_status = {(s.name, s.attributes["http.response.status_code"]): s for s in servers}
     engine_request = by_status["chat demo", 200]
