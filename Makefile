@@ -37,15 +37,17 @@ run: install
 generate: install
 	$(BIN)/tenantgate generate --prompt "$(PROMPT)" $(ARGS)
 
-# Install with test extras and run every test. OPA and helm are built once with Go, the
-# infra checkers go to .venv-infra, redis-server, haproxy and chromium come from Debian; with
-# TENANTGATE_REQUIRE_TOOLS=1 a missing tool fails its tests instead of skipping them.
+# Install with test extras and run every test. OPA, helm and the OpenTelemetry Collector are
+# built once with Go, the infra checkers go to .venv-infra, redis-server, haproxy and chromium
+# come from Debian; with TENANTGATE_REQUIRE_TOOLS=1 a missing tool fails its tests instead of
+# skipping them.
 test: install-dev
 	scripts/install-opa.sh
 	scripts/install-infra-tools.sh
 	scripts/install-redis.sh
 	scripts/install-haproxy.sh
 	scripts/install-chromium.sh
+	scripts/install-otelcol.sh
 	TENANTGATE_REQUIRE_TOOLS=1 PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 
 # The client for OpenAI-compatible upstreams against a real llama.cpp llama-server on SmolLM2

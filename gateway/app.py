@@ -30,6 +30,7 @@ from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShut
 from gateway.pipeline.execution import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
+from gateway.tracing import TRACER_NAME, RequestTracing, tracer_provider
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -167,13 +168,22 @@ class _GatewayApp(FastAPI):
 
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
-               limiter: Limiter | None = None, encoder: EncoderBackend | None = None) -> FastAPI:
+               limiter: Limiter | None = None, encoder: EncoderBackend | None = None,
+               tracing=None) -> FastAPI:
+    """`tracing`: an OpenTelemetry TracerProvider of the caller's (kept open); by default one from
+    the OTEL_* environment, or none (tracing off) without an OTLP endpoint."""
     settings = settings or Settings()
     app_metrics = metrics or GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with AsyncExitStack() as stack:
+            provider = tracing or tracer_provider()
+            if provider is not None:
+                app.state.tracer = provider.get_tracer(TRACER_NAME)
+                if tracing is None:
+                    # Last out: the spans of the requests shutdown waited for are flushed too.
+                    stack.push_async_callback(asyncio.to_thread, provider.shutdown)
             app_policy = policy or build_policy(settings)
             if policy is None:
                 stack.push_async_callback(app_policy.aclose)
@@ -260,5 +270,6 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     app.include_router(models_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
+    app.add_middleware(RequestTracing)
     app.add_middleware(RequestsBeforeShutdown)
     return app

@@ -46,9 +46,12 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
     from gateway.deployments.config import DeploymentsError, deployments_for
 
+    from gateway.tracing import TracingError, traces_enabled
+
     try:
         deployments_for(settings)  # a bad file is refused here, not as a start-up traceback
-    except DeploymentsError as exc:
+        traces_enabled()  # and so are OTEL_* variables the gateway cannot follow
+    except (DeploymentsError, TracingError) as exc:
         print(f"tenantgate: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if settings.dev_issuer:

@@ -11,6 +11,7 @@ from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.principal import Principal
 from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
 from gateway.limits.headroom import QuotaHeadroom
+from gateway.tracing import trace_of
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
@@ -75,10 +76,14 @@ async def verified_principal(gateway: Gateway, token: str) -> Principal:
 
 
 async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
-    principal = await verified_principal(gateway, bearer_token(request))
-    request.state.principal = principal
-    # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
-    request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
+    trace = trace_of(request)
+    with trace.stage("authenticate") as span:
+        principal = await verified_principal(gateway, bearer_token(request))
+        request.state.principal = principal
+        # Metrics and spans carry a short keyed digest of the tenant: stable for dashboards, not reversible.
+        request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
+        span.set_attribute("tenantgate.principal.type", principal.idtyp)
+    trace.set({"tenantgate.tenant": request.state.tenant_tag})
     return principal
 
 

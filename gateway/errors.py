@@ -203,15 +203,20 @@ def _validation_code(exc: RequestValidationError) -> str:
     return "invalid_type" if first.endswith("_type") else "invalid_value"
 
 
+def _answer(request: Request, error: GatewayError) -> JSONResponse:
+    request.state.error_type = error.code  # the request span's error.type (gateway/tracing.py)
+    return error_response(error)
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return error_response(exc)
+        return _answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(InvalidRequest(message, param=param, code=_validation_code(exc)))
+        return _answer(request, InvalidRequest(message, param=param, code=_validation_code(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -220,7 +225,7 @@ def install_handlers(app: FastAPI) -> None:
         error = GatewayError(message, code=code, headers=dict(exc.headers or {}))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(error)
+        return _answer(request, error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

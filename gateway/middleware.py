@@ -90,6 +90,19 @@ def new_edge_request_id() -> str:
     return "req-" + uuid.uuid4().hex
 
 
+class StatusRecorder:
+    """A `send` that passes every message on and remembers the response's status (500 until one starts)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class RequestMetrics:
     """Counts requests by route, status and decision outcome (which the handlers put in scope state)."""
 
@@ -101,21 +114,14 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
-
-        async def observe(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusRecorder(send)
         try:
-            await self.app(scope, receive, observe)
+            await self.app(scope, receive, sent)
         finally:
             path = scope.get("path", "")
             route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
             state = scope.get("state", {})
-            self.metrics.requests.labels(route, str(status), state.get("decision", "none"),
+            self.metrics.requests.labels(route, str(sent.status), state.get("decision", "none"),
                                          state.get("tenant_tag", "none")).inc()
 
 

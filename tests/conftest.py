@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from gateway.policy.opa import OPA_VERSION, find_opa
+from tests.utils.otelcol import OtelCollector, find_otelcol
 from tests.utils.redis import RedisServer, find_redis_server
 from tests.utils.tools import missing_tool
 
@@ -91,3 +92,14 @@ def own_redis_server(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]
     server = RedisServer(redis_binary, tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def otel_collector(tmp_path: Path) -> Iterator[OtelCollector]:
+    """A real OpenTelemetry Collector of the test's own: OTLP/HTTP in, the spans it got in a file."""
+    binary = required_tool(find_otelcol(), "otelcol-tenantgate", "scripts/install-otelcol.sh")
+    workdir = tmp_path / "otelcol"
+    workdir.mkdir()
+    collector = OtelCollector(binary, workdir).start()
+    yield collector
+    collector.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class UpstreamCall:
     envelope: ExecutionEnvelope  # what the decision allows: the cache namespace digest, priority, ...
     request_id: str
     tenant_id: str
+    headers: dict[str, str] = field(default_factory=dict)  # sent as they are: the W3C traceparent
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,7 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
     body |= _cache_fields(deployment, call.envelope)
     body |= _priority_fields(deployment, call.envelope)
     accept = "text/event-stream" if streaming else "application/json"
-    headers = {"content-type": "application/json", "accept": accept, "x-request-id": call.request_id}
+    headers = call.headers | {"content-type": "application/json", "accept": accept, "x-request-id": call.request_id}
     return UpstreamRequest("POST", url, headers, body)
 
 

@@ -27,6 +27,8 @@ NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment d
 class _InProcess:
     """A backend in this process: the app builds and closes it (a test's may outlive its app)."""
 
+    remote = False  # its span is the engine's, in this process
+
     def __init__(self, name: str, backend) -> None:
         self.name = name
         self.backend = backend
@@ -56,7 +58,7 @@ class EmbeddedTarget(_InProcess):
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None  # the engine's scheduler and block manager honour every isolation, scope and lane
 
-    def run(self, admitted) -> AsyncIterator[RequestOutput]:
+    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
         return self.backend.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id)
 
     def engine_record(self, request_id: str):
@@ -76,7 +78,7 @@ class EncoderTarget(_InProcess):
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None
 
-    async def embed(self, admitted) -> Embeddings:
+    async def embed(self, admitted, headers: dict[str, str] | None = None) -> Embeddings:
         from engine.encoder import EncoderError
 
         dimensions = admitted.ask.body.get("dimensions")
@@ -100,6 +102,7 @@ class ReplicaTarget:
     """One `tenantgate engine serve` replica: its engine enforces every decision itself."""
 
     expects_records = True
+    remote = True  # called over HTTP, with the trace's traceparent
 
     def __init__(self, name: str, replica: TenantgateReplica) -> None:
         self.name = name
@@ -112,8 +115,10 @@ class ReplicaTarget:
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None
 
-    def run(self, admitted) -> AsyncIterator[RequestOutput]:
-        return self.replica.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id)
+    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
+        """headers: what the request carries besides its own (the W3C traceparent)."""
+        return self.replica.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id,
+                                     headers=headers)
 
     def engine_record(self, request_id: str):
         return self.replica.engine_record(request_id)
@@ -150,6 +155,7 @@ class UpstreamTarget:
 
     expects_records = False
     max_model_len = None  # the deployment's context_tokens, when declared, caps its model
+    remote = True
 
     def __init__(self, deployment: Deployment, upstream: OpenAIUpstream) -> None:
         self.name = deployment.name
@@ -166,17 +172,17 @@ class UpstreamTarget:
         return unmet_cache_scope(self.deployment, envelope, tenant_id)
 
     @staticmethod
-    def _call(admitted) -> UpstreamCall:
+    def _call(admitted, headers: dict[str, str] | None) -> UpstreamCall:
         return UpstreamCall(route=admitted.route, body=admitted.ask.body,
                             max_tokens=admitted.params.max_tokens if admitted.params is not None else 0,
                             envelope=admitted.envelope, request_id=admitted.request_id,
-                            tenant_id=admitted.principal.tenant_id)
+                            tenant_id=admitted.principal.tenant_id, headers=headers or {})
 
-    def run(self, admitted) -> AsyncIterator[RequestOutput]:
-        return self.upstream.stream(self._call(admitted))
+    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
+        return self.upstream.stream(self._call(admitted, headers))
 
-    async def embed(self, admitted) -> Embeddings:
-        return await self.upstream.embed(self._call(admitted))
+    async def embed(self, admitted, headers: dict[str, str] | None = None) -> Embeddings:
+        return await self.upstream.embed(self._call(admitted, headers))
 
     def engine_record(self, request_id: str):
         return None

@@ -49,14 +49,14 @@ class TenantgateReplica:
         return self._records.pop(request_id)
 
     async def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, *, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
         """The replica's deltas. Closing the generator early closes the stream, which aborts the
         request there. UpstreamUnavailable (EnvelopeRefused for a 403) before or after the first
         delta, UpstreamRejected for a 4xx; the caller knows which deltas it has already sent."""
         body = json.dumps({"request_id": request_id, "token_ids": list(token_ids),
                            "params": params_to_json(params)}, separators=(",", ":")).encode()
-        headers = {ENVELOPE_HEADER: self._signer.sign(envelope, request_id, body),
-                   "content-type": "application/json"}
+        headers = (headers or {}) | {ENVELOPE_HEADER: self._signer.sign(envelope, request_id, body),
+                                     "content-type": "application/json"}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         first_deadline = min(deadline, loop.time() + self._first_token_timeout_s)

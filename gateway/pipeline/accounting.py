@@ -60,7 +60,20 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
         content = gateway.audit.content(decision, admitted.ask.body, "".join(admitted.texts or ()))
         if content is not None:
             record["content"] = content
-    return gateway.audit.write_after_engine(target, admitted.request_id, record)
+    admitted.trace.set({
+        "gen_ai.response.id": admitted.request_id, "gen_ai.response.model": admitted.ask.model,
+        "gen_ai.usage.input_tokens": admitted.prompt_tokens, "gen_ai.usage.output_tokens": admitted.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": admitted.cached_tokens,
+        "gen_ai.response.finish_reasons": [admitted.finish_reason] if admitted.finish_reason else None,
+        "tenantgate.deployment": target.name if target is not None else None,
+    })
+    span = admitted.trace.start("audit")
+    written = gateway.audit.write_after_engine(target, admitted.request_id, record)
+    if written is None:
+        span.end()
+    else:
+        written.add_done_callback(lambda _: span.end())  # the record waits for the engine's x-record
+    return written
 
 
 async def recorded(written: asyncio.Task | None) -> None:

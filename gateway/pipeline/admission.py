@@ -35,6 +35,7 @@ from gateway.pipeline.knobs import envelope_for_decision
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
 from gateway.policy.service import Judgement
+from gateway.tracing import OFF, OPERATIONS, RequestTrace, trace_of
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -100,6 +101,7 @@ class Admitted:
     cached_tokens: int = 0
     finish_reason: str | None = None
     texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
+    trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
 
     @property
     def request_id(self) -> str:
@@ -141,15 +143,24 @@ def policy_input(gateway: Gateway, principal: Principal, request: Request, *, ro
 async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement:
     backend = gateway.settings.policy_backend
     started = time.perf_counter()
-    try:
-        judgement = await gateway.policy.decide(document)
-    except PolicyError as exc:
-        # The reason goes to the server log (it names a rule or a field, never content).
-        logger.error("policy failed closed: %s", exc)
-        request.state.decision = "error"
-        raise Unavailable("the policy engine could not decide this request; it is denied") from None
-    finally:
-        gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
+    with trace_of(request).stage("policy", **{"tenantgate.policy.backend": backend}) as span:
+        try:
+            judgement = await gateway.policy.decide(document)
+        except PolicyError as exc:
+            # The reason goes to the server log (it names a rule or a field, never content).
+            logger.error("policy failed closed: %s", exc)
+            request.state.decision = "error"
+            raise Unavailable("the policy engine could not decide this request; it is denied") from None
+        finally:
+            gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
+        decision = judgement.decision
+        span.set_attributes({
+            "tenantgate.policy.revision": judgement.revision, "tenantgate.decision.allow": decision.allow,
+            "tenantgate.decision.cache_scope": decision.cache.scope,
+            "tenantgate.decision.isolation": decision.batching.isolation,
+            "tenantgate.decision.deterministic": decision.batching.deterministic,
+            "tenantgate.decision.logging": decision.logging.content,
+        })
     request.state.decision = "allow" if judgement.decision.allow else "deny"
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
@@ -225,6 +236,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
     decision_id = str(uuid.uuid4())
     set_request_id(request, ask.request_id)
     add_response_headers(request, {DECISION_ID_HEADER: decision_id})
+    trace = trace_of(request)
+    trace_request(trace, gateway, ask, decision_id)
     try:
         judgement = await judge(gateway, request, document)
         # After the policy: a model the tenant may not use and one not served get the same 404,
@@ -248,17 +261,32 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         if not ask.embeds:
             params = _sampling_params(ask, max_tokens)
-        ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
+        with trace.stage("quota", **{"tenantgate.quota.tokens": prompt_tokens + max_tokens}) as span:
+            ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
+            span.set_attribute("tenantgate.quota.accounted", ticket.accounted)
     except GatewayError as exc:
         judgement = judgement or getattr(exc, "judgement", None)
-        audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc, decision_id)
+        with trace.stage("audit"):
+            audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc, decision_id)
         raise
     add_response_headers(request, ticket.headers)
     admitted = Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, targets,
-                        decision_id=decision_id)
+                        decision_id=decision_id, trace=trace)
     if admitted.keeps_content:
         admitted.texts = []
     return admitted
+
+
+def trace_request(trace: RequestTrace, gateway: Gateway, ask: Ask, decision_id: str) -> None:
+    """The server span's name and request attributes. A model name this gateway does not serve is
+    the caller's text, so it stays out (the span is then named by the operation alone)."""
+    operation = OPERATIONS.get(ask.route, ask.route)
+    model = ask.model if ask.model in gateway.models else None
+    trace.name(operation, model)
+    trace.set({"gen_ai.operation.name": operation, "gen_ai.request.model": model,
+               "gen_ai.request.max_tokens": ask.max_tokens, "gen_ai.request.temperature": ask.temperature,
+               "gen_ai.request.top_p": ask.top_p, "gen_ai.request.seed": ask.seed,
+               "gen_ai.request.stream": ask.stream, "tenantgate.decision_id": decision_id})
 
 
 def decision_summary(decision: Decision) -> dict:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
+from opentelemetry.trace import SpanKind
 
 from engine.async_engine import EngineDeadError
 from engine.llm_engine import RequestError
@@ -20,6 +22,7 @@ from gateway.deployments.base import Embeddings, UpstreamRejected, UpstreamUnava
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest, Unavailable
 from gateway.pipeline.admission import Admitted
+from gateway.tracing import failed, first_output, headers_for
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -31,13 +34,16 @@ class ClientGone(Exception):
 async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[RequestOutput]:
     """The deployment's deltas for an admitted request; deployment trouble becomes a GatewayError."""
     for target in admitted.targets:
-        outputs = target.run(admitted)
+        span = deployment_span(admitted, target)
+        started = time.perf_counter()
+        outputs = target.run(admitted, headers_for(span))
         sent = False
         gateway.router.started(target)
         try:
             async for output in outputs:
                 if not sent:
                     sent = True
+                    first_output(span, started)
                     admitted.deployment = target
                     gateway.router.succeeded(target)
                 admitted.output_tokens = output.num_output_tokens
@@ -51,23 +57,40 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                 yield output
             return
         except UpstreamUnavailable as exc:
+            failed(span, exc)
             gateway.router.failed(target, after_output=sent)
             logger.warning("deployment %s failed %s: %s", target.name,
                            "mid-stream" if sent else "before its first output", exc)
             if sent:
                 raise Unavailable("the deployment failed while answering; the response is incomplete") from None
         except UpstreamRejected as exc:
+            failed(span, exc, error=False)
             admitted.deployment = target
             raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
         except RequestError as exc:
+            failed(span, exc, error=False)
             raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
-        except EngineDeadError:
+        except EngineDeadError as exc:
+            failed(span, exc)
             raise Unavailable("the inference engine is not running") from None
+        except BaseException as exc:  # the caller went (cancelled, or the generator closed early)
+            failed(span, exc)
+            raise
         finally:
             gateway.router.ended(target)
             await outputs.aclose()  # a request left unfinished is aborted here, not when collected
+            span.set_attributes({"gen_ai.usage.output_tokens": admitted.output_tokens})
+            span.end()
     raise Unavailable("no deployment of this model could take the request; retry shortly",
                       headers={"Retry-After": "1"})
+
+
+def deployment_span(admitted: Admitted, target):
+    """The span of one attempt on a target: `engine` in this process, `upstream` (a client span,
+    whose context goes to the deployment as its traceparent) for a replica or an upstream."""
+    kind = SpanKind.CLIENT if target.remote else SpanKind.INTERNAL
+    return admitted.trace.start("upstream" if target.remote else "engine", kind=kind,
+                                attributes={"tenantgate.deployment": target.name})
 
 
 async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embeddings:
@@ -76,20 +99,28 @@ async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embed
 
     async def run() -> Embeddings:
         for target in admitted.targets:
+            span = deployment_span(admitted, target)
             gateway.router.started(target)
             try:
-                result = await target.embed(admitted)
+                result = await target.embed(admitted, headers_for(span))
             except UpstreamUnavailable as exc:
+                failed(span, exc)
                 gateway.router.failed(target, after_output=False)
                 logger.warning("deployment %s failed before its answer: %s", target.name, exc)
                 continue
             except UpstreamRejected as exc:
+                failed(span, exc, error=False)
                 admitted.deployment = target
                 raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
             except RequestError as exc:
+                failed(span, exc, error=False)
                 raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
+            except BaseException as exc:
+                failed(span, exc)
+                raise
             finally:
                 gateway.router.ended(target)
+                span.end()
             gateway.router.succeeded(target)
             admitted.deployment = target
             if result.prompt_tokens:

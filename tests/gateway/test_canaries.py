@@ -1,8 +1,9 @@
 """Canaries: unique strings in prompts, headers, tokens, `user` fields and metadata, sent
 under each logging mode, then searched for in every sink: the server's stdout (the audit
-trail) and stderr (its logs, at debug level), the audit file, the Redis Stream, /metrics
-and every error body. None may appear where the policy forbids it, and redacted mode
-still keeps the ordinary words.
+trail) and stderr (its logs, at debug level), the audit file, the Redis Stream, /metrics,
+every error body, and the spans a real OpenTelemetry Collector received from the server.
+None may appear where the policy forbids it (spans carry no content in any mode), and
+redacted mode still keeps the ordinary words.
 
 The gateway runs as `tenantgate serve` in a subprocess with the demo engine, so the logs
 are the real process's logs, uvicorn's included.
@@ -88,9 +89,10 @@ def _send_everything(base: str, token: str, c: Canaries, bad_token: str) -> list
     return errors
 
 
-def test_no_canary_reaches_a_sink_the_policy_forbids(local_issuer, redis_server, tmp_path) -> None:
+def test_no_canary_reaches_a_sink_the_policy_forbids(local_issuer, redis_server, otel_collector, tmp_path) -> None:
     audit_file = tmp_path / "audit.jsonl"
     env = _env(local_issuer.base_url, redis_server.url, audit_file, tmp_path / "audit.pem")
+    env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otel_collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     port, metrics_port = free_port(), free_port()
     env["TENANTGATE_METRICS_PORT"] = str(metrics_port)
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
@@ -117,9 +119,13 @@ def test_no_canary_reaches_a_sink_the_policy_forbids(local_issuer, redis_server,
     stream = "\n".join(fields[b"entry"].decode() if b"entry" in fields else str(fields)
                        for _, fields in client.xrange("canary:audit"))
     client.close()
+    # The server flushed its spans as it stopped; the collector writes them within its flush interval.
+    served = otel_collector.wait_for(4, name="chat demo")
     sinks = {"stdout": stdout.read_text(), "stderr": stderr.read_text(), "audit file": audit_file.read_text(),
-             "redis stream": stream, "metrics": metrics, "error bodies": "\n".join(errors)}
+             "redis stream": stream, "metrics": metrics, "error bodies": "\n".join(errors),
+             "spans": otel_collector.raw()}
     assert sinks["audit file"].count('"type":"record"') >= 6, "the audit trail did not record the served requests"
+    assert len(served) >= 4 and len(otel_collector.spans()) > 30, "the collector did not get the spans"
     assert len(stream) > 0 and "GET /readyz" in sinks["stdout"] + sinks["stderr"]  # the logs were captured
 
     leaks = []

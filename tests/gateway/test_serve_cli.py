@@ -76,6 +76,14 @@ def test_a_bad_deployments_file_is_refused_before_serving(tmp_path: Path, docume
     assert problem in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_otlp_protocol_the_gateway_cannot_speak_is_refused_before_serving() -> None:
+    result = subprocess.run([TENANTGATE, "serve"], env=_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+                                                            OTEL_EXPORTER_OTLP_PROTOCOL="grpc"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL grpc is not supported" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_serve_logs_the_gateway_at_info_unless_told_otherwise(local_issuer, tmp_path: Path) -> None:
     logs = {}
     for args in ((), ("--log-level", "warning")):

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.utils.tools import missing_tool
+from tests.utils.tools import find_go_binary, missing_tool
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -34,20 +33,6 @@ class Tools:
     kubernetes_validate: Path
     python: Path
     helm: Path
-
-
-def find_go_binary(name: str) -> Path | None:
-    """A tool scripts/install-infra-tools.sh builds with `go install`: on PATH or in GOPATH/bin."""
-    found = shutil.which(name)
-    if found:
-        return Path(found)
-    gopath = os.environ.get("GOPATH") or (
-        subprocess.run(["go", "env", "GOPATH"], capture_output=True, text=True, check=False).stdout.strip()
-        if shutil.which("go")
-        else ""
-    )
-    candidate = Path(gopath) / "bin" / name if gopath else None
-    return candidate if candidate and candidate.exists() else None
 
 
 def require_go_binary(name: str) -> Path:

@@ -8,10 +8,10 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.remote import EnvelopeSigner
+from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
 from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.tenantgate import TenantgateReplica
@@ -24,12 +24,13 @@ OUTPUT = {"type": "output", "new_token_ids": [7], "new_text": " ok", "num_prompt
           "num_cached_tokens": 0, "finished": False, "finish_reason": None, "logprobs": []}
 
 
-def replica_app() -> FastAPI:
-    """A stand-in replica whose behaviour the request id picks."""
+def replica_app(received: list[dict]) -> FastAPI:
+    """A stand-in replica whose behaviour the request id picks; each request's headers go to `received`."""
     app = FastAPI()
 
     @app.post("/v1/engine/generate")
-    async def generate(body: dict):
+    async def generate(body: dict, request: Request):
+        received.append(dict(request.headers))
         behaviour = body["request_id"]
         if behaviour == "503":
             return JSONResponse({"error": {"message": "x", "type": "unavailable"}}, status_code=503)
@@ -60,9 +61,12 @@ def replica_app() -> FastAPI:
     return app
 
 
+RECEIVED: list[dict] = []
+
+
 @pytest.fixture(scope="module")
 def base_url():
-    with serving(replica_app()) as url:
+    with serving(replica_app(RECEIVED)) as url:
         yield url
 
 
@@ -118,6 +122,24 @@ def test_a_403_is_envelope_refused_and_a_400_is_rejected_with_the_replicas_messa
     assert refused.reason == "expired" and isinstance(refused, UpstreamUnavailable)
     rejected = outcome(TenantgateReplica(base_url, SIGNER), "400", UpstreamRejected)
     assert (rejected.status, rejected.message, rejected.param) == (400, "the prompt is empty", "prompt")
+
+
+def test_the_trace_context_given_goes_to_the_replica_as_its_traceparent(base_url) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    async def consume():
+        replica = TenantgateReplica(base_url, SIGNER)
+        try:
+            async for _ in replica.generate([1, 2], PARAMS, ENV, "400", headers={"traceparent": traceparent}):
+                pass
+        finally:
+            await replica.aclose()
+
+    RECEIVED.clear()
+    with pytest.raises(UpstreamRejected):
+        asyncio.run(consume())
+    (headers,) = RECEIVED
+    assert headers["traceparent"] == traceparent and ENVELOPE_HEADER.lower() in headers
 
 
 def test_a_malformed_load_report_is_unavailable(base_url) -> None:
