@@ -107,7 +107,9 @@ def gateway(local_issuer: LocalIssuer, demo_engine, embedding_encoder, tmp_path_
     settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
                                 audit_signing_key=audit_dir / "audit-signing.pem")
     metrics = GatewayMetrics()
-    engine.sinks.append(PrometheusSink(metrics.registry))
+    engine_metrics = PrometheusSink(metrics.registry)
+    engine_metrics.watch(engine)
+    engine.sinks.append(engine_metrics)
     app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics,
                      encoder=embedding_encoder)
     with serving(app) as base_url:
