@@ -131,23 +131,24 @@ HIT_RATIO_WINDOW = 1000  # requests per scope the prefix cache hit ratio is over
 
 
 class PrometheusSink:
-    """Engine metrics. Names follow the OpenTelemetry GenAI server conventions where they exist."""
+    """Engine metrics. The GenAI conventions' gen_ai_server_* are the gateway's (they need the model and
+    the operation, and cover every deployment); the engine's own view of its latency is tenantgate_engine_*."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
-            "gen_ai_server_time_to_first_token_seconds", "Time from arrival in the engine to the first token",
+            "tenantgate_engine_time_to_first_token_seconds", "Time from arrival in the engine to the first token",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.tpot = Histogram(
-            "gen_ai_server_time_per_output_token_seconds",
+            "tenantgate_engine_time_per_output_token_seconds",
             "Time per output token after the first, in the engine",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
         self.e2e = Histogram(
-            "gen_ai_server_request_duration_seconds", "Time from arrival in the engine to the request's end",
+            "tenantgate_engine_request_duration_seconds", "Time from arrival in the engine to the request's end",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue = Histogram(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -90,8 +91,20 @@ def new_edge_request_id() -> str:
     return "req-" + uuid.uuid4().hex
 
 
+def request_outcome(status: int, decision: str) -> str:
+    """The gateway request histogram's outcome: a handful of values, whatever the status."""
+    if decision == "deny":
+        return "denied"  # by policy (403, or 404 for a model the tenant may not use)
+    if status < 400:
+        return "ok"
+    if status in (401, 429):
+        return "unauthenticated" if status == 401 else "rate_limited"
+    return "client_error" if status < 500 else "error"
+
+
 class RequestMetrics:
-    """Counts requests by route, status and decision outcome (which the handlers put in scope state)."""
+    """Counts requests by route, status and decision outcome (which the handlers put in scope state),
+    and times each whole request, from its first byte to its last (a stream's too)."""
 
     def __init__(self, app: ASGIApp, metrics) -> None:
         self.app = app
@@ -102,6 +115,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         status = 500
+        started = time.perf_counter()
 
         async def observe(message: Message) -> None:
             nonlocal status
@@ -115,8 +129,10 @@ class RequestMetrics:
             path = scope.get("path", "")
             route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
             state = scope.get("state", {})
-            self.metrics.requests.labels(route, str(status), state.get("decision", "none"),
-                                         state.get("tenant_tag", "none")).inc()
+            decision = state.get("decision", "none")
+            self.metrics.requests.labels(route, str(status), decision, state.get("tenant_tag", "none")).inc()
+            self.metrics.request_duration.labels(route, request_outcome(status, decision)).observe(
+                time.perf_counter() - started)
 
 
 class RequestsBeforeShutdown:

@@ -95,6 +95,7 @@ class Admitted:
     decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header
     deployment: object | None = None  # the target that ran it
     started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None  # perf_counter() when the deployment's first output token arrived
     created: int = field(default_factory=lambda: int(time.time()))
     output_tokens: int = 0
     cached_tokens: int = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -40,6 +41,8 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                     sent = True
                     admitted.deployment = target
                     gateway.router.succeeded(target)
+                if admitted.first_token_at is None and output.num_output_tokens:
+                    admitted.first_token_at = time.perf_counter()
                 admitted.output_tokens = output.num_output_tokens
                 admitted.cached_tokens = output.num_cached_tokens
                 if output.num_prompt_tokens:

@@ -46,7 +46,7 @@ def test_records_hold_digests_and_numbers_only(tiny_dir, make_engine) -> None:
         assert [tag for tag, *_ in step.kv_tenants] == [env.tenant_tag]  # per-tenant KV by digest only
 
     exposition = generate_latest(metrics.registry).decode()
-    assert "gen_ai_server_time_to_first_token_seconds_count 2.0" in exposition
+    assert "tenantgate_engine_time_to_first_token_seconds_count 2.0" in exposition
     assert 'tenantgate_prefix_cache_query_tokens_total{scope="tenant"}' in exposition
     assert 'tenantgate_steps_total{lane="tenant",regime="isolation_strict"}' in exposition
     assert "acme" not in exposition and env.tenant_tag not in exposition
