@@ -1,7 +1,7 @@
 """/metrics after a mixed run, against the OpenTelemetry GenAI semantic conventions' tables.
 
-The conventions: open-telemetry/semantic-conventions, docs/gen-ai/gen-ai-metrics.md (the version
-with gen_ai.provider.name, v1.37.0 and later; status Development). Their names reach Prometheus
+The conventions: open-telemetry/semantic-conventions v1.41.0, docs/gen-ai/gen-ai-metrics.md (status
+Development; the last release with the GenAI pages before they moved to semantic-conventions-genai). Their names reach Prometheus
 by OpenTelemetry's translation (opentelemetry-specification, compatibility/prometheus_and_openmetrics.md):
 dots become underscores, the unit `s` adds `_seconds` (OpenMetrics `# UNIT ... seconds`), an
 annotation unit such as `{token}` adds nothing, attribute keys become labels the same way.
