@@ -75,7 +75,8 @@ async def verified_principal(gateway: Gateway, token: str) -> Principal:
 async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
     principal = await verified_principal(gateway, bearer_token(request))
     request.state.principal = principal
-    # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible.
+    # Metrics carry a short keyed digest of the tenant: stable for dashboards, not reversible
+    # (the tenant's name instead, once a decision allows it: pipeline/admission.judge).
     request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
     return principal
 

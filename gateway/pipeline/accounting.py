@@ -36,7 +36,8 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
     settle.add_done_callback(gateway.background.discard)
     ended = time.perf_counter()
     gateway.metrics.served(
-        admitted.route, admitted.ask.model, admitted.ticket.admission.tenant[:12],
+        admitted.route, admitted.ask.model,
+        admitted.judgement.decision.logging.metrics_name or admitted.ticket.admission.tenant[:12],
         input_tokens=admitted.prompt_tokens, output_tokens=admitted.output_tokens, duration_s=ended - admitted.started,
         first_token_s=None if admitted.first_token_at is None else admitted.first_token_at - admitted.started,
         error_type=None if outcome == "completed" else error_code or outcome,

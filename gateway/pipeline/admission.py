@@ -152,6 +152,8 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
     finally:
         gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
     request.state.decision = "allow" if judgement.decision.allow else "deny"
+    if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
+        request.state.tenant_tag = judgement.decision.logging.metrics_name
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record

@@ -23,7 +23,7 @@ from tests.utils.server import free_port, gateway_env, serving
 DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
-GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4
+GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4, its name in metric labels
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
 EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90

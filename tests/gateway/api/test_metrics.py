@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.gateway.api.conftest import ALPHA, EMBEDDING_MODEL, EPSILON
+from tests.gateway.api.conftest import ALPHA, EMBEDDING_MODEL, EPSILON, GAMMA
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -181,3 +181,20 @@ def test_policy_revision_is_an_info_metric_and_engine_gauges_are_there(gateway) 
         assert families[name].type == kind, name
     usage = families["tenantgate_kv_cache_usage_ratio"]
     assert usage.type == "gauge" and usage.unit == "ratio" and 0 <= usage.samples[0].value <= 1
+
+
+def test_tenant_labels_are_keyed_digests_unless_the_policy_allows_the_name(gateway) -> None:
+    """Gamma's policy data says name_in_metrics: its name labels its series; Alpha's does not."""
+    gateway.client(GAMMA).chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    with pytest.raises(openai.PermissionDeniedError):  # denied too: one label per tenant
+        gateway.client(GAMMA, scopes=("Models.Read",)).chat.completions.create(model="demo", messages=CHAT)
+    gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    families = scrape(gateway)
+    requests = {(s.labels["tenant"], s.labels["decision"]) for s in families["tenantgate_requests"].samples
+                if s.name == "tenantgate_requests_total"}
+    tokens = {s.labels["tenant"] for s in families["gen_ai_client_token_usage"].samples}
+    assert {("Gamma Test", "allow"), ("Gamma Test", "deny")} <= requests
+    assert "Gamma Test" in tokens
+    alpha = gateway.state.audit.tenant_digest(ALPHA)[:12]
+    assert (alpha, "allow") in requests and alpha in tokens
+    assert not {tenant for tenant, _ in requests} & {ALPHA, GAMMA, "Alpha Test"}  # never an id, nor a name not allowed
