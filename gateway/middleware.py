@@ -91,15 +91,16 @@ def new_edge_request_id() -> str:
     return "req-" + uuid.uuid4().hex
 
 
+_OUTCOMES = {401: "unauthenticated", 429: "rate_limited"}
+
+
 def request_outcome(status: int, decision: str) -> str:
     """The gateway request histogram's outcome: a handful of values, whatever the status."""
     if decision == "deny":
         return "denied"  # by policy (403, or 404 for a model the tenant may not use)
     if status < 400:
         return "ok"
-    if status in (401, 429):
-        return "unauthenticated" if status == 401 else "rate_limited"
-    return "client_error" if status < 500 else "error"
+    return _OUTCOMES.get(status, "client_error" if status < 500 else "error")
 
 
 class RequestMetrics:

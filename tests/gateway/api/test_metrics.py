@@ -85,14 +85,17 @@ def wait_for(predicate, timeout_s: float = 10.0):
 
 
 def mixed_run(gateway) -> None:
-    """Two ok requests (chat, text completion), a stream, an embedding, a 403 deny, a 429 and a
-    stream the caller leaves mid-answer."""
+    """Two ok requests (chat, text completion), a stream, an embedding, a 401, a 403 deny, a 429
+    and a stream the caller leaves mid-answer."""
     alpha = gateway.client(ALPHA)
     alpha.chat.completions.create(model="demo", messages=CHAT, max_tokens=5, temperature=0)
     alpha.completions.create(model="demo", prompt="Once upon", max_tokens=5, temperature=0)
     chunks = list(alpha.chat.completions.create(model="demo", messages=CHAT, max_tokens=5, stream=True))
     assert chunks
     alpha.embeddings.create(model=EMBEDDING_MODEL, input=["metrics"])
+    refused = httpx.post(gateway.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer not-a-token"},
+                         json={"model": "demo", "messages": CHAT})
+    assert refused.status_code == 401
     with pytest.raises(openai.PermissionDeniedError):
         gateway.client(ALPHA, scopes=("Models.Read",)).chat.completions.create(model="demo", messages=CHAT)
     limited = gateway.client(EPSILON)  # two requests a minute
@@ -165,7 +168,7 @@ def test_genai_metrics_follow_the_semantic_conventions_tables(gateway) -> None:
     outcomes = {(row["route"], row["outcome"])
                 for row in grown(before.get("tenantgate_gateway_request_duration_seconds"), gateway_family)}
     assert {("chat.completions", "ok"), ("chat.completions", "denied"), ("chat.completions", "rate_limited"),
-            ("completions", "ok"), ("embeddings", "ok")} <= outcomes
+            ("chat.completions", "unauthenticated"), ("completions", "ok"), ("embeddings", "ok")} <= outcomes
 
 
 def test_policy_revision_is_an_info_metric_and_engine_gauges_are_there(gateway) -> None:
