@@ -370,6 +370,12 @@ class LLMEngine:
     def kv_stats(self) -> KVStats:
         return self.block_manager.stats()
 
+    def kv_usage(self) -> float:
+        """The share of KV blocks held by requests (free and evictable cached blocks are not). Safe to
+        read from another thread while the engine steps: lengths only, each read atomic."""
+        blocks = self.block_manager
+        return max(0.0, 1 - (blocks.num_free_blocks + blocks.num_cached_blocks) / blocks.num_blocks)
+
     def peak_kv_stats(self) -> KVStats:
         """Usage at the step that held the most blocks so far."""
         return self._peak_stats

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence as Seq
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 NUM_MARGIN_STEPS = 4
 
@@ -153,25 +154,29 @@ class StepHistory:
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+HIT_RATIO_WINDOW = 1000  # requests per scope the prefix cache hit ratio is over (vLLM's window, too)
 
 
 class PrometheusSink:
-    """Engine metrics. Names follow the OpenTelemetry GenAI server conventions where they exist."""
+    """Engine metrics. The GenAI conventions' gen_ai_server_* are the gateway's (they need the model and
+    the operation, and cover every deployment); the engine's own view of its latency is tenantgate_engine_*."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
-            "gen_ai_server_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+            "tenantgate_engine_time_to_first_token_seconds", "Time from arrival in the engine to the first token",
+            buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.tpot = Histogram(
-            "gen_ai_server_time_per_output_token_seconds",
-            "Time per output token after the first",
+            "tenantgate_engine_time_per_output_token_seconds",
+            "Time per output token after the first, in the engine",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
         self.e2e = Histogram(
-            "gen_ai_server_request_duration_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r
+            "tenantgate_engine_request_duration_seconds", "Time from arrival in the engine to the request's end",
+            buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue = Histogram(
             "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS, registry=r
@@ -182,6 +187,11 @@ class PrometheusSink:
         self.hit_tokens = Counter(
             "tenantgate_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", ["scope"], registry=r
         )
+        self.hit_ratio = Gauge(
+            "tenantgate_prefix_cache_hit_ratio", f"Share of prompt tokens served from the prefix cache, over the "
+            f"last {HIT_RATIO_WINDOW} requests of each scope", ["scope"], unit="ratio", registry=r,
+        )
+        self._recent: dict[str, deque[tuple[int, int]]] = {}  # scope -> (hit, query) tokens per request
         self.kv_blocks = Gauge("tenantgate_kv_blocks", "KV blocks by state", ["state"], registry=r)
         self.batch_size = Histogram(
             "tenantgate_batch_size", "Sequences per step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
@@ -192,6 +202,11 @@ class PrometheusSink:
             "tenantgate_engine_requests", "Requests the engine ended, by finish reason (stop, length, abort)",
             ["finish_reason"], registry=r,
         )
+
+    def watch(self, engine) -> None:
+        """Gauges read from the engine at scrape time (so an idle engine reads true too): requests
+        running and waiting, preemptions, the share of KV blocks in use."""
+        self.registry.register(_EngineCollector(engine))
 
     def request(self, record: RequestRecord) -> None:
         self.finished.labels(record.finish_reason).inc()
@@ -204,6 +219,10 @@ class PrometheusSink:
         if record.cache_scope != "none":
             self.prompt_tokens.labels(record.cache_scope).inc(record.prompt_tokens)
             self.hit_tokens.labels(record.cache_scope).inc(record.cached_tokens)
+            recent = self._recent.setdefault(record.cache_scope, deque(maxlen=HIT_RATIO_WINDOW))
+            recent.append((record.cached_tokens, record.prompt_tokens))
+            queried = sum(query for _, query in recent)
+            self.hit_ratio.labels(record.cache_scope).set(sum(hit for hit, _ in recent) / queried if queried else 0.0)
 
     def step(self, record: StepRecord) -> None:
         self.batch_size.observe(record.num_seqs)
@@ -212,3 +231,21 @@ class PrometheusSink:
         self.kv_blocks.labels("cached").set(record.cached_kv_blocks)
         self.kv_blocks.labels("used").set(record.used_kv_blocks)
         self.kv_waste.set(record.kv_waste)
+
+
+class _EngineCollector:
+    """What vLLM users look for (vllm:num_requests_running, …_waiting, num_preemptions, kv_cache_usage_perc)."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def collect(self):
+        scheduler = self._engine.scheduler  # lengths only: safe beside the stepping engine thread
+        yield GaugeMetricFamily("tenantgate_engine_requests_running", "Requests in the engine's running batch",
+                                value=len(scheduler.running))
+        yield GaugeMetricFamily("tenantgate_engine_requests_waiting", "Requests waiting for the engine (queued "
+                                "or preempted)", value=len(scheduler.waiting))
+        yield CounterMetricFamily("tenantgate_engine_preemptions", "Sequences preempted to free KV blocks",
+                                  value=scheduler.num_preemptions)
+        yield GaugeMetricFamily("tenantgate_kv_cache_usage", "Share of KV blocks held by requests (free and "
+                                "evictable cached blocks are not)", value=self._engine.kv_usage(), unit="ratio")

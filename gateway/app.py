@@ -62,7 +62,9 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes, max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
     )
-    engine = await asyncio.to_thread(LLMEngine, config, False, [PrometheusSink(metrics.registry)])
+    sink = PrometheusSink(metrics.registry)
+    engine = await asyncio.to_thread(LLMEngine, config, False, [sink])
+    sink.watch(engine)
     name = name or settings.served_model_name or served_model_name(settings.model)
     return EngineBackend(engine, model_name=name)
 

@@ -80,7 +80,9 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
     with trace.stage("authenticate") as span:
         principal = await verified_principal(gateway, bearer_token(request))
         request.state.principal = principal
-        # Metrics and spans carry a short keyed digest of the tenant: stable for dashboards, not reversible.
+        # Metrics and spans carry a short keyed digest of the tenant: stable for dashboards, not
+        # reversible (metrics carry the tenant's name instead, once a decision allows it:
+        # pipeline/admission.judge).
         request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
         span.set_attribute("tenantgate.principal.type", principal.idtyp)
     trace.set({"tenantgate.tenant": request.state.tenant_tag})

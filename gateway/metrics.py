@@ -1,9 +1,29 @@
-"""Gateway metrics, in the app's own registry, served on a separate listener (never the API port)."""
+"""Gateway metrics, in the app's own registry, served on a separate listener (never the API port).
+
+The gen_ai_* metrics are the OpenTelemetry GenAI semantic conventions' (docs/gen-ai/gen-ai-metrics.md),
+named as OpenTelemetry's Prometheus translation names them: dots become underscores, the unit
+`s` becomes a `_seconds` suffix, an annotation unit such as `{token}` adds nothing, and so do the
+attribute keys (`gen_ai.operation.name` is the label `gen_ai_operation_name`). Their buckets are the
+conventions' explicit bucket boundaries.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+
+# gen_ai.operation.name for each route that runs a model (the conventions' well-known values).
+OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+# gen_ai.provider.name: the conventions' value is the instrumentation's best knowledge of who serves
+# the API; whatever deployment runs it, the API and its usage figures are tenantgate's.
+PROVIDER = "tenantgate"
+_GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model"]
+# The conventions' ExplicitBucketBoundaries, metric by metric.
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+REQUEST_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                               7.5, 10.0)
 
 
 class GatewayMetrics:
@@ -36,9 +56,41 @@ class GatewayMetrics:
         self.deployment_requests = Counter(
             "tenantgate_deployment_requests", "Requests that a deployment target answered.",
             ["target"], registry=self.registry)
-        self.tokens = Counter(
-            "gen_ai_client_token_usage", "Tokens processed, by type (input or output) and tenant (digest).",
-            ["gen_ai_token_type", "tenant"], registry=self.registry)
+        self.tokens = Histogram(
+            "gen_ai_client_token_usage", "Number of input and output tokens used, per request, by type and "
+            "tenant (digest).", [*_GEN_AI, "gen_ai_token_type", "tenant"], buckets=TOKEN_BUCKETS,
+            registry=self.registry)
+        self.server_duration = Histogram(
+            "gen_ai_server_request_duration", "Generative AI server request duration: from the hand-over to a "
+            "deployment to the last byte of the answer; error_type set when it ended in an error.",
+            [*_GEN_AI, "error_type"], unit="seconds", buckets=REQUEST_DURATION_BUCKETS, registry=self.registry)
+        self.time_to_first_token = Histogram(
+            "gen_ai_server_time_to_first_token", "Time to generate first token for successful responses (from "
+            "the hand-over to a deployment).", _GEN_AI, unit="seconds", buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            registry=self.registry)
+        self.time_per_output_token = Histogram(
+            "gen_ai_server_time_per_output_token", "Time per output token generated after the first token for "
+            "successful responses.", _GEN_AI, unit="seconds", buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS,
+            registry=self.registry)
+        self.request_duration = Histogram(
+            "tenantgate_gateway_request_duration", "Whole requests as the gateway served them (authentication, "
+            "policy, quota, the deployment, audit), by route and outcome.", ["route", "outcome"], unit="seconds",
+            buckets=(0.001, 0.0025, 0.005, *REQUEST_DURATION_BUCKETS), registry=self.registry)  # refusals take ms
+
+    def served(self, route: str, model: str, tenant: str, *, input_tokens: int, output_tokens: int,
+               duration_s: float, first_token_s: float | None, error_type: str | None) -> None:
+        """The GenAI metrics of one request a deployment was asked to run. The time to first token
+        and per output token are the conventions' "for successful responses" only."""
+        attributes = (OPERATIONS.get(route, route), PROVIDER, model, model)  # the response names the served model
+        self.tokens.labels(*attributes, "input", tenant).observe(input_tokens)
+        if route != "embeddings":
+            self.tokens.labels(*attributes, "output", tenant).observe(output_tokens)
+        self.server_duration.labels(*attributes, error_type or "").observe(duration_s)
+        if error_type is not None or first_token_s is None:
+            return
+        self.time_to_first_token.labels(*attributes).observe(first_token_s)
+        if output_tokens > 1:
+            self.time_per_output_token.labels(*attributes).observe((duration_s - first_token_s) / (output_tokens - 1))
 
     def watch_audit(self, trail, redis_sink=None) -> None:
         """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
@@ -51,9 +103,9 @@ class GatewayMetrics:
                   registry=self.registry).set_function(lambda: redis_sink.dropped)
 
     def watch_policy(self, policy) -> None:
-        """Read at scrape time: the revision serving and the reloads refused, for a policy that
-        has them (the embedded one; OPA reports its bundle revision per decision)."""
-        if hasattr(policy, "revision") and hasattr(policy, "reload_failures"):
+        """Read at scrape time: the revision serving (the embedded policy's, or the bundles' that OPA
+        last decided with) and the reloads refused (the embedded policy reloads; OPA's sidecar does its own)."""
+        if hasattr(policy, "revision"):
             self.registry.register(_PolicyCollector(policy))
 
 
@@ -62,10 +114,11 @@ class _PolicyCollector:
         self._policy = policy
 
     def collect(self):
-        revision = GaugeMetricFamily("tenantgate_policy_revision", "The policy revision that decides requests "
-                                     "(1, labelled with its content digest).", labels=["revision"])
-        revision.add_metric([self._policy.revision], 1)
-        yield revision
+        if self._policy.revision is not None:
+            yield InfoMetricFamily("tenantgate_policy", "The policy revision that decides requests (its content "
+                                   "digest, or OPA's bundle revisions).", value={"revision": self._policy.revision})
+        if not hasattr(self._policy, "reload_failures"):
+            return
         yield CounterMetricFamily("tenantgate_policy_reload_failures", "Policy reloads refused (a file that does "
                                   "not parse, or a sample that gets no valid decision); the last good revision "
                                   "keeps serving.", value=self._policy.reload_failures)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -103,8 +104,21 @@ class StatusRecorder:
         await self.send(message)
 
 
+_OUTCOMES = {401: "unauthenticated", 429: "rate_limited"}
+
+
+def request_outcome(status: int, decision: str) -> str:
+    """The gateway request histogram's outcome: a handful of values, whatever the status."""
+    if decision == "deny":
+        return "denied"  # by policy (403, or 404 for a model the tenant may not use)
+    if status < 400:
+        return "ok"
+    return _OUTCOMES.get(status, "client_error" if status < 500 else "error")
+
+
 class RequestMetrics:
-    """Counts requests by route, status and decision outcome (which the handlers put in scope state)."""
+    """Counts requests by route, status and decision outcome (which the handlers put in scope state),
+    and times each whole request, from its first byte to its last (a stream's too)."""
 
     def __init__(self, app: ASGIApp, metrics) -> None:
         self.app = app
@@ -115,14 +129,17 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         sent = StatusRecorder(send)
+        started = time.perf_counter()
         try:
             await self.app(scope, receive, sent)
         finally:
             path = scope.get("path", "")
             route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
             state = scope.get("state", {})
-            self.metrics.requests.labels(route, str(sent.status), state.get("decision", "none"),
-                                         state.get("tenant_tag", "none")).inc()
+            decision = state.get("decision", "none")
+            self.metrics.requests.labels(route, str(sent.status), decision, state.get("tenant_tag", "none")).inc()
+            self.metrics.request_duration.labels(route, request_outcome(sent.status, decision)).observe(
+                time.perf_counter() - started)
 
 
 class RequestsBeforeShutdown:

@@ -19,7 +19,7 @@ from typing import Annotated
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway, bearer_token, verified_principal
@@ -74,8 +74,10 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
     install_handlers(app)
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        # OpenMetrics for a scraper that asks for it (Prometheus does): it carries the units.
+        encode, media_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(gateway.metrics.registry), media_type=media_type)
 
     app.include_router(usage_router)
     install_console(app)

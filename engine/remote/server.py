@@ -59,7 +59,9 @@ class EngineServer:
         self.model_name = model_name
         self.registry = registry or CollectorRegistry()
         self.records = PendingRecords()
-        engine.sinks.extend([PrometheusSink(self.registry), self.records])
+        metrics = PrometheusSink(self.registry)
+        metrics.watch(engine)
+        engine.sinks.extend([metrics, self.records])
         self.rejections = Counter("tenantgate_envelope_rejections", "Envelope tokens refused (403), by reason.",
                                   ["reason"], registry=self.registry)
         for reason in REJECTION_REASONS:
@@ -67,10 +69,9 @@ class EngineServer:
 
     def load(self) -> dict:
         # Read from the HTTP thread while the engine thread steps: lengths only, each read atomic.
-        scheduler, blocks = self.engine.scheduler, self.engine.block_manager
-        free = blocks.num_free_blocks + blocks.num_cached_blocks
+        scheduler = self.engine.scheduler
         return {"queue_depth": len(scheduler.waiting) + len(scheduler.running),
-                "kv_usage": round(max(0.0, 1 - free / blocks.num_blocks), 6)}
+                "kv_usage": round(self.engine.kv_usage(), 6)}
 
     def info(self) -> dict:
         return {"model": self.model_name, "fingerprint": self.engine.fingerprint,

@@ -24,7 +24,7 @@ SERIES = {
     "prefix_query_tokens": "tenantgate_prefix_cache_query_tokens_total",  # scope
     "kv_blocks": "tenantgate_kv_blocks",  # state
     "steps": "tenantgate_steps_total",  # regime, lane
-    "policy_revision": "tenantgate_policy_revision",  # revision
+    "policy_revision": "tenantgate_policy_info",  # revision
     "policy_reload_failures": "tenantgate_policy_reload_failures_total",
     "quota_rejections": "tenantgate_quota_rejections_total",  # reason
     "audit_sink_errors": "tenantgate_audit_sink_errors",

@@ -38,7 +38,7 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
     first = await until_disconnect(request, _next(outputs))
 
     async def body() -> AsyncIterator[bytes]:
-        status, outcome = 200, "client_disconnected"
+        status, outcome, error_code = 200, "client_disconnected", None
         try:
             if opening is not None:
                 yield sse(opening())
@@ -51,15 +51,15 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
                 yield sse(usage_chunk() | {"usage": usage(admitted)})
             outcome = "completed"
         except GatewayError as exc:
-            status, outcome = exc.status_code, "error"
+            status, outcome, error_code = exc.status_code, "error", exc.code
             yield sse(exc.body())
         except Exception as exc:  # noqa: BLE001 - the stream has started; say so in-band and end it
-            status, outcome = 500, "error"
+            status, outcome, error_code = 500, "error", GatewayError.code
             logger.error("stream failed with %s", type(exc).__name__)
             yield sse(GatewayError("internal error").body())
         finally:
             await outputs.aclose()  # aborts the engine request if it is still running
-            written = finish(gateway, admitted, status=status, outcome=outcome)
+            written = finish(gateway, admitted, status=status, outcome=outcome, error_code=error_code)
         if outcome == "completed":
             await recorded(written)  # [DONE] only once the record is in the trail
             yield DONE

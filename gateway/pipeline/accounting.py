@@ -18,24 +18,30 @@ def accounted(gateway: Gateway, admitted: Admitted) -> Iterator[None]:
     try:
         yield
     except GatewayError as exc:
-        finish(gateway, admitted, status=exc.status_code, outcome="error")
+        finish(gateway, admitted, status=exc.status_code, outcome="error", error_code=exc.code)
         raise
     except BaseException:
         finish(gateway, admitted, status=499, outcome="client_disconnected")
         raise
 
 
-def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -> asyncio.Task | None:
-    """Settles the token budget and writes the audit record (once per request). Returns what
-    recorded() waits for."""
+def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
+           error_code: str | None = None) -> asyncio.Task | None:
+    """Settles the token budget, observes the GenAI metrics and writes the audit record (once per
+    request). error_code: the GatewayError's code when outcome is "error". Returns what recorded() waits for."""
     used = admitted.prompt_tokens + admitted.output_tokens
     # A task of its own: settling must happen even when the caller's task is being cancelled.
     settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
     gateway.background.add(settle)
     settle.add_done_callback(gateway.background.discard)
-    tenant_tag = admitted.ticket.admission.tenant[:12]
-    gateway.metrics.tokens.labels("input", tenant_tag).inc(admitted.prompt_tokens)
-    gateway.metrics.tokens.labels("output", tenant_tag).inc(admitted.output_tokens)
+    ended = time.perf_counter()
+    gateway.metrics.served(
+        admitted.route, admitted.ask.model,
+        admitted.judgement.decision.logging.metrics_name or admitted.ticket.admission.tenant[:12],
+        input_tokens=admitted.prompt_tokens, output_tokens=admitted.output_tokens, duration_s=ended - admitted.started,
+        first_token_s=None if admitted.first_token_at is None else admitted.first_token_at - admitted.started,
+        error_type=None if outcome == "completed" else error_code or outcome,
+    )
     decision = admitted.judgement.decision
     target = admitted.deployment
     max_tokens = admitted.params.max_tokens if admitted.params is not None else 0  # embeddings sample nothing
@@ -52,7 +58,7 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str) -
         "usage": {"prompt_tokens": admitted.prompt_tokens, "completion_tokens": admitted.output_tokens,
                   "cached_tokens": admitted.cached_tokens},
         "finish_reason": admitted.finish_reason,
-        "latency_ms": round((time.perf_counter() - admitted.started) * 1000, 3),
+        "latency_ms": round((ended - admitted.started) * 1000, 3),
         "status": status,
         "outcome": outcome,
     }

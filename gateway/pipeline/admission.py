@@ -96,6 +96,7 @@ class Admitted:
     decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header
     deployment: object | None = None  # the target that ran it
     started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None  # perf_counter() when the deployment's first output token arrived
     created: int = field(default_factory=lambda: int(time.time()))
     output_tokens: int = 0
     cached_tokens: int = 0
@@ -162,6 +163,8 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
             "tenantgate.decision.logging": decision.logging.content,
         })
     request.state.decision = "allow" if judgement.decision.allow else "deny"
+    if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
+        request.state.tenant_tag = judgement.decision.logging.metrics_name
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record

@@ -46,6 +46,8 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                     first_output(span, started)
                     admitted.deployment = target
                     gateway.router.succeeded(target)
+                if admitted.first_token_at is None and output.num_output_tokens:
+                    admitted.first_token_at = time.perf_counter()
                 admitted.output_tokens = output.num_output_tokens
                 admitted.cached_tokens = output.num_cached_tokens
                 if output.num_prompt_tokens:

@@ -42,6 +42,9 @@ class LoggingDecision(_Strict):
     content: Literal["none", "redacted"]
     redact: list[Annotated[str, Field(pattern=r"^/")]]
     retention_days: NonNegativeInt
+    # The tenant's name for metric labels, where its policy allows it (policies/logging checks the
+    # same pattern); "" or absent: its keyed digest. Optional, so bundles from before it still validate.
+    metrics_name: Annotated[str, Field(pattern=r"^([A-Za-z0-9_][A-Za-z0-9_ .-]{0,63})?$")] = ""
 
 
 class PromptDecision(_Strict):

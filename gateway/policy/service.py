@@ -156,6 +156,7 @@ class OpaPolicy:
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
         self._watch = OpaWatch(self._client, interval_s=refresh_interval_s)
+        self.revision: str | None = None  # the bundles' revision of the last decision (None before the first)
 
     async def decide(self, input_document: Mapping) -> Judgement:
         try:
@@ -174,7 +175,9 @@ class OpaPolicy:
         if not isinstance(body, dict) or "result" not in body:
             raise PolicyEvaluationError("OPA returned no decision (is the bundle active?)")
         self._watch.healthy = True
-        return Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
+        judgement = Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
+        self.revision = judgement.revision
+        return judgement
 
     def tenant_known(self, tenant_id: str) -> bool | None:
         tenants = self._watch.tenants

@@ -4,7 +4,8 @@
 #   What of a request may reach a log. Content is "none" unless the tenant opts
 #   into "redacted"; restricted data is never logged. The redact list holds JSON
 #   pointers the gateway removes before anything is written; in "redacted" mode
-#   the content that remains then passes the secret and PII detectors.
+#   the content that remains then passes the secret and PII detectors. Metrics
+#   label a tenant by its keyed digest unless its data allows its name.
 package tenantgate.logging
 
 _tenant := data.tenants[input.principal.tenant_id]
@@ -45,4 +46,17 @@ retention_days := _tenant.logging.retention_days
 notes contains "restricted data: content logging off" if {
 	input.request.data_classification == "restricted"
 	_tenant.logging.content != "none"
+}
+
+# METADATA
+# description: |
+#   The tenant's name, for metric labels in place of its keyed digest, when its data says
+#   name_in_metrics and the name can be a label (ASCII letters, digits, space, ".", "-", "_";
+#   at most 64); "" otherwise (the digest).
+default metrics_name := ""
+
+metrics_name := _tenant.name if {
+	_tenant.logging.name_in_metrics == true
+	is_string(_tenant.name)
+	regex.match(`^[A-Za-z0-9_][A-Za-z0-9_ .-]{0,63}$`, _tenant.name)
 }

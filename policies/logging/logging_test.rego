@@ -5,6 +5,9 @@ import data.tenantgate.logging
 _tenants := {
 	"t-redacted": {"logging": {"content": "redacted", "retention_days": 90, "redact": ["/request/user"]}},
 	"t-none": {"logging": {"content": "none", "retention_days": 7, "redact": []}},
+	"t-named": {"name": "Named Ltd", "logging": {"content": "none", "retention_days": 7, "redact": [], "name_in_metrics": true}},
+	"t-unnamed": {"name": "Unnamed Ltd", "logging": {"content": "none", "retention_days": 7, "redact": []}},
+	"t-odd-name": {"name": "Odd \"Name\" {Ltd}", "logging": {"content": "none", "retention_days": 7, "redact": [], "name_in_metrics": true}},
 }
 
 _logging(tenant_id, classification) := result if {
@@ -63,4 +66,19 @@ test_deny_base_redactions_cannot_be_dropped if {
 		pointer in _logging("t-none", "public").redact
 	}
 	"/request/headers/authorization" in _logging("t-redacted", "public").redact
+}
+
+test_allow_metrics_name_when_tenant_data_allows_it if {
+	logging.metrics_name == "Named Ltd" with input as {"principal": {"tenant_id": "t-named"}, "request": {}}
+		with data.tenants as _tenants
+}
+
+test_deny_metrics_name_without_name_in_metrics if {
+	logging.metrics_name == "" with input as {"principal": {"tenant_id": "t-unnamed"}, "request": {}}
+		with data.tenants as _tenants
+}
+
+test_deny_metrics_name_that_cannot_be_a_label if {
+	logging.metrics_name == "" with input as {"principal": {"tenant_id": "t-odd-name"}, "request": {}}
+		with data.tenants as _tenants
 }

@@ -29,6 +29,7 @@ default decision := {
 			"/response/choices",
 		],
 		"retention_days": 30,
+		"metrics_name": "",
 	},
 	"prompt": {"special_tokens": false},
 	"limits": {
@@ -60,6 +61,7 @@ _allowed := {
 		"content": logging.content,
 		"redact": logging.redact,
 		"retention_days": logging.retention_days,
+		"metrics_name": logging.metrics_name,
 	},
 	"prompt": {"special_tokens": prompt.special_tokens},
 	"limits": {
@@ -81,7 +83,10 @@ _denied := {
 	"reasons": sort(_deny_reasons),
 	"cache": {"scope": "none", "namespace": ""},
 	"batching": {"isolation": "exclusive", "deterministic": false},
-	"logging": {"content": "none", "redact": sort(logging.base_redact), "retention_days": 30},
+	"logging": {
+		"content": "none", "redact": sort(logging.base_redact), "retention_days": 30,
+		"metrics_name": logging.metrics_name, # one label per tenant, allowed or denied
+	},
 	"prompt": {"special_tokens": false},
 	"limits": {
 		"max_tokens": 0,

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from prometheus_client import generate_latest
 
 from engine.sampling_params import SamplingParams
+from engine import telemetry
 from engine.telemetry import ListSink, PrometheusSink
 from tests.utils.envelopes import envelope
 
@@ -44,7 +46,7 @@ def test_records_hold_digests_and_numbers_only(tiny_dir, make_engine) -> None:
         assert [tag for tag, *_ in step.kv_tenants] == [env.tenant_tag]  # per-tenant KV by digest only
 
     exposition = generate_latest(metrics.registry).decode()
-    assert "gen_ai_server_time_to_first_token_seconds_count 2.0" in exposition
+    assert "tenantgate_engine_time_to_first_token_seconds_count 2.0" in exposition
     assert 'tenantgate_prefix_cache_query_tokens_total{scope="tenant"}' in exposition
     assert 'tenantgate_steps_total{lane="tenant",regime="isolation_strict"}' in exposition
     assert "acme" not in exposition and env.tenant_tag not in exposition
@@ -106,3 +108,51 @@ def test_records_meter_kv_block_seconds_and_engine_time(tiny_dir, make_engine, m
     assert len(held) == 20 and held[-1] > held[0] > 0  # the table grew as tokens were appended
     assert record.engine_ms == 20 * 1000.0
     assert record.kv_block_seconds == sum(held) * 1.0 + sum(held[:-1]) * 0.5  # the last step ends it
+
+
+def test_engine_gauges_read_the_scheduler_and_pool_at_scrape_time(tiny_dir, make_engine) -> None:
+    """Running, waiting, preemptions and KV usage (what vLLM users look for), true between steps too."""
+    metrics = PrometheusSink()
+    engine = make_engine(model=str(tiny_dir), block_size=4, num_kv_blocks=24, max_model_len=96, max_num_seqs=2)
+    engine.sinks.append(metrics)
+    metrics.watch(engine)
+
+    def sample(name: str) -> float | None:
+        return metrics.registry.get_sample_value(name)
+
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", f"prompt number {i} with a few words more", params, envelope())
+    assert (sample("tenantgate_engine_requests_running"), sample("tenantgate_engine_requests_waiting")) == (0, 3)
+    assert sample("tenantgate_kv_cache_usage_ratio") == 0
+    engine.step()
+    assert (sample("tenantgate_engine_requests_running"), sample("tenantgate_engine_requests_waiting")) == (2, 1)
+    used = engine.kv_stats().num_used_blocks
+    assert used > 0 and sample("tenantgate_kv_cache_usage_ratio") == pytest.approx(used / 24)
+    while engine.has_unfinished_requests():
+        engine.step()
+    # Two sequences of 40 tokens and more outgrow 24 blocks of 4: the pool preempted one.
+    assert sample("tenantgate_engine_preemptions_total") == engine.scheduler.num_preemptions > 0
+    assert (sample("tenantgate_engine_requests_running"), sample("tenantgate_engine_requests_waiting")) == (0, 0)
+    assert sample("tenantgate_kv_cache_usage_ratio") == 0  # finished prompts stay cached, and evictable
+
+
+def test_prefix_hit_ratio_is_over_each_scopes_recent_requests(tiny_dir, make_engine, monkeypatch) -> None:
+    monkeypatch.setattr(telemetry, "HIT_RATIO_WINDOW", 2)
+    sink, metrics = ListSink(), PrometheusSink()
+    engine = make_engine(model=str(tiny_dir))
+    engine.sinks += [sink, metrics]
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    prompt = "a shared system prompt that is long enough to fill a few blocks of the cache " * 3
+
+    def ratio(scope: str) -> float | None:
+        return metrics.registry.get_sample_value("tenantgate_prefix_cache_hit_ratio", {"scope": scope})
+
+    engine.generate([prompt], params, envelope("acme-corp", scope="tenant"))
+    assert ratio("tenant") == 0 and ratio("shared") is None  # a scope appears with its first request
+    for _ in range(2):
+        engine.generate([prompt], params, envelope("acme-corp", scope="tenant"))
+    first, second, third = sink.requests
+    assert first.cached_tokens == 0 and second.cached_tokens > 0
+    # The first request (no hits) has left the window of two.
+    assert ratio("tenant") == (second.cached_tokens + third.cached_tokens) / (second.prompt_tokens + third.prompt_tokens)

@@ -132,8 +132,9 @@ def _exported_metrics() -> dict[str, str]:
     metrics = GatewayMetrics()
     metrics.watch_audit(SimpleNamespace(sink_errors=0), SimpleNamespace(pending=0, dropped=0))
     metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0))
-    PrometheusSink(metrics.registry)
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0)
+    PrometheusSink(metrics.registry).watch(SimpleNamespace(scheduler=scheduler, kv_usage=lambda: 0.0))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
     return {
         family.name + suffix: family.type
         for family in metrics.registry.collect()
@@ -186,7 +187,9 @@ def test_rules_and_dashboard_use_only_exported_metrics(source: str) -> None:
     assert not unknown, f"{source} ask for metrics nobody exports: {unknown}"
     labels = {label for expression in expressions for label in _label_names(expression)}
     known_labels = {"le", "route", "status", "decision", "tenant", "code", "check", "backend", "reason", "target",
-                    "when", "gen_ai_token_type", "revision", "scope", "state", "regime", "lane", "finish_reason"}
+                    "when", "gen_ai_token_type", "revision", "scope", "state", "regime", "lane", "finish_reason",
+                    "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model",
+                    "error_type", "outcome"}
     assert labels - known_labels <= TARGET_LABELS, sorted(labels - known_labels - TARGET_LABELS)
 
 
@@ -196,11 +199,18 @@ def test_dashboard_covers_the_gateway_and_the_engine() -> None:
         "tenantgate_requests_total",  # requests by outcome
         "gen_ai_server_request_duration_seconds_bucket",  # latency
         "gen_ai_server_time_to_first_token_seconds_bucket",
-        "gen_ai_client_token_usage_total",
+        "gen_ai_client_token_usage_sum",
+        "gen_ai_server_time_per_output_token_seconds_bucket",
+        "tenantgate_gateway_request_duration_seconds_bucket",  # the whole request, by route and outcome
         "tenantgate_quota_rejections_total",
-        "tenantgate_policy_revision",
+        "tenantgate_policy_info",
         "tenantgate_kv_blocks",
         "tenantgate_prefix_cache_hit_tokens_total",
+        "tenantgate_prefix_cache_hit_ratio",
+        "tenantgate_engine_requests_running",
+        "tenantgate_engine_requests_waiting",
+        "tenantgate_engine_preemptions_total",
+        "tenantgate_kv_cache_usage_ratio",
         "tenantgate_audit_sink_errors",
     ):
         assert metric in asked, metric

@@ -67,7 +67,7 @@ def metrics(server: ServeProcess) -> dict[str, float]:
 
 def engine_work(samples: dict[str, float]) -> dict[str, float]:
     """What moves when the engine runs anything: its steps, the requests it ended, their latencies."""
-    prefixes = ("tenantgate_steps_total", "tenantgate_engine_requests_total", "gen_ai_server_request_duration_seconds_count")
+    prefixes = ("tenantgate_steps_total", "tenantgate_engine_requests_total", "tenantgate_engine_request_duration_seconds_count")
     return {k: v for k, v in samples.items() if k.startswith(prefixes)}
 
 

@@ -23,7 +23,7 @@ from tests.utils.server import free_port, gateway_env, serving
 DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
-GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4
+GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4, its name in metric labels
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
 EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90
@@ -107,7 +107,9 @@ def gateway(local_issuer: LocalIssuer, demo_engine, embedding_encoder, tmp_path_
     settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
                                 audit_signing_key=audit_dir / "audit-signing.pem")
     metrics = GatewayMetrics()
-    engine.sinks.append(PrometheusSink(metrics.registry))
+    engine_metrics = PrometheusSink(metrics.registry)
+    engine_metrics.watch(engine)
+    engine.sinks.append(engine_metrics)
     app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics,
                      encoder=embedding_encoder)
     with serving(app) as base_url:

@@ -85,7 +85,7 @@ def test_metrics_are_on_their_own_port_only(gateway) -> None:
     assert httpx.get(gateway.base_url + "/metrics").status_code == 404
     text = httpx.get(gateway.metrics_url).text
     assert "tenantgate_requests" in text or "tenantgate_policy_evaluation_seconds" in text
-    assert "gen_ai_server_time_to_first_token" in text  # the engine's metrics, same registry
+    assert "tenantgate_engine_time_to_first_token_seconds" in text  # the engine's metrics, same registry
     assert "tenantgate_audit_sink_errors 0.0" in text  # the audit trail wrote everything
     assert ALPHA not in text  # no raw tenant ids in labels
 

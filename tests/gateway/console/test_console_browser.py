@@ -306,7 +306,7 @@ def test_the_audit_chain_status_is_the_verifiers(console, browser) -> None:
 
 def test_the_live_policy_revision_is_the_one_that_judged(console, browser) -> None:
     driver = _open(browser, console, "policy")
-    revisions = {s.labels["revision"] for s in _scrape(console)["tenantgate_policy_revision"] if s.value == 1}
+    revisions = {s.labels["revision"] for s in _scrape(console)["tenantgate_policy_info"] if s.value == 1}
     judged = {record["policy_revision"] for record in _records(console)}
     assert len(revisions) == 1 and judged == revisions
     assert _text(driver, '#policy [data-field="revision"]') == revisions.pop()

@@ -1,5 +1,6 @@
 """The same policies in a real OPA: strict check, opa test, parity with regorus, signed bundles."""
 
+import asyncio
 import json
 import subprocess
 import time
@@ -8,11 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
+from gateway.metrics import GatewayMetrics
 from gateway.policy.bundle import build_bundle, read_tarball, write_tarball
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.loader import rego_files
 from gateway.policy.opa import OpaClient
+from gateway.policy.service import OpaPolicy
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
 from tests.utils.opa import BundleServer, wait_http
 
@@ -90,6 +94,30 @@ def test_opa_activates_signed_bundle_and_answers_decisions(
     with OpaClient(server.url) as opa:
         for name in ("allow_enterprise_delegated_clamped", "deny_region_not_allowed"):
             assert opa.decide(SAMPLES[name]["input"]).model_dump() == SAMPLES[name]["expected"]
+
+
+def test_the_bundle_revision_opa_decides_with_is_the_policy_info_metric(
+    opa_server_factory, bundle_server: BundleServer, rsa_key_pem, tmp_path: Path
+) -> None:
+    private_pem, public_pem = rsa_key_pem
+    revision = build_bundle(bundle_server.path, private_pem, policy_dir=POLICY_DIR)
+    server = opa_server_factory(["--config-file", str(_opa_config(tmp_path, bundle_server.url, public_pem, "RS256"))])
+    assert wait_http(server.url + "/health?bundles", timeout=20), server.log_text()
+
+    async def scrapes() -> tuple[str, str]:
+        policy, metrics = OpaPolicy(server.url), GatewayMetrics()
+        metrics.watch_policy(policy)
+        try:
+            before = generate_latest(metrics.registry).decode()
+            await policy.decide(SAMPLES["allow_enterprise_delegated_clamped"]["input"])
+            return before, generate_latest(metrics.registry).decode()
+        finally:
+            await policy.aclose()
+
+    before, after = asyncio.run(scrapes())
+    assert "tenantgate_policy_info" not in before  # nothing decided yet: no revision to claim
+    assert f'tenantgate_policy_info{{revision="opa:tenantgate@{revision}"}} 1.0' in after
+    assert "tenantgate_policy_reload_failures" not in after  # OPA's sidecar reloads bundles, not the gateway
 
 
 def test_opa_refuses_a_tampered_bundle(

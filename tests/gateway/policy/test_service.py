@@ -69,19 +69,19 @@ async def test_the_active_revision_and_refused_reloads_are_metrics(policy_copy) 
     def scrape() -> str:
         return generate_latest(metrics.registry).decode()
 
-    assert f'tenantgate_policy_revision{{revision="{first}"}} 1.0' in scrape()
+    assert f'tenantgate_policy_info{{revision="{first}"}} 1.0' in scrape()
     assert "tenantgate_policy_reload_failures_total 0.0" in scrape()
 
     _add_rule_conflict(policy_copy)
     await policy.reload_if_changed()
-    assert f'tenantgate_policy_revision{{revision="{first}"}} 1.0' in scrape()
+    assert f'tenantgate_policy_info{{revision="{first}"}} 1.0' in scrape()
     assert "tenantgate_policy_reload_failures_total 1.0" in scrape()
 
     limits = policy_copy / "limits" / "limits.rego"
     limits.write_text(limits.read_text().replace(RULE_CONFLICT, "\n"))
     assert await policy.reload_if_changed() is True
     text = scrape()
-    assert policy.revision != first and f'tenantgate_policy_revision{{revision="{policy.revision}"}} 1.0' in text
+    assert policy.revision != first and f'tenantgate_policy_info{{revision="{policy.revision}"}} 1.0' in text
     assert first not in text
 
 
@@ -108,7 +108,7 @@ def test_a_gateway_keeps_serving_through_a_reload_that_cannot_decide(local_issue
 
         assert chat().usage.completion_tokens == 2  # not a 503
         assert app.state.gateway.policy.revision == revision
-        assert f'tenantgate_policy_revision{{revision="{revision}"}} 1.0' in httpx.get(metrics_url).text
+        assert f'tenantgate_policy_info{{revision="{revision}"}} 1.0' in httpx.get(metrics_url).text
 
 
 def _rss_mb() -> float:
