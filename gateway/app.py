@@ -264,12 +264,14 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     from gateway.openai.completions.router import router as completions_router
     from gateway.openai.embeddings.router import router as embeddings_router
     from gateway.openai.models.router import router as models_router
+    from gateway.openai.responses_api.router import router as responses_router
 
     app.include_router(health.router)
     app.include_router(chat_router)
     app.include_router(completions_router)
     app.include_router(embeddings_router)
     app.include_router(models_router)
+    app.include_router(responses_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)

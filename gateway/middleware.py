@@ -16,7 +16,8 @@ logger = logging.getLogger("tenantgate.gateway")
 
 # Paths that become metric labels; anything else is "other", so labels stay bounded.
 _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
-           "/v1/embeddings": "embeddings", "/healthz": "healthz", "/readyz": "readyz"}
+           "/v1/embeddings": "embeddings", "/v1/responses": "responses", "/healthz": "healthz",
+           "/readyz": "readyz"}
 
 
 class UnexpectedErrors:

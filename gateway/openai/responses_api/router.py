@@ -1,0 +1,15 @@
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.deps import GatewayDep, PrincipalDep
+from gateway.openai.responses_api.protocol import ResponsesRequest
+from gateway.openai.responses_api.service import create_response
+from gateway.openai.routes import ERROR_RESPONSES
+
+router = APIRouter()
+
+
+@router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response (stateless)")
+async def responses(body: ResponsesRequest, principal: PrincipalDep, gateway: GatewayDep,
+                    request: Request) -> Response:
+    return await create_response(gateway, principal, body, request)
