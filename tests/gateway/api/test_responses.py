@@ -11,8 +11,12 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.api.conftest import ALPHA, BETA, DEFAULT_MODEL, GAMMA, Gateway
+from engine.outputs import RequestOutput
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, DEFAULT_MODEL, GAMMA, Gateway, gateway_settings
 from tests.gateway.api.test_errors_headers import _rate_headers, _records_with
+from tests.utils.server import serving
 
 QUESTION = "What is the capital of France?"
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
@@ -219,3 +223,25 @@ def test_tools_and_text_format_get_chats_answer(gateway: Gateway) -> None:
     assert structured.status_code == 400 and structured.json()["error"]["code"] == "invalid_value"
     assert post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 1,
                           "text": {"format": {"type": "text"}}}).status_code == 200
+
+
+class _FailsMidStream(NullBackend):
+    """One delta, then an engine bug whose message quotes the request."""
+
+    CANARY = "canary-quoted-prompt-5d1e"
+
+    async def generate(self, token_ids, params, envelope, request_id):
+        yield RequestOutput(request_id=request_id, new_token_ids=[7], new_text=self.TOKEN_TEXT,
+                            num_prompt_tokens=len(token_ids), num_output_tokens=1)
+        raise RuntimeError(f"the engine choked on {self.CANARY}")
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_event(local_issuer, caplog) -> None:
+    app = create_app(gateway_settings(local_issuer, metrics_port=0), backend=_FailsMidStream(model_name="demo"))
+    with caplog.at_level("DEBUG"), serving(app) as base, openai.OpenAI(
+            base_url=base + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE), max_retries=0) as client:
+        events = list(client.responses.create(model="demo", input="hi", max_output_tokens=5, stream=True))
+    assert [e.type for e in events] == OPENING + ["response.output_text.delta", "error"]
+    assert (events[-1].code, events[-1].message) == ("internal_error", "internal error")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert _FailsMidStream.CANARY not in caplog.text
