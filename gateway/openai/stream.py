@@ -5,7 +5,7 @@ travel as an SSE error event and the stream ends."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -44,10 +44,12 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
 async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
                        events: Callable[[RequestOutput], list[dict]], *, opening: Callable[[], list[dict]],
                        closing: Callable[[], list[dict]], failed: Callable[[GatewayError], dict],
-                       encode: Callable[[dict], bytes], done: Callable[[], bytes]) -> StreamingResponse:
+                       encode: Callable[[dict], bytes], done: Callable[[], bytes],
+                       finishing: Callable[[], Awaitable[None]] | None = None) -> StreamingResponse:
     """Streams the opening events, `events(output)` for each engine delta and the closing events
-    (once the outputs are done, so usage is known), each through `encode`; an error after the
-    start becomes `failed(error)`. `done()` ends a completed stream once its record is written."""
+    (once the outputs are done, so usage is known), each through `encode`, then awaits
+    `finishing()`; an error after the start becomes `failed(error)`. `done()` ends a completed
+    stream once its record is written."""
     outputs = stream_outputs(gateway, admitted)
     first = await until_disconnect(request, _next(outputs))
 
@@ -63,6 +65,8 @@ async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
                 output = await _next(outputs)
             for event in closing():
                 yield encode(event)
+            if finishing is not None:
+                await finishing()
             outcome = "completed"
         except GatewayError as exc:
             status, outcome, error_code = exc.status_code, "error", exc.code

@@ -1,17 +1,14 @@
-"""POST /v1/responses: the stateless subset of OpenAI's Responses API, and its translation into
-the chat request that runs it (one conversation, one answer; nothing is stored)."""
+"""POST /v1/responses: OpenAI's Responses API without its built-in tools, and its translation into
+the chat request that runs it (one conversation, one answer)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from gateway.openai.chat.protocol import MAX_MESSAGES
 from gateway.openai.protocol import RequestModel
-
-NOT_STORED = ("responses are not stored here (this gateway serves the stateless subset of the Responses API)")
-
 
 class InputText(RequestModel):
     type: Literal["input_text"]
@@ -69,38 +66,29 @@ class ResponsesRequest(RequestModel):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     store: bool | None = None
-    previous_response_id: str | None = None
+    previous_response_id: Annotated[str, Field(max_length=64)] | None = None
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-
-    @field_validator("store")
-    @classmethod
-    def _not_stored(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError(f"must be false or absent: {NOT_STORED}")
-        return value
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _no_previous(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(f"is not supported: {NOT_STORED}, so none can be continued; "
-                             "send the conversation as input items")
-        return value
 
     def input_items(self) -> list[MessageItem]:
         return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
 
-    def chat_body(self) -> tuple[dict, list[tuple]]:
-        """The chat request (wire names) that runs this one, and for each of its messages where
-        it came from here (for the errors that chat's checks find)."""
+    def conversation(self) -> list[dict]:
+        """The input items as chat messages (what a stored response keeps, with its answer)."""
+        return [{"role": item.role, "content": item.text()} for item in self.input_items()]
+
+    def chat_body(self, previous: list[dict] = ()) -> tuple[dict, list[tuple]]:
+        """The chat request (wire names) that runs this one after the `previous` conversation
+        (a stored response's), and for each of its messages where it came from here (for the
+        errors that chat's checks find). As OpenAI does, earlier instructions are not carried over."""
         messages, origins = [], []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append(("instructions",))
-        for index, item in enumerate(self.input_items()):
-            messages.append({"role": item.role, "content": item.text()})
-            origins.append(("input",) if isinstance(self.input, str) else ("input", index))
+        messages += previous
+        origins += [("previous_response_id",)] * len(previous)
+        messages += self.conversation()
+        origins += [("input",)] if isinstance(self.input, str) else [("input", i) for i in range(len(self.input))]
         body = {"model": self.model, "messages": messages, "stream": self.stream,
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,

@@ -1,11 +1,13 @@
 """Responses: translate the request into chat's, run it exactly as chat runs (policy, budget,
-engine, audit), and answer with a response object or the Responses API's stream of events."""
+engine, audit), and answer with a response object or the Responses API's stream of events.
+Where the policy allows it, a response is stored (encrypted, per tenant) and may be continued."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -14,7 +16,7 @@ from pydantic import ValidationError
 
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import chat_ask
 from gateway.openai.responses import joined, usage
@@ -29,10 +31,10 @@ ROUTE = "responses"
 _CHAT_FIELDS = {"max_completion_tokens": ("max_output_tokens",), "response_format": ("text", "format")}
 
 
-def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that runs this one. What chat refuses is refused here with chat's error,
-    at the field of this request it came from."""
-    wire, origins = body.chat_body()
+def chat_request(body: ResponsesRequest, previous: list[dict] = ()) -> ChatCompletionRequest:
+    """The chat request that runs this one (after the previous conversation). What chat refuses
+    is refused here with chat's error, at the field of this request it came from."""
+    wire, origins = body.chat_body(previous)
     try:
         return ChatCompletionRequest.model_validate(wire)
     except ValidationError as exc:
@@ -59,9 +61,10 @@ def response_usage(admitted: Admitted) -> dict:
 class ResponseRenderer:
     """The response object and its output message, as they stand at each point of a request."""
 
-    def __init__(self, body: ResponsesRequest, admitted: Admitted) -> None:
+    def __init__(self, body: ResponsesRequest, admitted: Admitted, *, stored: bool) -> None:
         self.body = body
         self.admitted = admitted
+        self.stored = stored
         self.id = admitted.request_id
         self.message_id = "msg_" + self.id.removeprefix("resp_")
 
@@ -89,7 +92,7 @@ class ResponseRenderer:
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": body.model,
             "output": [self.message(text)] if done else [],
             "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
-            "previous_response_id": None, "store": False,
+            "previous_response_id": body.previous_response_id, "store": self.stored,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": (body.text.format if body.text and body.text.format else None) or {"type": "text"}},
             "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
@@ -104,23 +107,67 @@ def stream_event(payload: dict) -> bytes:
     return f"event: {payload['type']}\ndata: {data}\n\n".encode()
 
 
+def _stored_param(body: ResponsesRequest) -> str | None:
+    """The field that asks for the store, if any."""
+    if body.previous_response_id is not None:
+        return "previous_response_id"
+    return "store" if body.store else None
+
+
+async def _previous_conversation(gateway: Gateway, tenant: str, body: ResponsesRequest) -> list[dict]:
+    if body.previous_response_id is None:
+        return []
+    record = await gateway.responses_store.get(tenant, body.previous_response_id)
+    if record is None:
+        raise ResponseNotFound(param="previous_response_id", code="previous_response_not_found")
+    return record["conversation"]
+
+
 async def create_response(gateway: Gateway, principal: Principal, body: ResponsesRequest,
                           request: Request) -> Response:
-    chat = chat_request(body)
+    asked = _stored_param(body)
+    if asked is not None and gateway.responses_store is None:
+        raise InvalidRequest("responses are not stored here: this gateway has no response store", param=asked)
+    tenant = gateway.audit.tenant_digest(principal.tenant_id)
+    previous = await _previous_conversation(gateway, tenant, body)  # before admission: its tokens count
+    chat = chat_request(body, previous)
     response_id = "resp_" + uuid.uuid4().hex
     admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE))
-    render = ResponseRenderer(body, admitted)
+    retention = admitted.judgement.decision.responses
+    render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store)
+
+    async def keep(text: str) -> None:
+        if render.stored:
+            conversation = previous + body.conversation() + [{"role": "assistant", "content": text}]
+            await gateway.responses_store.put(tenant, response_id, {"response": render.response(text),
+                                                                    "conversation": conversation},
+                                              ttl_s=retention.retention_days * 86400)
 
     with accounted(gateway, admitted):
+        if asked is not None and not retention.store:
+            raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
+                                 "classification); send the conversation as input items", param=asked)
         if body.stream:
-            return await _stream(gateway, admitted, request, render)
+            return await _stream(gateway, admitted, request, render, keep)
         text, _ = joined(await collect(gateway, admitted, request))
         answer = render.response(text)
+        await keep(text)
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(answer, headers={"X-Request-Id": response_id})
 
 
-async def _stream(gateway: Gateway, admitted: Admitted, request: Request, render: ResponseRenderer) -> Response:
+async def retrieve_response(gateway: Gateway, principal: Principal, response_id: str) -> Response:
+    """A stored response, to its own tenant only."""
+    record = None
+    if gateway.responses_store is not None:
+        record = await gateway.responses_store.get(gateway.audit.tenant_digest(principal.tenant_id), response_id)
+    if record is None:
+        raise ResponseNotFound()
+    return JSONResponse(record["response"])
+
+
+async def _stream(gateway: Gateway, admitted: Admitted, request: Request, render: ResponseRenderer,
+                  keep: Callable[[str], Awaitable[None]]) -> Response:
     """The Responses API's events, in its order, numbered from 0."""
     sequence = itertools.count()
     texts: list[str] = []
@@ -155,4 +202,4 @@ async def _stream(gateway: Gateway, admitted: Admitted, request: Request, render
         return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
 
     return await event_stream(gateway, admitted, request, deltas, opening=opening, closing=closing,
-                              failed=failed, encode=encode, done=done)
+                              failed=failed, encode=encode, done=done, finishing=lambda: keep("".join(texts)))

@@ -22,7 +22,7 @@ from gateway.settings import Settings
 from tests.utils.server import free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
-ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
+ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation, stores responses 2 days
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
 GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4, its name in metric labels
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache

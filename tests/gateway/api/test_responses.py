@@ -181,7 +181,8 @@ def test_a_stream_cut_by_max_output_tokens_ends_with_response_incomplete(gateway
 
 
 @pytest.mark.parametrize(("field", "value"), [("store", True), ("previous_response_id", "resp_123")])
-def test_storing_and_continuing_are_refused(gateway: Gateway, field: str, value) -> None:
+def test_without_a_response_store_storing_and_continuing_are_refused(gateway: Gateway, field: str, value) -> None:
+    """This gateway has no Redis, so nothing can be stored, whatever the policy allows (Alpha may store)."""
     with pytest.raises(openai.BadRequestError) as caught:
         gateway.client().responses.create(model="demo", input="hi", **{field: value})
     error = caught.value.body
