@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.settings import Settings
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, THETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, THETA, gateway_settings
 from tests.utils.server import serving
 
 SECRET_INPUT = "the launch date of project kestrel"
@@ -150,3 +150,23 @@ def test_the_store_key_must_be_an_aes_256_key() -> None:
     for bad in ("not base64!", base64.b64encode(b"short").decode()):
         with pytest.raises(ValidationError, match="base64 of 32 bytes"):
             Settings(responses_store_key=bad)
+
+
+def test_an_unreachable_store_fails_closed(local_issuer, own_redis_server) -> None:
+    """Eta is served while the quota store is down (fail-open), but a response asked to be stored
+    is never answered as if it were: 503, or a stream's error event in place of response.completed."""
+    app = create_app(gateway_settings(local_issuer, redis_url=own_redis_server.url, metrics_port=0),
+                     backend=RecordingBackend(model_name="demo"))
+    with serving(app) as base_url, openai.OpenAI(base_url=base_url + "/v1", max_retries=0, timeout=30,
+                                                 api_key=local_issuer.mint(ETA, audience=AUDIENCE)) as client:
+        assert client.responses.create(model="demo", input="x", store=True, max_output_tokens=1).store is True
+        own_redis_server.stop()
+        assert client.responses.create(model="demo", input="x", max_output_tokens=1).status == "incomplete"
+        for fields in ({"store": True}, {"previous_response_id": "resp_" + "0" * 32}):
+            with pytest.raises(openai.InternalServerError) as down:
+                client.responses.create(model="demo", input="x", max_output_tokens=1, **fields)
+            assert down.value.status_code == 503 and down.value.body["code"] == "service_unavailable"
+        events = list(client.responses.create(model="demo", input="x", store=True, max_output_tokens=1, stream=True))
+    assert [e.type for e in events[-4:]] == ["response.output_text.done", "response.content_part.done",
+                                            "response.output_item.done", "error"]
+    assert events[-1].code == "service_unavailable"
