@@ -3,12 +3,14 @@ the chat request that runs it (one conversation, one answer)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from gateway.openai.chat.protocol import MAX_MESSAGES
 from gateway.openai.protocol import RequestModel
+
 
 class InputText(RequestModel):
     type: Literal["input_text"]
@@ -77,7 +79,7 @@ class ResponsesRequest(RequestModel):
         """The input items as chat messages (what a stored response keeps, with its answer)."""
         return [{"role": item.role, "content": item.text()} for item in self.input_items()]
 
-    def chat_body(self, previous: list[dict] = ()) -> tuple[dict, list[tuple]]:
+    def chat_body(self, previous: Sequence[dict] = ()) -> tuple[dict, list[tuple]]:
         """The chat request (wire names) that runs this one after the `previous` conversation
         (a stored response's), and for each of its messages where it came from here (for the
         errors that chat's checks find). As OpenAI does, earlier instructions are not carried over."""
@@ -85,7 +87,7 @@ class ResponsesRequest(RequestModel):
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append(("instructions",))
-        messages += previous
+        messages += list(previous)
         origins += [("previous_response_id",)] * len(previous)
         messages += self.conversation()
         origins += [("input",)] if isinstance(self.input, str) else [("input", i) for i in range(len(self.input))]

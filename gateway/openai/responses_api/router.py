@@ -9,7 +9,7 @@ from gateway.openai.routes import ERROR_RESPONSES
 router = APIRouter()
 
 
-@router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response (stateless)")
+@router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response")
 async def responses(body: ResponsesRequest, principal: PrincipalDep, gateway: GatewayDep,
                     request: Request) -> Response:
     return await create_response(gateway, principal, body, request)

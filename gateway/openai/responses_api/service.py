@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +31,7 @@ ROUTE = "responses"
 _CHAT_FIELDS = {"max_completion_tokens": ("max_output_tokens",), "response_format": ("text", "format")}
 
 
-def chat_request(body: ResponsesRequest, previous: list[dict] = ()) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest, previous: Sequence[dict] = ()) -> ChatCompletionRequest:
     """The chat request that runs this one (after the previous conversation). What chat refuses
     is refused here with chat's error, at the field of this request it came from."""
     wire, origins = body.chat_body(previous)
