@@ -146,7 +146,10 @@ def test_a_response_is_judged_budgeted_and_audited_as_chat_is(gateway: Gateway) 
     assert record["usage"]["prompt_tokens"] == response.usage.input_tokens
     assert record["usage"]["completion_tokens"] == response.usage.output_tokens == 3
     assert record["model_fingerprint"] == gateway.engine.fingerprint
-    assert 'route="responses",status="200"' in httpx.get(gateway.metrics_url).text
+    metrics = httpx.get(gateway.metrics_url).text
+    assert 'route="responses",status="200"' in metrics
+    # The GenAI conventions' operation for it is chat's; "responses" is no well-known value.
+    assert 'gen_ai_operation_name="chat"' in metrics and 'gen_ai_operation_name="responses"' not in metrics
 
 
 def test_the_policy_refuses_as_it_does_for_chat(gateway: Gateway) -> None:
