@@ -132,6 +132,18 @@ def build_limiter(settings: Settings) -> Limiter:
     return RedisLimiter(client, breaker_s=settings.redis_breaker_s, lease_s=settings.concurrency_lease_s)
 
 
+def build_responses_store(settings: Settings):
+    """Stored responses live in Redis beside the budgets; without Redis nothing is stored."""
+    url = settings.redis_url.get_secret_value()
+    if not url:
+        return None
+    from gateway.limits.redis import redis_client
+    from gateway.openai.responses_api.store import ResponseStore
+
+    return ResponseStore(redis_client(url, timeout_s=settings.redis_timeout_s, entra=settings.redis_entra),
+                         settings.responses_key)
+
+
 def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     from gateway.redaction import Redactor
 
@@ -228,13 +240,17 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             if limiter is None:
                 stack.push_async_callback(app_limiter.aclose)
 
+            responses_store = build_responses_store(settings)
+            if responses_store is not None:
+                stack.push_async_callback(responses_store.aclose)
+
             app_audit = build_audit(settings, app_metrics)
             stack.callback(app_audit.close)
             stack.push_async_callback(app_audit.drain)  # runs first: pending records, then the close
 
             app.state.gateway = Gateway(
                 settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
-                limiter=app_limiter, audit=app_audit, models=models, router=router,
+                limiter=app_limiter, audit=app_audit, models=models, router=router, responses_store=responses_store,
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
             if settings.metrics_port:
@@ -264,12 +280,14 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     from gateway.openai.completions.router import router as completions_router
     from gateway.openai.embeddings.router import router as embeddings_router
     from gateway.openai.models.router import router as models_router
+    from gateway.openai.responses_api.router import router as responses_router
 
     app.include_router(health.router)
     app.include_router(chat_router)
     app.include_router(completions_router)
     app.include_router(embeddings_router)
     app.include_router(models_router)
+    app.include_router(responses_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)

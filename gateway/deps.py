@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.inference import InferenceBackend
     from gateway.limits import Limiter
     from gateway.metrics import GatewayMetrics
+    from gateway.openai.responses_api.store import ResponseStore
     from gateway.policy.service import PolicyEngine
     from gateway.settings import Settings
 
@@ -38,6 +39,7 @@ class Gateway:
     metrics: GatewayMetrics
     models: dict[str, ServedModel] = field(default_factory=dict)  # by the name callers use
     router: Router | None = None
+    responses_store: ResponseStore | None = None  # where /v1/responses stores (Redis); None: nothing is stored
     issuer: LocalIssuer | None = None
     extras: dict = field(default_factory=dict)
     headroom: QuotaHeadroom = field(default_factory=QuotaHeadroom)  # the quota store's last answer per tenant

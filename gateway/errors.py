@@ -114,6 +114,20 @@ class ModelDenied(PolicyDenied):
         GatewayError.__init__(self, ModelNotFound.MESSAGE, param="model")
 
 
+class ResponseNotFound(GatewayError):
+    """A stored response that is not there for this tenant: never stored, expired, or another
+    tenant's (the same answer, so no tenant learns what another stored)."""
+
+    status_code = 404
+    type = "invalid_request_error"
+    code = "response_not_found"
+
+    def __init__(self, param: str | None = None, code: str | None = None) -> None:
+        # The id is the caller's text; it is not echoed back.
+        super().__init__("no stored response has this id for this tenant (it was never stored, has expired, "
+                         "or is not this tenant's)", param=param, code=code)
+
+
 class PayloadTooLarge(GatewayError):
     status_code = 413
     type = "invalid_request_error"

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 
 # gen_ai.operation.name for each route that runs a model (the conventions' well-known values).
-OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings",
+              "responses": "chat"}  # the Responses API is a chat: its operation in the conventions
 # gen_ai.provider.name: the conventions' value is the instrumentation's best knowledge of who serves
 # the API; whatever deployment runs it, the API and its usage figures are tenantgate's.
 PROVIDER = "tenantgate"

@@ -16,7 +16,9 @@ logger = logging.getLogger("tenantgate.gateway")
 
 # Paths that become metric labels; anything else is "other", so labels stay bounded.
 _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/models": "models",
-           "/v1/embeddings": "embeddings", "/healthz": "healthz", "/readyz": "readyz"}
+           "/v1/embeddings": "embeddings", "/v1/responses": "responses", "/healthz": "healthz",
+           "/readyz": "readyz"}
+_PREFIXES = (("/v1/models/", "models"), ("/v1/responses/", "responses"))
 
 
 class UnexpectedErrors:
@@ -134,7 +136,7 @@ class RequestMetrics:
             await self.app(scope, receive, sent)
         finally:
             path = scope.get("path", "")
-            route = _ROUTES.get(path, "models" if path.startswith("/v1/models/") else "other")
+            route = _ROUTES.get(path) or next((label for prefix, label in _PREFIXES if path.startswith(prefix)), "other")
             state = scope.get("state", {})
             decision = state.get("decision", "none")
             self.metrics.requests.labels(route, str(sent.status), decision, state.get("tenant_tag", "none")).inc()

@@ -7,6 +7,10 @@ refuse what would be unsafe in a deployment (the template's `_enforce_non_defaul
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Literal, Self
 
@@ -104,6 +108,10 @@ class Settings(BaseSettings):
     # A request in flight holds a lease this long, renewed every third of it while it runs: a slot
     # whose release was lost (a replica died, a settle never reached Redis) frees itself after this.
     concurrency_lease_s: float = Field(30.0, ge=1, le=3600)
+    # Stored responses (/v1/responses with store: true, where the policy allows it) live in Redis at
+    # redis_url; without one nothing is stored. Encrypted with this AES-256-GCM key (base64 of 32
+    # bytes); empty: a key derived from namespace_secret.
+    responses_store_key: SecretStr = SecretStr("")
 
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
@@ -155,6 +163,8 @@ class Settings(BaseSettings):
             raise ValueError("max_header_bytes must leave room for a bearer token of max_token_bytes and 1 KiB more")
         if len(self.namespace_secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"namespace_secret must be at least {MIN_SECRET_BYTES} bytes")
+        if self.responses_store_key.get_secret_value():
+            self.responses_key  # noqa: B018 - refuses a key that is not base64 of 32 bytes
         if self.audit_redis_stream and self.audit_anchor_stream == self.audit_redis_stream:
             raise ValueError("audit_anchor_stream must not be the audit stream itself")
         if self.environment == "development":
@@ -176,3 +186,17 @@ class Settings(BaseSettings):
     @property
     def namespace_key(self) -> bytes:
         return self.namespace_secret.get_secret_value().encode()
+
+    @property
+    def responses_key(self) -> bytes:
+        """The stored responses' AES-256-GCM key."""
+        configured = self.responses_store_key.get_secret_value()
+        if not configured:
+            return hmac.new(self.namespace_key, b"responses-store", hashlib.sha256).digest()
+        try:
+            key = base64.b64decode(configured, validate=True)
+        except binascii.Error:
+            key = b""
+        if len(key) != 32:
+            raise ValueError("responses_store_key must be the base64 of 32 bytes (an AES-256 key)")
+        return key

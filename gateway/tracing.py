@@ -27,7 +27,8 @@ from gateway.middleware import StatusRecorder
 
 TRACER_NAME = "tenantgate.gateway"
 # gen_ai.operation.name for each route (the conventions' well-known values).
-OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings",
+              "responses": "chat"}  # the Responses API is a chat: its operation in the conventions
 _PROPAGATOR = TraceContextTextMapPropagator()
 # Only the caller's traceparent (hex ids and flags, checked by the propagator): its tracestate is
 # free text of the caller's, which would be exported with every span.

@@ -173,7 +173,7 @@ class UpstreamTarget:
 
     @staticmethod
     def _call(admitted, headers: dict[str, str] | None) -> UpstreamCall:
-        return UpstreamCall(route=admitted.route, body=admitted.ask.body,
+        return UpstreamCall(route=admitted.ask.deployment_route, body=admitted.ask.body,
                             max_tokens=admitted.params.max_tokens if admitted.params is not None else 0,
                             envelope=admitted.envelope, request_id=admitted.request_id,
                             tenant_id=admitted.principal.tenant_id, headers=headers or {})

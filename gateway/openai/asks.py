@@ -29,7 +29,7 @@ def estimate_tokens(text: str) -> int:
     return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN_ESTIMATE))
 
 
-def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str,
+def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str, runs_as: str | None = None,
               encode: Callable[[ServedModel], list[int]], text: Callable[[], str], max_tokens: int | None,
               logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None) -> Ask:
     """`encode(served)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
@@ -54,7 +54,7 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
             prompt_tokens = estimate_tokens(text())
         if not served.takes_token_ids:
             token_ids = []
-    return Ask(route=route, request_id=request_id, model=body.model, stream=body.stream,
+    return Ask(route=route, runs_as=runs_as, request_id=request_id, model=body.model, stream=body.stream,
                prompt_tokens=prompt_tokens, token_ids=token_ids, max_tokens=max_tokens,
                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
                top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,

@@ -5,7 +5,7 @@ travel as an SSE error event and the stream ends."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -34,35 +34,53 @@ async def sse_response(gateway: Gateway, admitted: Admitted, request: Request,
                        chunks: Callable[[RequestOutput], list[dict]], usage_chunk: Callable[[], dict] | None,
                        opening: Callable[[], dict] | None = None) -> StreamingResponse:
     """Streams `chunks(output)` for each engine delta, then the usage chunk (if asked) and [DONE]."""
+    return await event_stream(
+        gateway, admitted, request, chunks,
+        opening=lambda: [opening()] if opening is not None else [],
+        closing=lambda: [usage_chunk() | {"usage": usage(admitted)}] if usage_chunk is not None else [],
+        failed=GatewayError.body, encode=sse, done=lambda: DONE)
+
+
+async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
+                       events: Callable[[RequestOutput], list[dict]], *, opening: Callable[[], list[dict]],
+                       closing: Callable[[], list[dict]], failed: Callable[[GatewayError], dict],
+                       encode: Callable[[dict], bytes], done: Callable[[], bytes],
+                       finishing: Callable[[], Awaitable[None]] | None = None) -> StreamingResponse:
+    """Streams the opening events, `events(output)` for each engine delta and the closing events
+    (once the outputs are done, so usage is known), each through `encode`, then awaits
+    `finishing()`; an error after the start becomes `failed(error)`. `done()` ends a completed
+    stream once its record is written."""
     outputs = stream_outputs(gateway, admitted)
     first = await until_disconnect(request, _next(outputs))
 
     async def body() -> AsyncIterator[bytes]:
         status, outcome, error_code = 200, "client_disconnected", None
         try:
-            if opening is not None:
-                yield sse(opening())
+            for event in opening():
+                yield encode(event)
             output = first
             while output is not _EXHAUSTED:
-                for chunk in chunks(output):
-                    yield sse(chunk)
+                for event in events(output):
+                    yield encode(event)
                 output = await _next(outputs)
-            if usage_chunk is not None:
-                yield sse(usage_chunk() | {"usage": usage(admitted)})
+            for event in closing():
+                yield encode(event)
+            if finishing is not None:
+                await finishing()
             outcome = "completed"
         except GatewayError as exc:
             status, outcome, error_code = exc.status_code, "error", exc.code
-            yield sse(exc.body())
+            yield encode(failed(exc))
         except Exception as exc:  # noqa: BLE001 - the stream has started; say so in-band and end it
             status, outcome, error_code = 500, "error", GatewayError.code
             logger.error("stream failed with %s", type(exc).__name__)
-            yield sse(GatewayError("internal error").body())
+            yield encode(failed(GatewayError("internal error")))
         finally:
             await outputs.aclose()  # aborts the engine request if it is still running
             written = finish(gateway, admitted, status=status, outcome=outcome, error_code=error_code)
         if outcome == "completed":
-            await recorded(written)  # [DONE] only once the record is in the trail
-            yield DONE
+            await recorded(written)  # the end only once the record is in the trail
+            yield done()
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": admitted.request_id})

@@ -74,10 +74,16 @@ class Ask:
     special_token_ids: Callable[[], list[int]] | None = None
     # Embeddings: each input's ids for the embedded encoder (None: the inputs go as sent, in body).
     embed_inputs: list[list[int]] | None = None
+    # What a deployment runs it as, when that is not `route` (responses run as chat.completions).
+    runs_as: str | None = None
 
     @property
     def embeds(self) -> bool:
         return self.route == EMBEDDINGS_ROUTE
+
+    @property
+    def deployment_route(self) -> str:
+        return self.runs_as or self.route
 
 
 @dataclass

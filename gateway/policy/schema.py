@@ -52,6 +52,12 @@ class PromptDecision(_Strict):
     special_tokens: bool
 
 
+class ResponsesDecision(_Strict):
+    # Whether /v1/responses may store a response and continue a stored one, and for how long.
+    store: bool
+    retention_days: Annotated[int, Field(ge=1, le=365)]
+
+
 class LimitsDecision(_Strict):
     max_tokens: NonNegativeInt
     max_context_tokens: NonNegativeInt
@@ -72,6 +78,7 @@ class Decision(_Strict):
     batching: BatchingDecision
     logging: LoggingDecision
     prompt: PromptDecision
+    responses: ResponsesDecision
     limits: LimitsDecision
 
     @model_validator(mode="after")

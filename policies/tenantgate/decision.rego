@@ -12,6 +12,7 @@ import data.tenantgate.cache
 import data.tenantgate.limits
 import data.tenantgate.logging
 import data.tenantgate.prompt
+import data.tenantgate.responses
 
 # Anything this policy cannot compute ends here: denied, nothing shared, nothing logged.
 default decision := {
@@ -32,6 +33,7 @@ default decision := {
 		"metrics_name": "",
 	},
 	"prompt": {"special_tokens": false},
+	"responses": {"store": false, "retention_days": 30},
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,
@@ -54,7 +56,7 @@ _deny_reasons := authz.deny | limits.deny
 
 _allowed := {
 	"allow": true,
-	"reasons": sort((((cache.notes | batching.notes) | (logging.notes | limits.notes)) | prompt.notes)),
+	"reasons": sort((((cache.notes | batching.notes) | (logging.notes | limits.notes)) | (prompt.notes | responses.notes))),
 	"cache": {"scope": cache.scope, "namespace": cache.namespace},
 	"batching": {"isolation": batching.isolation, "deterministic": batching.deterministic},
 	"logging": {
@@ -64,6 +66,7 @@ _allowed := {
 		"metrics_name": logging.metrics_name,
 	},
 	"prompt": {"special_tokens": prompt.special_tokens},
+	"responses": {"store": responses.store, "retention_days": responses.retention_days},
 	"limits": {
 		"max_tokens": limits.max_tokens,
 		"max_context_tokens": limits.max_context_tokens,
@@ -88,6 +91,7 @@ _denied := {
 		"metrics_name": logging.metrics_name, # one label per tenant, allowed or denied
 	},
 	"prompt": {"special_tokens": false},
+	"responses": {"store": false, "retention_days": 30},
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,

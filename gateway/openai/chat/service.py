@@ -15,7 +15,7 @@ from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
-from gateway.pipeline.admission import admit, new_request_id
+from gateway.pipeline.admission import Ask, admit, new_request_id
 from gateway.pipeline.execution import collect
 
 ROUTE = "chat.completions"
@@ -35,13 +35,20 @@ def prompt_text(body: ChatCompletionRequest) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in body.template_messages())
 
 
+def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, route: str = ROUTE) -> Ask:
+    """The pipeline's Ask for a chat request. `route` is what the policy and the audit record see
+    (another endpoint that runs as chat names itself); deployments run it as chat completions."""
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
+                     encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
+                     max_tokens=body.requested_max_tokens, logprobs=logprobs)
+
+
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,
                                  request: Request) -> Response:
     request_id = new_request_id("chatcmpl")
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    ask = build_ask(gateway, body, route=ROUTE, request_id=request_id,
-                    encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
-                    max_tokens=body.requested_max_tokens, logprobs=logprobs)
+    ask = chat_ask(gateway, body, request_id)
+    logprobs = ask.logprobs
     admitted = await admit(gateway, request, principal, ask)
     token_text = gateway.models[body.model].tokenizer.token_text if logprobs is not None else None
 

@@ -4,6 +4,7 @@ encoder, the repository's policies with test tenants, and a local Entra-style is
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,17 +22,18 @@ from gateway.settings import Settings
 from tests.utils.server import free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
-ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation
+ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation, stores responses 2 days
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
 GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4, its name in metric labels
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
 EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90
-ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down
+ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down (stores responses)
 THETA = "77777777-0000-4000-8000-000000000007"  # like Alpha, but logs redacted content (minus /request/user)
 IOTA = "66666666-0000-4000-8000-000000000006"  # like Theta, logs no content; completion prompts may spell special tokens
 KAPPA = "55555555-0000-4000-8000-000000000005"  # only the embedding model, 3,000 tokens per minute
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # Alpha, Gamma, Theta and Kappa may use it
+DEFAULT_MODEL = "smollm2-135m-instruct"  # tenantgate serve's default; Alpha and Theta may use it
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
@@ -100,22 +102,41 @@ def serve_env(issuer: LocalIssuer, **settings: str) -> dict[str, str]:
     } | settings)
 
 
-@pytest.fixture(scope="session")
-def gateway(local_issuer: LocalIssuer, demo_engine, embedding_encoder, tmp_path_factory) -> Iterator[Gateway]:
-    engine, sink = demo_engine
-    audit_dir = tmp_path_factory.mktemp("audit")
-    settings = gateway_settings(local_issuer, audit_file=audit_dir / "audit.jsonl",
+@contextmanager
+def running_gateway(issuer: LocalIssuer, engine: LLMEngine, sink: ListSink, audit_dir: Path, model_name: str,
+                    encoder: EncoderBackend | None) -> Iterator[Gateway]:
+    settings = gateway_settings(issuer, served_model_name=model_name, audit_file=audit_dir / "audit.jsonl",
                                 audit_signing_key=audit_dir / "audit-signing.pem")
     metrics = GatewayMetrics()
     engine_metrics = PrometheusSink(metrics.registry)
     engine_metrics.watch(engine)
     engine.sinks.append(engine_metrics)
-    app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics,
-                     encoder=embedding_encoder)
+    app = create_app(settings, backend=EngineBackend(engine, model_name=model_name), metrics=metrics,
+                     encoder=encoder)
     with serving(app) as base_url:
-        running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", local_issuer, engine,
+        running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", issuer, engine,
                           sink, app, [], settings.audit_file)
         yield running
         for client in running.clients:
             client.close()
         app.state.gateway.backend.async_engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def gateway(local_issuer: LocalIssuer, demo_engine, embedding_encoder, tmp_path_factory) -> Iterator[Gateway]:
+    engine, sink = demo_engine
+    with running_gateway(local_issuer, engine, sink, tmp_path_factory.mktemp("audit"), "demo",
+                         embedding_encoder) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def default_model_gateway(local_issuer: LocalIssuer, smollm2_dir: Path, tmp_path_factory) -> Iterator[Gateway]:
+    """The same gateway on the model `tenantgate serve` serves by default (SmolLM2-135M-Instruct),
+    for tests whose answers must make sense; Alpha and Theta may use it."""
+    sink = ListSink()
+    config = EngineConfig(model=str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=64 << 20,
+                          max_num_seqs=8, max_model_len=1024)
+    with running_gateway(local_issuer, LLMEngine(config, sinks=[sink]), sink, tmp_path_factory.mktemp("audit"),
+                         DEFAULT_MODEL, None) as running:
+        yield running

@@ -14,8 +14,8 @@ from schemathesis.checks import not_a_server_error
 
 from tests.gateway.api.conftest import EMBEDDING_MODEL, GAMMA
 
-OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
-              "GET /v1/models/{model}"]
+OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "POST /v1/responses",
+              "GET /v1/responses/{response_id}", "GET /v1/models", "GET /v1/models/{model}"]
 
 
 @pytest.fixture(scope="module")

@@ -60,3 +60,21 @@ def test_top_k_and_min_p_reach_vllm_and_are_refused_for_azure(upstream) -> None:
                                            extra_body={field: extensions[field]})
         assert refused.value.body["param"] == field and field in refused.value.body["message"]
     assert fake.received == []  # refused before anything was sent
+
+
+def test_a_response_reaches_the_upstream_as_the_chat_request_it_runs_as(upstream) -> None:
+    """/v1/responses has no upstream twin here: the deployment gets chat's request, and the
+    answer comes back as a response object (and as the Responses API's events)."""
+    dialect, fake, client = upstream
+    fake.received.clear()
+    response = client.responses.create(model=MODEL, input=CHAT[0]["content"], instructions="Be brief.",
+                                       max_output_tokens=5, temperature=0)
+    events = list(client.responses.create(model=MODEL, input=CHAT, max_output_tokens=5, stream=True))
+    assert response.output_text == "Paris." and response.usage.total_tokens > 0
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Paris."
+    assert events[-1].type == "response.completed"
+    whole, streamed = fake.received
+    assert all(r["path"].endswith("/chat/completions") for r in fake.received)
+    assert whole["json"]["messages"] == [{"role": "system", "content": "Be brief."}, *CHAT]
+    assert streamed["json"]["messages"] == CHAT and streamed["json"]["stream"] is True
+    assert "input" not in whole["json"] and "instructions" not in whole["json"]

@@ -1,0 +1,125 @@
+"""POST /v1/responses: OpenAI's Responses API without its built-in tools, and its translation into
+the chat request that runs it (one conversation, one answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from gateway.openai.chat.protocol import MAX_MESSAGES
+from gateway.openai.protocol import RequestModel
+
+
+class InputText(RequestModel):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(RequestModel):
+    """An assistant's earlier answer, as the SDK hands back a response's output."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict] = []
+    logprobs: list[dict] | None = None
+
+
+class MessageItem(RequestModel):
+    """A message of the conversation: the short form ({role, content}) or an item with type
+    "message" (an earlier response's output message carries id and status)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | Annotated[list[InputText | OutputText], Field(min_length=1)]
+    id: Annotated[str, Field(max_length=256)] | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    @model_validator(mode="after")
+    def _parts_for_role(self) -> "MessageItem":
+        # OpenAI's rule: output_text is what an assistant said; the other roles send input_text.
+        if isinstance(self.content, list) and self.role != "assistant" and any(
+                part.type == "output_text" for part in self.content):
+            raise ValueError(f"a {self.role} message's content parts must be input_text")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
+
+
+class TextConfig(RequestModel):
+    format: dict | None = None  # {"type": "text"}, "json_object" or "json_schema" (flat, as the API has it)
+    verbosity: Literal["medium"] | None = None  # the one value a model without the knob honours
+
+
+class ResponsesRequest(RequestModel):
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    input: str | Annotated[list[MessageItem], Field(min_length=1, max_length=MAX_MESSAGES)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stream: bool = False
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    store: bool | None = None
+    previous_response_id: Annotated[str, Field(max_length=64)] | None = None
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+
+    def input_items(self) -> list[MessageItem]:
+        return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+
+    def conversation(self) -> list[dict]:
+        """The input items as chat messages (what a stored response keeps, with its answer)."""
+        return [{"role": item.role, "content": item.text()} for item in self.input_items()]
+
+    def chat_body(self, previous: Sequence[dict] = ()) -> tuple[dict, list[tuple]]:
+        """The chat request (wire names) that runs this one after the `previous` conversation
+        (a stored response's), and for each of its messages where it came from here (for the
+        errors that chat's checks find). As OpenAI does, earlier instructions are not carried over."""
+        messages, origins = [], []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+            origins.append(("instructions",))
+        messages += list(previous)
+        origins += [("previous_response_id",)] * len(previous)
+        messages += self.conversation()
+        origins += [("input",)] if isinstance(self.input, str) else [("input", i) for i in range(len(self.input))]
+        body = {"model": self.model, "messages": messages, "stream": self.stream,
+                "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
+                "metadata": self.metadata}
+        if self.tools is not None:
+            body["tools"] = [chat_tool(tool) for tool in self.tools]
+        if self.tool_choice is not None:
+            body["tool_choice"] = chat_tool_choice(self.tool_choice)
+        if self.text is not None and self.text.format is not None:
+            body["response_format"] = chat_response_format(self.text.format)
+        return {k: v for k, v in body.items() if v is not None}, origins
+
+
+def chat_tool(tool: dict) -> dict:
+    """A Responses function tool ({type, name, parameters, ...}, flat) in chat's shape
+    ({type, function: {...}}); other tool types go as they are, for chat to judge."""
+    if tool.get("type") != "function":
+        return tool
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
+def chat_tool_choice(choice: str | dict) -> str | dict:
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+def chat_response_format(text_format: dict) -> dict:
+    """text.format's json_schema is flat ({type, name, schema, strict}); chat's nests it."""
+    if text_format.get("type") != "json_schema":
+        return text_format
+    return {"type": "json_schema", "json_schema": {k: v for k, v in text_format.items() if k != "type"}}

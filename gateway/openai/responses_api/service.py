@@ -1,0 +1,205 @@
+"""Responses: translate the request into chat's, run it exactly as chat runs (policy, budget,
+engine, audit), and answer with a response object or the Responses API's stream of events.
+Where the policy allows it, a response is stored (encrypted, per tenant) and may be continued."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from gateway.auth.principal import Principal
+from gateway.deps import Gateway
+from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
+from gateway.openai.chat.protocol import ChatCompletionRequest
+from gateway.openai.chat.service import chat_ask
+from gateway.openai.responses import joined, usage
+from gateway.openai.responses_api.protocol import ResponsesRequest
+from gateway.openai.stream import event_stream
+from gateway.pipeline.accounting import accounted, finish, recorded
+from gateway.pipeline.admission import Admitted, admit
+from gateway.pipeline.execution import collect
+
+ROUTE = "responses"
+# Chat's names for fields that have other names here, for the errors chat's checks raise.
+_CHAT_FIELDS = {"max_completion_tokens": ("max_output_tokens",), "response_format": ("text", "format")}
+
+
+def chat_request(body: ResponsesRequest, previous: Sequence[dict] = ()) -> ChatCompletionRequest:
+    """The chat request that runs this one (after the previous conversation). What chat refuses
+    is refused here with chat's error, at the field of this request it came from."""
+    wire, origins = body.chat_body(previous)
+    try:
+        return ChatCompletionRequest.model_validate(wire)
+    except ValidationError as exc:
+        raise RequestValidationError([error | {"loc": ("body", *_origin(error["loc"], origins))}
+                                      for error in exc.errors()]) from None
+
+
+def _origin(loc: tuple, origins: list[tuple]) -> tuple:
+    if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
+        return origins[loc[1]] + tuple(loc[2:])
+    if loc and loc[0] in _CHAT_FIELDS:
+        return _CHAT_FIELDS[loc[0]] + tuple(loc[1:])
+    return tuple(loc)
+
+
+def response_usage(admitted: Admitted) -> dict:
+    counts = usage(admitted)  # chat's figures, with its rule for cached tokens in the shared scope
+    return {"input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"]}
+
+
+class ResponseRenderer:
+    """The response object and its output message, as they stand at each point of a request."""
+
+    def __init__(self, body: ResponsesRequest, admitted: Admitted, *, stored: bool) -> None:
+        self.body = body
+        self.admitted = admitted
+        self.stored = stored
+        self.id = admitted.request_id
+        self.message_id = "msg_" + self.id.removeprefix("resp_")
+
+    @property
+    def incomplete(self) -> bool:
+        return self.admitted.finish_reason == "length"  # max_output_tokens, or the policy's cap on it
+
+    def part(self, text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def message(self, text: str | None) -> dict:
+        """The output message; text None: still being written."""
+        status = "in_progress" if text is None else "incomplete" if self.incomplete else "completed"
+        return {"id": self.message_id, "type": "message", "status": status, "role": "assistant",
+                "content": [] if text is None else [self.part(text)]}
+
+    def response(self, text: str | None) -> dict:
+        """The response object; text None: in progress, with no output yet."""
+        body, done = self.body, text is not None
+        status = "in_progress" if not done else "incomplete" if self.incomplete else "completed"
+        return {
+            "id": self.id, "object": "response", "created_at": self.admitted.created, "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": body.model,
+            "output": [self.message(text)] if done else [],
+            "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+            "previous_response_id": body.previous_response_id, "store": self.stored,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "text": {"format": (body.text.format if body.text and body.text.format else None) or {"type": "text"}},
+            "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
+            "tools": body.tools or [], "top_p": 1.0 if body.top_p is None else body.top_p,
+            "truncation": "disabled", "usage": response_usage(self.admitted) if done else None,
+            "user": body.user, "metadata": body.metadata or {},
+        }
+
+
+def stream_event(payload: dict) -> bytes:
+    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+
+
+def _stored_param(body: ResponsesRequest) -> str | None:
+    """The field that asks for the store, if any."""
+    if body.previous_response_id is not None:
+        return "previous_response_id"
+    return "store" if body.store else None
+
+
+async def _previous_conversation(gateway: Gateway, tenant: str, body: ResponsesRequest) -> list[dict]:
+    if body.previous_response_id is None:
+        return []
+    record = await gateway.responses_store.get(tenant, body.previous_response_id)
+    if record is None:
+        raise ResponseNotFound(param="previous_response_id", code="previous_response_not_found")
+    return record["conversation"]
+
+
+async def create_response(gateway: Gateway, principal: Principal, body: ResponsesRequest,
+                          request: Request) -> Response:
+    asked = _stored_param(body)
+    if asked is not None and gateway.responses_store is None:
+        raise InvalidRequest("responses are not stored here: this gateway has no response store", param=asked)
+    tenant = gateway.audit.tenant_digest(principal.tenant_id)
+    previous = await _previous_conversation(gateway, tenant, body)  # before admission: its tokens count
+    chat = chat_request(body, previous)
+    response_id = "resp_" + uuid.uuid4().hex
+    admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE))
+    retention = admitted.judgement.decision.responses
+    render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store)
+
+    async def keep(text: str) -> None:
+        if render.stored:
+            conversation = previous + body.conversation() + [{"role": "assistant", "content": text}]
+            await gateway.responses_store.put(tenant, response_id, {"response": render.response(text),
+                                                                    "conversation": conversation},
+                                              ttl_s=retention.retention_days * 86400)
+
+    with accounted(gateway, admitted):
+        if asked is not None and not retention.store:
+            raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
+                                 "classification); send the conversation as input items", param=asked)
+        if body.stream:
+            return await _stream(gateway, admitted, request, render, keep)
+        text, _ = joined(await collect(gateway, admitted, request))
+        answer = render.response(text)
+        await keep(text)
+        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
+        return JSONResponse(answer, headers={"X-Request-Id": response_id})
+
+
+async def retrieve_response(gateway: Gateway, principal: Principal, response_id: str) -> Response:
+    """A stored response, to its own tenant only."""
+    record = None
+    if gateway.responses_store is not None:
+        record = await gateway.responses_store.get(gateway.audit.tenant_digest(principal.tenant_id), response_id)
+    if record is None:
+        raise ResponseNotFound()
+    return JSONResponse(record["response"])
+
+
+async def _stream(gateway: Gateway, admitted: Admitted, request: Request, render: ResponseRenderer,
+                  keep: Callable[[str], Awaitable[None]]) -> Response:
+    """The Responses API's events, in its order, numbered from 0."""
+    sequence = itertools.count()
+    texts: list[str] = []
+    at = {"item_id": render.message_id, "output_index": 0, "content_index": 0}
+
+    def encode(event: dict) -> bytes:
+        return stream_event(event | {"sequence_number": next(sequence)})
+
+    def opening() -> list[dict]:
+        return [{"type": "response.created", "response": render.response(None)},
+                {"type": "response.in_progress", "response": render.response(None)},
+                {"type": "response.output_item.added", "output_index": 0, "item": render.message(None)},
+                {"type": "response.content_part.added", **at, "part": render.part("")}]
+
+    def deltas(output) -> list[dict]:
+        if not output.new_text:
+            return []
+        texts.append(output.new_text)
+        return [{"type": "response.output_text.delta", **at, "delta": output.new_text, "logprobs": []}]
+
+    def closing() -> list[dict]:
+        text = "".join(texts)
+        return [{"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+                {"type": "response.content_part.done", **at, "part": render.part(text)},
+                {"type": "response.output_item.done", "output_index": 0, "item": render.message(text)}]
+
+    def done() -> bytes:
+        kind = "response.incomplete" if render.incomplete else "response.completed"
+        return encode({"type": kind, "response": render.response("".join(texts))})
+
+    def failed(error: GatewayError) -> dict:
+        return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+
+    return await event_stream(gateway, admitted, request, deltas, opening=opening, closing=closing,
+                              failed=failed, encode=encode, done=done, finishing=lambda: keep("".join(texts)))
