@@ -1,13 +1,23 @@
-"""n > 1 end to end: the official openai SDK over real HTTP, the demo engine behind it. The
-choices share the prompt's KV blocks (the x-record in the audit trail says how many), usage
-sums their completion tokens over one prompt, and the budget reserves n x max_tokens."""
+"""n > 1 end to end: the official openai SDK over real HTTP, the demo engine behind it (and the
+default model, SmolLM2-135M-Instruct, for the main proof). The choices share the prompt's KV
+blocks (the x-record in the audit trail says how many), usage sums their completion tokens over
+one prompt, and the budget reserves n x max_tokens."""
 
 from __future__ import annotations
+
+import json
 
 import openai
 import pytest
 
-from tests.gateway.api.conftest import ALPHA
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from gateway.app import create_app
+from gateway.inference import EngineBackend
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
+from tests.utils.server import serving
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 # Long enough for several full KV blocks of 16 tokens once the chat template wraps it.
 CHAT = [{"role": "user", "content": "Explain, step by step and with care, what a gateway checks before it "
@@ -108,3 +118,44 @@ def test_n_over_the_tenants_limit_is_a_400_naming_n(gateway) -> None:
         gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, n=5, max_tokens=2)
     assert caught.value.body["param"] == "n" and caught.value.code == "invalid_value"
     assert "at most 4" in caught.value.body["message"]
+
+
+@pytest.fixture(scope="module")
+def default_model_gateway(local_issuer, smollm2_dir, tmp_path_factory):
+    """A gateway serving the default model, Alpha allowed to use it: (base URL, engine, audit file)."""
+    root = tmp_path_factory.mktemp("smollm2-gateway")
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    tenants["tenants"][ALPHA]["models"].append(DEFAULT_MODEL)
+    (root / "data").mkdir()
+    (root / "data" / "tenants.json").write_text(json.dumps(tenants))
+    engine = LLMEngine(EngineConfig(model=str(smollm2_dir), kv_cache_memory_bytes=64 << 20, max_num_seqs=8,
+                                    max_model_len=1024))
+    settings = gateway_settings(local_issuer, policy_data_dir=root / "data", served_model_name=DEFAULT_MODEL,
+                                metrics_port=0, audit_file=root / "audit.jsonl",
+                                audit_signing_key=root / "audit-signing.pem")
+    app = create_app(settings, backend=EngineBackend(engine, model_name=DEFAULT_MODEL))
+    with serving(app) as base_url:
+        yield base_url, engine, settings.audit_file
+        app.state.gateway.backend.async_engine.shutdown()
+
+
+def test_the_default_model_gives_three_choices_over_shared_blocks(default_model_gateway, local_issuer) -> None:
+    base_url, engine, audit_file = default_model_gateway
+    with openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                       max_retries=0, timeout=120) as client:
+        completion = client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, n=3, max_tokens=8,
+                                                    temperature=1.0, seed=21)
+        stream = list(client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, n=2, max_tokens=6,
+                                                     temperature=1.0, seed=21, stream=True,
+                                                     stream_options={"include_usage": True}))
+    assert [c.index for c in completion.choices] == [0, 1, 2] and all(c.message.content for c in completion.choices)
+    records = {e["request_id"]: e for e in map(json.loads, audit_file.read_text().splitlines())
+               if e["type"] == "record"}
+    x = records[completion.id]["engine"]
+    prompt = completion.usage.prompt_tokens
+    assert x["choices"] == 3 and x["shared_prefix_blocks"] == (prompt - 1) // engine.config.block_size >= 2
+    assert completion.usage.completion_tokens == x["output_tokens"]
+    # Streamed: the opening names both choices, each ends once, usage comes last.
+    finished = [c.index for chunk in stream for c in chunk.choices if c.finish_reason is not None]
+    assert sorted(finished) == [0, 1] and stream[-1].choices == []
+    assert stream[-1].usage.completion_tokens == records[stream[-1].id]["engine"]["output_tokens"]
