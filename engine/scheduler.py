@@ -57,8 +57,10 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
-def _arrival(seq: Sequence) -> int:
-    return seq.arrival_index
+def _arrival(seq: Sequence) -> tuple[int, int]:
+    # A request's choices arrived together; the later choice counts as the later arrival (the
+    # one preempted first), so choice 0, which computed the shared prompt, goes last.
+    return (seq.arrival_index, seq.choice)
 
 
 def _queue_key(seq: Sequence) -> tuple[int, int]:
@@ -255,7 +257,7 @@ class Scheduler:
         shares = bm.shares(tenant)
         floor = max(0, bm.excess(tenant, shares) + gain)
         candidates = [s for s in self.running if s.tenant != tenant and bm.excess(s.tenant, shares) > floor]
-        return max(candidates, key=lambda s: (bm.excess(s.tenant, shares), s.arrival_index), default=None)
+        return max(candidates, key=lambda s: (bm.excess(s.tenant, shares), *_arrival(s)), default=None)
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch | None = None) -> None:
         self.num_preemptions += 1

@@ -165,3 +165,15 @@ def test_n_beyond_the_batch_or_the_kv_quota_is_refused(tiny_dir, make_engine) ->
     run(engine, "fits")
     with pytest.raises(ValueError, match="n: must be an integer from 1 to 128"):
         SamplingParams(n=0)
+
+
+def test_under_memory_pressure_the_last_choice_goes_first_and_all_finish(tiny_dir, make_engine) -> None:
+    # A pool that holds the shared prompt and about one choice's tail: the choices must take turns.
+    engine = make_engine(model=str(tiny_dir), num_kv_blocks=8, max_model_len=128)
+    seq = engine.add_request("r", PROMPT, sampled(n=3, seed=2, max_tokens=30), envelope=ENV)
+    tokens = step_until_forked(engine, seq)
+    run(engine, "r", tokens, steps=40)
+    assert engine.scheduler.num_preemptions > 0
+    assert seq.num_preemptions <= min(c.num_preemptions for c in seq.choices[1:])
+    run(engine, "r", tokens)
+    assert sorted(tokens) == [0, 1, 2] and all(len(t) == 30 for t in tokens.values())
