@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA, gateway_settings
 from tests.utils.server import serving
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -110,6 +110,14 @@ def test_completions_give_n_choices_too(gateway) -> None:
     engine = engine_record(gateway, completion.id)["engine"]
     assert engine["choices"] == 2 and engine["shared_prefix_blocks"] >= 1
     assert completion.usage.completion_tokens == engine["output_tokens"]
+
+
+def test_a_record_with_content_keeps_each_choice_apart(gateway) -> None:
+    # Theta's policy keeps redacted content in its records.
+    completion = gateway.client(THETA).chat.completions.create(model="demo", messages=CHAT, n=2, max_tokens=4,
+                                                               temperature=1.0, seed=4)
+    content = engine_record(gateway, completion.id)["content"]
+    assert [c["text"] for c in content["response"]["choices"]] == [c.message.content for c in completion.choices]
 
 
 def test_n_over_the_tenants_limit_is_a_400_naming_n(gateway) -> None:
