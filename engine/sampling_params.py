@@ -29,7 +29,7 @@ GREEDY_TEMPERATURE = 1e-5
 class SamplingParams:
     max_tokens: int = 16
     # Choices sampled from one prompt. With a seed, choice i samples with seed + i (mod 2**63),
-    # as vLLM's parallel sampling does: choice 0 is what n=1 gives.
+    # as vLLM's parallel sampling does: it draws what n=1 with that seed draws.
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
