@@ -89,6 +89,8 @@ def params_to_json(params: SamplingParams) -> dict:
     if params.keep_logits:
         raise ValueError("keep_logits is for in-process use; raw logits do not travel")
     d = {name: getattr(params, name) for name in _PARAMS_FIELDS}
+    if params.n == 1:
+        del d["n"]  # so a replica from before n > 1 still takes one-choice requests
     return d | {"stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids)}
 
 
