@@ -99,7 +99,7 @@ class AsyncLLMEngine:
                 raise RequestError(f"request id {request_id!r} is already in flight", param="request_id")
             self._streams[request_id] = stream
         self._send(("add", seq))
-        finished = False
+        unfinished = params.n  # the stream ends with the last choice's last delta
         try:
             while True:
                 item = await stream.queue.get()
@@ -107,16 +107,16 @@ class AsyncLLMEngine:
                     raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError("the engine loop has stopped") from item
-                finished = item.finished
+                unfinished -= item.finished
                 yield item
-                if finished:
+                if not unfinished:
                     return
         finally:
             with self._lock:
                 if self._streams.get(request_id) is stream:
                     del self._streams[request_id]
-            if not finished:
-                # Abort this very sequence: the id may already belong to a newer request.
+            if unfinished:
+                # Abort this very request: the id may already belong to a newer one.
                 self._send(("abort_seq", seq))
 
     def abort(self, request_id: str) -> None:
@@ -162,11 +162,11 @@ class AsyncLLMEngine:
                 except RequestError as exc:
                     self._deliver(arg.request_id, exc)
             elif kind == "abort_seq":
-                if self.engine.scheduler.find(arg.request_id) is arg:
-                    self.engine.abort_request(arg.request_id)
+                live = self.engine.scheduler.find(arg.request_id)
+                if live is not None and live.choices is arg.choices:
+                    self.engine.abort_choices(arg.request_id)
             else:
-                final = self.engine.abort_request(arg)
-                if final is not None:
+                for final in self.engine.abort_choices(arg):
                     self._deliver(arg, final)
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -212,8 +212,20 @@ class BlockManager:
             block.ref_count = 1
             seq.block_table.append(block.block_id)
         if seq.block_table:
-            self._holders[seq.request_id] = seq
+            self._holders[seq.seq_id] = seq
         return True
+
+    def fork(self, parent: Sequence, child: Sequence, num_blocks: int) -> None:
+        """Give child parent's first num_blocks blocks (full ones, never written again): the
+        choices of one request share the prompt's KV, charged once, to the tenant that has it."""
+        if child.block_table or num_blocks > len(parent.block_table):
+            raise AllocatorError(f"cannot fork {num_blocks} blocks of {parent.seq_id!r} into {child.seq_id!r}")
+        for block_id in parent.block_table[:num_blocks]:
+            self.blocks[block_id].ref_count += 1
+            child.block_table.append(block_id)
+        child.block_hashes = parent.block_hashes[:num_blocks]
+        if child.block_table:
+            self._holders[child.seq_id] = child
 
     def _plan(self, tenant: bytes, needed: int, exclude: Iterable[int], last_resort: bool) -> list[bytes | None]:
         """Where tenant's next blocks come from, up to needed of them: None for the free list,
@@ -294,7 +306,8 @@ class BlockManager:
                     self._release(block)
         seq.block_table.clear()
         seq.block_hashes.clear()
-        self._holders.pop(seq.request_id, None)
+        seq.num_borrowed_blocks = 0
+        self._holders.pop(seq.seq_id, None)
 
     def _remove_evictable(self, block: Block) -> None:
         del self.evictable[block.block_id]
@@ -354,7 +367,7 @@ class BlockManager:
         held: Counter[int] = Counter()
         for seq in self._holders.values():
             if not seq.block_table:
-                raise AllocatorError(f"{seq.request_id!r} is registered but holds no block")
+                raise AllocatorError(f"{seq.seq_id!r} is registered but holds no block")
             held.update(seq.block_table)
         owners: Counter[bytes] = Counter()
         for block in self.blocks:
@@ -378,7 +391,7 @@ class BlockManager:
             raise AllocatorError("per-tenant charges disagree with block ownership")
         if len(self.cached) != sum(1 for b in self.blocks if b.hash is not None):
             raise AllocatorError("the cache index holds blocks that are not cached")
-        live_ids = {seq.request_id for seq in live}
+        live_ids = {seq.seq_id for seq in live}
         leaked = set(self._holders) - live_ids
         if leaked:
             raise AllocatorError(f"{len(leaked)} finished or unknown sequences still hold blocks")

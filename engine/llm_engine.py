@@ -131,42 +131,74 @@ class LLMEngine:
                 param="prompt",
                 code="context_length_exceeded",
             )
-        worst_case = self.config.blocks_for(min(len(token_ids) + params.max_tokens, self.max_model_len))
+        if params.n > self.config.max_num_seqs:
+            raise RequestError(f"n may be at most {self.config.max_num_seqs} here (the engine's max_num_seqs)",
+                               param="n")
+        # The choices share the prompt's full blocks, up to where the prefix cache would match.
+        fork_at = (len(token_ids) - 1) // self.config.block_size * self.config.block_size if params.n > 1 else 0
+        shared = fork_at // self.config.block_size
+        per_choice = self.config.blocks_for(min(len(token_ids) + params.max_tokens, self.max_model_len)) - shared
+        worst_case = shared + params.n * per_choice
         if worst_case > envelope.kv_block_quota:
             raise RequestError(
                 f"the request may need {worst_case} KV blocks, more than the tenant's quota "
-                f"of {envelope.kv_block_quota}; lower max_tokens",
+                f"of {envelope.kv_block_quota}; lower max_tokens" + (" or n" if params.n > 1 else ""),
                 param="max_tokens",
             )
-        seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals), envelope)
+        arrival = next(self._arrivals)
         raw = prompt.encode() if isinstance(prompt, str) else array("q", token_ids).tobytes()
-        seq.raw_prompt_digest = record_digest(self._record_key, raw)
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        raw_digest = record_digest(self._record_key, raw)
+        seq = Sequence(request_id, token_ids, params, self.max_model_len, arrival, envelope)
+        for choice in range(1, params.n):
+            seq.choices.append(Sequence(request_id, token_ids, params.for_choice(choice), self.max_model_len,
+                                        arrival, envelope, choice=choice))
+        for choice in seq.choices:
+            choice.choices = seq.choices
+            choice.fork_at = fork_at
+            choice.raw_prompt_digest = raw_digest
+            choice.detokenizer = IncrementalDetokenizer(self.tokenizer, choice.params.stop,
+                                                        choice.params.skip_special_tokens)
         return seq
 
     def enqueue(self, seq: Sequence) -> None:
         if self.scheduler.find(seq.request_id) is not None:
             raise RequestError(f"request id {seq.request_id!r} is already in flight", param="request_id")
         self.scheduler.add(seq)
+        if seq.num_pending_forks and seq.fork_at == 0:  # no full block to share: the choices start apart
+            seq.num_pending_forks = 0
+            for child in seq.choices[1:]:
+                self.scheduler.add(child)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now and free its KV blocks; returns its final (empty) delta, None if not in flight."""
+        """Stop a request now and free its KV blocks; returns its final (empty) delta (of its
+        first unfinished choice), None if not in flight. abort_choices gives every choice's."""
+        finals = self.abort_choices(request_id)
+        return finals[0] if finals else None
+
+    def abort_choices(self, request_id: str) -> list[RequestOutput]:
+        """Stop every choice of a request now; one final (empty) delta per choice that had not finished."""
         seq = self.scheduler.find(request_id)
         if seq is None:
-            return None
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self.runner.release(request_id)
+            return []
+        finals = []
+        for choice in seq.choices:
+            if choice.is_finished:
+                continue
+            self.scheduler.finish(choice, FinishReason.ABORT)
+            self.runner.release(choice.seq_id)
+            finals.append(RequestOutput(
+                request_id=request_id,
+                new_token_ids=[],
+                new_text="",
+                num_prompt_tokens=choice.num_prompt_tokens,
+                num_output_tokens=choice.num_output_tokens,
+                num_cached_tokens=choice.num_cached_tokens,
+                finished=True,
+                finish_reason=FinishReason.ABORT.value,
+                index=choice.choice,
+            ))
         self._record_request(seq)
-        return RequestOutput(
-            request_id=request_id,
-            new_token_ids=[],
-            new_text="",
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            finished=True,
-            finish_reason=FinishReason.ABORT.value,
-        )
+        return finals
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -188,6 +220,8 @@ class LLMEngine:
             seq.engine_ms += step_ms
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq)
+            if seq.num_pending_forks and seq.num_computed_tokens >= seq.fork_at:
+                self.scheduler.fork(seq)
         self._track_kv()  # the peak, before finished sequences give their blocks back
         outputs = self._postprocess(batch, results)
         self._record_step(batch, step_ms, self.block_manager.stats())  # the pool as the step leaves it
@@ -216,7 +250,7 @@ class LLMEngine:
                 if not seq.detokenizer.stopped:
                     text += seq.detokenizer.flush()
                 self.scheduler.finish(seq, reason)
-                self.runner.release(seq.request_id)
+                self.runner.release(seq.seq_id)
                 self._record_request(seq)
             outputs.append(
                 RequestOutput(
@@ -230,6 +264,7 @@ class LLMEngine:
                     finish_reason=reason.value if reason else None,
                     logprobs=[result.logprobs] if result.logprobs else [],
                     logits=[result.logits] if result.logits is not None else [],
+                    index=seq.choice,
                 )
             )
         return outputs
@@ -292,22 +327,32 @@ class LLMEngine:
             sink.step(record)
 
     def _record_request(self, seq: Sequence) -> None:
-        if not self.sinks:
+        """One x-record per request, once its last choice has ended."""
+        choices = seq.choices
+        if not self.sinks or not all(c.is_finished for c in choices):
             return
+        seq = choices[0]
         now = time.monotonic()
         p = seq.params
         scheduled = seq.first_scheduled_time or now
+        first_tokens = [c.first_token_time for c in choices if c.first_token_time]
+        if len(choices) == 1:
+            output_digest = token_digest(self._record_key, seq.output_token_ids)
+        else:  # the choices in order, each ended by -1 (never a token id)
+            output_digest = token_digest(self._record_key, [t for c in choices for t in (*c.output_token_ids, -1)])
+        reasons = [c.finish_reason.value if c.finish_reason else "abort" for c in choices]
         record = RequestRecord(
             request_id=seq.request_id,
             raw_prompt_digest=seq.raw_prompt_digest,
             effective_prompt_digest=token_digest(self._record_key, seq.token_ids[: seq.num_prompt_tokens]),
-            output_digest=token_digest(self._record_key, seq.output_token_ids),
+            output_digest=output_digest,
             prompt_tokens=seq.num_prompt_tokens,
-            output_tokens=seq.num_output_tokens,
+            output_tokens=sum(c.num_output_tokens for c in choices),
             truncated=False,  # the engine refuses what does not fit; it never cuts a prompt
             truncation_reason=None,
             decode={
                 "max_tokens": p.max_tokens,
+                "n": p.n,
                 "temperature": p.temperature,
                 "top_p": p.top_p,
                 "top_k": p.top_k,
@@ -325,13 +370,16 @@ class LLMEngine:
             isolation=seq.envelope.isolation.value,
             deterministic=seq.envelope.deterministic,
             top_margins=tuple(seq.top_margins),
-            finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
-            preemptions=seq.num_preemptions,
+            finish_reason="abort" if "abort" in reasons else reasons[0],
+            preemptions=sum(c.num_preemptions for c in choices),
             queue_ms=(scheduled - seq.arrival_time) * 1000,
-            ttft_ms=(seq.first_token_time - seq.arrival_time) * 1000 if seq.first_token_time else None,
+            ttft_ms=(min(first_tokens) - seq.arrival_time) * 1000 if first_tokens else None,
             e2e_ms=(now - seq.arrival_time) * 1000,
-            kv_block_seconds=round(seq.kv_block_seconds, 6),
-            engine_ms=round(seq.engine_ms, 3),
+            kv_block_seconds=round(sum(c.kv_block_seconds for c in choices), 6),
+            engine_ms=round(max(c.engine_ms for c in choices), 3),
+            choices=len(choices),
+            shared_prefix_blocks=seq.num_shared_blocks,
+            finish_reasons=tuple(reasons) if len(choices) > 1 else (),
         )
         for sink in self.sinks:
             sink.request(record)
@@ -345,7 +393,7 @@ class LLMEngine:
         envelopes: ExecutionEnvelope | Seq[ExecutionEnvelope],
         add_special_tokens: bool = True,
     ) -> list[CompletedRequest]:
-        """Run prompts to completion; results come back in prompt order."""
+        """Run prompts to completion; results come back in prompt order (a prompt's n choices in choice order)."""
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         envelope_list = [envelopes] * len(prompts) if isinstance(envelopes, ExecutionEnvelope) else list(envelopes)
         if not len(params_list) == len(envelope_list) == len(prompts):
@@ -361,11 +409,12 @@ class LLMEngine:
         ]
         for seq in seqs:
             self.enqueue(seq)
-        deltas: dict[str, list[RequestOutput]] = defaultdict(list)
+        deltas: dict[tuple[str, int], list[RequestOutput]] = defaultdict(list)
         while self.has_unfinished_requests():
             for out in self.step():
-                deltas[out.request_id].append(out)
-        return [CompletedRequest.from_deltas(deltas[i]) for i in ids]
+                deltas[out.request_id, out.index].append(out)
+        return [CompletedRequest.from_deltas(deltas[i, choice]) for i, seq in zip(ids, seqs)
+                for choice in range(seq.params.n)]
 
     def kv_stats(self) -> KVStats:
         return self.block_manager.stats()

@@ -138,7 +138,7 @@ class ModelRunner:
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
             seqs = [batch.seqs[i] for i in sampling]
             outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
-            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs], outputs)
+            samples = self.sampler.sample(logits, [s.seq_id for s in seqs], [s.params for s in seqs], outputs)
             for i, sample in zip(sampling, samples):
                 results[i] = sample
         return results
@@ -161,8 +161,8 @@ class ModelRunner:
             self._logit_row_sizes = logit_sizes if ok else (ROW_TILE,)
         return self._row_sizes
 
-    def release(self, request_id: str) -> None:
-        self.sampler.release(request_id)
+    def release(self, seq_id: str) -> None:
+        self.sampler.release(seq_id)
 
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device

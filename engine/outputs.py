@@ -21,6 +21,7 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    index: int = 0  # which of the request's n choices (counts and finished are that choice's own)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class CompletedRequest:
     finish_reason: str | None
     logprobs: list[TokenLogprobs]
     logits: list[torch.Tensor]
+    index: int = 0
 
     @classmethod
     def from_deltas(cls, deltas: list[RequestOutput]) -> CompletedRequest:
@@ -48,4 +50,5 @@ class CompletedRequest:
             finish_reason=last.finish_reason,
             logprobs=[lp for d in deltas for lp in d.logprobs],
             logits=[row for d in deltas for row in d.logits],
+            index=last.index,
         )

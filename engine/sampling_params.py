@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ class SamplingParamsError(ValueError):
 
 
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128  # OpenAI's bound on n
 # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100] on at most 300 tokens.
 MAX_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0
@@ -26,6 +28,9 @@ GREEDY_TEMPERATURE = 1e-5
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
+    # Choices sampled from one prompt. With a seed, choice i samples with seed + i (mod 2**63),
+    # as vLLM's parallel sampling does: it draws what n=1 with that seed draws.
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = disabled
@@ -48,6 +53,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens <= 0:
             raise SamplingParamsError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_CHOICES:
+            raise SamplingParamsError("n", f"must be an integer from 1 to {MAX_CHOICES}, got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise SamplingParamsError("temperature", f"must be >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -73,6 +80,11 @@ class SamplingParams:
             raise SamplingParamsError("stop_token_ids", "must be a list of non-negative integers")
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
+
+    def for_choice(self, choice: int) -> SamplingParams:
+        """The settings choice `choice` of n samples with: one choice, and its own seed."""
+        seed = None if self.seed is None else (self.seed + choice) % 2**63
+        return dataclasses.replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:

@@ -57,8 +57,10 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
-def _arrival(seq: Sequence) -> int:
-    return seq.arrival_index
+def _arrival(seq: Sequence) -> tuple[int, int]:
+    # A request's choices arrived together; the later choice counts as the later arrival (the
+    # one preempted first), so choice 0, which computed the shared prompt, goes last.
+    return (seq.arrival_index, seq.choice)
 
 
 def _queue_key(seq: Sequence) -> tuple[int, int]:
@@ -135,8 +137,8 @@ class Scheduler:
         exclusive = lane[0] == Isolation.EXCLUSIVE.value
 
         in_lane = [seq for seq in self.running if seq.lane == lane]
-        if exclusive:
-            in_lane = in_lane[:1]
+        if exclusive:  # one request alone, with all of its choices
+            in_lane = [seq for seq in in_lane if seq.choices is in_lane[0].choices]
         for seq in in_lane:
             # Counted from the batch: a sequence preempted out of it gives its tokens back.
             budget = self.max_num_batched_tokens - batch.num_tokens
@@ -144,24 +146,24 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted earlier in this step
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(seq.prefill_end(seq.num_computed_tokens) - seq.num_computed_tokens, budget)
             if self._grow(seq, seq.num_computed_tokens + num_new, batch):
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
 
         # Admitting new work right after a preemption would only thrash the pool.
-        while not batch.preempted and len(self.running) < self.max_num_seqs:
+        while not batch.preempted and self._num_seats() < self.max_num_seqs:
             budget = self.max_num_batched_tokens - batch.num_tokens
             if budget <= 0:
                 break
             if exclusive and batch.seqs:
                 break
             seq = self._next_waiting(lane)
-            if seq is None:
+            if seq is None or self._num_seats() + seq.num_seats > self.max_num_seqs:
                 break
             prefix, hashes = self.block_manager.match_prefix(seq)
             num_cached = len(prefix) * self.block_manager.block_size
-            remaining = seq.num_tokens - num_cached
+            remaining = seq.prefill_end(num_cached) - num_cached
             num_new = min(remaining, budget)
             if num_new < remaining and not self.chunked_prefill:
                 break
@@ -188,6 +190,25 @@ class Scheduler:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             self.tenant_service[seq.tenant] += n
         return batch
+
+    def _num_seats(self) -> int:
+        return sum(seq.num_seats for seq in self.running)
+
+    def fork(self, seq: Sequence) -> None:
+        """Fork a running choice 0 that has computed its fork point into the request's other choices:
+        they hold its full prompt blocks and compute the rest of the prompt themselves."""
+        bm = self.block_manager
+        num_blocks = seq.fork_at // bm.block_size
+        seq.num_shared_blocks = num_blocks
+        for child in seq.choices[1:]:
+            bm.fork(seq, child, num_blocks)
+            child.num_borrowed_blocks = num_blocks
+            child.num_computed_tokens = seq.fork_at
+            child.num_cached_tokens = seq.num_cached_tokens
+            child.status = SequenceStatus.RUNNING
+            child.first_scheduled_time = seq.first_scheduled_time
+            bisect.insort(self.running, child, key=_arrival)
+        seq.num_pending_forks = 0
 
     def _next_waiting(self, lane: tuple) -> Sequence | None:
         candidates = [seq for seq in self.waiting if seq.lane == lane]
@@ -236,7 +257,7 @@ class Scheduler:
         shares = bm.shares(tenant)
         floor = max(0, bm.excess(tenant, shares) + gain)
         candidates = [s for s in self.running if s.tenant != tenant and bm.excess(s.tenant, shares) > floor]
-        return max(candidates, key=lambda s: (bm.excess(s.tenant, shares), s.arrival_index), default=None)
+        return max(candidates, key=lambda s: (bm.excess(s.tenant, shares), *_arrival(s)), default=None)
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch | None = None) -> None:
         self.num_preemptions += 1
@@ -265,6 +286,7 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def find(self, request_id: str) -> Sequence | None:
+        """A live sequence of the request (any of its choices)."""
         for seq in self.live_sequences():
             if seq.request_id == request_id:
                 return seq

@@ -23,10 +23,15 @@ class FinishReason(str, enum.Enum):
 
 
 class Sequence:
-    """One request. Its KV covers token_ids[:num_computed_tokens]; the rest still has to run.
+    """One choice of a request. Its KV covers token_ids[:num_computed_tokens]; the rest still has to run.
 
     After preemption the blocks are freed and num_computed_tokens drops to zero, so the
     prompt and the output generated so far are recomputed as one prefill.
+
+    A request for n > 1 choices starts as choice 0 alone. It prefills the prompt's full
+    blocks up to fork_at (the blocks the prefix cache would match), then forks into n
+    sequences that hold those blocks together (LLMEngine._fork); each computes the rest of
+    the prompt (less than a block and one token) in blocks of its own and samples on.
     """
 
     def __init__(
@@ -37,8 +42,10 @@ class Sequence:
         max_total_tokens: int,
         arrival_index: int,
         envelope: ExecutionEnvelope,
+        choice: int = 0,
     ) -> None:
-        self.request_id = request_id
+        self.request_id = request_id  # the request's: every choice of it has the same
+        self.choice = choice
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
@@ -65,12 +72,36 @@ class Sequence:
         self.raw_prompt_digest = ""
         # Set by the engine: the incremental detokenizer for stop strings and text deltas.
         self.detokenizer: Any = None
+        # Choices: the request's sequences in choice order (this one alone until it forks),
+        # the choices still to fork off it, the prompt tokens they will share, and the blocks
+        # of this sequence's table that another choice computed (not metered here).
+        self.choices: list[Sequence] = [self]
+        self.num_pending_forks = params.n - 1 if choice == 0 else 0
+        self.fork_at = 0
+        self.num_borrowed_blocks = 0
+        self.num_shared_blocks = 0  # choice 0: the blocks the choices shared at the fork
 
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, status={self.status.value})"
         )
+
+    @property
+    def seq_id(self) -> str:
+        """Unique among live sequences: the sampler's and the block manager's key."""
+        return self.request_id if self.choice == 0 else f"{self.request_id}#{self.choice}"
+
+    @property
+    def num_seats(self) -> int:
+        """Batch slots this sequence takes, with the choices it will fork into."""
+        return 1 + self.num_pending_forks
+
+    def prefill_end(self, num_computed: int) -> int:
+        """Where a step starting at num_computed stops: the fork point while the choices wait for it."""
+        if self.num_pending_forks and num_computed < self.fork_at:
+            return self.fork_at
+        return self.num_tokens
 
     @property
     def tenant(self) -> bytes:
@@ -108,7 +139,7 @@ class Sequence:
         """Adds the blocks held since the last charge times the time since; called wherever the
         block table changes (a step, a preemption, the end), so each interval has one count."""
         self.kv_block_seconds += self._kv_held * (now - self._kv_since)
-        self._kv_held = len(self.block_table)
+        self._kv_held = len(self.block_table) - self.num_borrowed_blocks
         self._kv_since = now
 
     def append_token(self, token_id: int) -> None:

@@ -57,6 +57,12 @@ class RequestRecord:
     e2e_ms: float
     kv_block_seconds: float  # KV blocks held, integrated over the request's life (preempted: none held)
     engine_ms: float  # the time of the engine steps the request ran in (shared with its batch)
+    # n > 1: the counts above are summed over the choices (kv_block_seconds meters the blocks
+    # they shared once), engine_ms is the longest choice's, top_margins choice 0's, and
+    # finish_reason choice 0's unless one was aborted.
+    choices: int = 1
+    shared_prefix_blocks: int = 0  # the prompt's KV blocks the choices held together, computed once
+    finish_reasons: tuple[str, ...] = ()  # n > 1: each choice's, in order
 
 
 @dataclass(frozen=True)

@@ -141,11 +141,12 @@ class NullBackend:
     async def generate(self, token_ids, params, envelope, request_id) -> AsyncIterator[RequestOutput]:
         for n in range(1, params.max_tokens + 1):
             last = n == params.max_tokens
-            yield RequestOutput(
-                request_id=request_id, new_token_ids=[7], new_text=self.TOKEN_TEXT,
-                num_prompt_tokens=len(token_ids), num_output_tokens=n,
-                finished=last, finish_reason="length" if last else None,
-            )
+            for index in range(params.n):
+                yield RequestOutput(
+                    request_id=request_id, new_token_ids=[7], new_text=self.TOKEN_TEXT,
+                    num_prompt_tokens=len(token_ids), num_output_tokens=n,
+                    finished=last, finish_reason="length" if last else None, index=index,
+                )
 
     def ready(self) -> bool:
         return self._running

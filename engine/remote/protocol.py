@@ -89,6 +89,8 @@ def params_to_json(params: SamplingParams) -> dict:
     if params.keep_logits:
         raise ValueError("keep_logits is for in-process use; raw logits do not travel")
     d = {name: getattr(params, name) for name in _PARAMS_FIELDS}
+    if params.n == 1:
+        del d["n"]  # so a replica from before n > 1 still takes one-choice requests
     return d | {"stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids)}
 
 
@@ -113,6 +115,7 @@ def output_to_json(output: RequestOutput) -> dict:
         "finished": output.finished,
         "finish_reason": output.finish_reason,
         "logprobs": [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in output.logprobs],
+        "index": output.index,
     }
 
 
@@ -134,6 +137,7 @@ def output_from_json(document: dict, request_id: str) -> RequestOutput:
         finish_reason=document["finish_reason"],
         logprobs=[TokenLogprobs(int(t), float(lp), tuple((int(i), float(p)) for i, p in top))
                   for t, lp, top in document["logprobs"]],
+        index=int(document.get("index", 0)),
     )
 
 
@@ -143,4 +147,4 @@ def record_to_json(record: RequestRecord) -> dict:
 
 def record_from_json(document: object) -> RequestRecord:
     d = _fields(document, _RECORD_FIELDS, "record")
-    return RequestRecord(**(d | {"top_margins": tuple(d["top_margins"])}))
+    return RequestRecord(**(d | {"top_margins": tuple(d["top_margins"]), "finish_reasons": tuple(d["finish_reasons"])}))

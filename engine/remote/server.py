@@ -192,17 +192,20 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
             raise _Refused(503, "unavailable", "the engine is not running") from None
         if first is None:
             return Response(status_code=499)
-        return StreamingResponse(_stream(server, outputs, first, request_id), media_type=NDJSON)
+        return StreamingResponse(_stream(server, outputs, first, request_id, params.n), media_type=NDJSON)
 
     return app
 
 
-async def _stream(server: EngineServer, outputs: AsyncIterator, first, request_id: str) -> AsyncIterator[bytes]:
+async def _stream(server: EngineServer, outputs: AsyncIterator, first, request_id: str,
+                  num_choices: int) -> AsyncIterator[bytes]:
+    """Every choice's deltas, then the request's x-record after the last choice has finished."""
     output = first
     try:
         while True:
             yield _line(output_to_json(output))
-            if output.finished:
+            num_choices -= output.finished
+            if not num_choices:
                 record = server.records.pop(request_id)
                 if record is not None:
                     yield _line({"type": "record", "record": record_to_json(record)})

@@ -46,13 +46,15 @@ class AuditRecorder:
             return None
         return self.trail.append({"decision_id": str(uuid.uuid4()), "time": round(time.time(), 3), **record})
 
-    def content(self, decision, request_body: dict, response_text: str | None) -> dict | None:
+    def content(self, decision, request_body: dict, response_text: str | list[str] | None) -> dict | None:
         """The request and response as the decision allows them in a record: None unless the
-        logging content is "redacted", then with its pointers removed and detectors applied."""
+        logging content is "redacted", then with its pointers removed and detectors applied.
+        response_text: the one choice's text, or each choice's in order."""
         if decision.logging.content != "redacted" or self.redactor is None:
             return None
+        texts = [response_text] if isinstance(response_text, str) else response_text
         document = {"request": request_body,
-                    "response": {"choices": [{"text": response_text}]} if response_text is not None else {}}
+                    "response": {"choices": [{"text": text} for text in texts]} if texts is not None else {}}
         return self.redactor.redact(document, decision.logging.redact)
 
     def write_after_engine(self, backend, request_id: str, record: dict) -> asyncio.Task | None:

@@ -63,6 +63,7 @@ class TenantgateReplica:
         request = self._client.build_request("POST", GENERATE_PATH, content=body, headers=headers)
         response = None
         started = False
+        unfinished = params.n  # choices whose last delta has not come yet
         try:
             async with self._within(first_deadline, "before its first output"):
                 response = await self._client.send(request, stream=True)
@@ -78,7 +79,8 @@ class TenantgateReplica:
                 if item.get("type") != "output":
                     raise ValueError("an output line was expected")
                 output = output_from_json(item, request_id)
-                if output.finished:
+                unfinished -= output.finished
+                if not unfinished:
                     # The record follows the last delta: read it before the caller may stop reading.
                     async with self._within(deadline, "before its record"):
                         record = _parse_line(await anext(lines, None), self.name)

@@ -19,8 +19,6 @@ BYTES_PER_TOKEN_ESTIMATE = 4
 
 def unsupported(body: SamplingFields) -> None:
     """OpenAI fields the engine has no equivalent for: refused, never silently ignored."""
-    if body.n != 1:
-        raise InvalidRequest("n must be 1: this gateway returns one choice per request", param="n")
     if body.seed is not None and not 0 <= body.seed < 2**63:
         raise InvalidRequest("seed must be an integer in [0, 2**63)", param="seed")
 
@@ -43,6 +41,9 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
             if logprobs is not None:
                 raise InvalidRequest("logprobs are not available for this model", param="logprobs")
             refused = unsupported_fields(wire, [t.deployment.dialect for t in served.targets])
+            if "n" in refused:
+                raise InvalidRequest("n must be 1 for this model: its upstream deployments return one choice "
+                                     "per request here (docs/upstreams.md)", param="n")
             if refused:
                 raise InvalidRequest(f"{refused[0]} is not supported for this model", param=refused[0])
         if served.tokenizer is not None:
@@ -55,7 +56,7 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
         if not served.takes_token_ids:
             token_ids = []
     return Ask(route=route, runs_as=runs_as, request_id=request_id, model=body.model, stream=body.stream,
-               prompt_tokens=prompt_tokens, token_ids=token_ids, max_tokens=max_tokens,
+               prompt_tokens=prompt_tokens, token_ids=token_ids, max_tokens=max_tokens, n=body.n,
                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
                top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
                frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,

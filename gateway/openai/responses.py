@@ -65,3 +65,8 @@ def completion_logprobs(token_text, logprobs: list[TokenLogprobs], text_offset: 
 
 def joined(outputs: list[RequestOutput]) -> tuple[str, list[TokenLogprobs]]:
     return "".join(o.new_text for o in outputs), [lp for o in outputs for lp in o.logprobs]
+
+
+def joined_by_choice(outputs: list[RequestOutput], n: int) -> list[tuple[str, list[TokenLogprobs]]]:
+    """Each choice's text and logprobs, in choice order (joined, for n choices)."""
+    return [joined([o for o in outputs if o.index == index]) for index in range(n)]

@@ -63,7 +63,11 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
         "outcome": outcome,
     }
     if admitted.keeps_content:
-        content = gateway.audit.content(decision, admitted.ask.body, "".join(admitted.texts or ()))
+        response = "".join(admitted.texts or ())
+        if admitted.later_choice_texts:
+            later = admitted.later_choice_texts
+            response = [response, *("".join(later.get(i, ())) for i in range(1, admitted.ask.n))]
+        content = gateway.audit.content(decision, admitted.ask.body, response)
         if content is not None:
             record["content"] = content
     admitted.trace.set({

@@ -59,6 +59,7 @@ class Ask:
     prompt_tokens: int  # as the policy sees it: the prompt counted as plain text
     token_ids: list[int]  # what runs on a deployment that takes ids; [] when the model has no tokenizer here
     max_tokens: int | None  # as requested
+    n: int = 1  # choices
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -106,8 +107,10 @@ class Admitted:
     created: int = field(default_factory=lambda: int(time.time()))
     output_tokens: int = 0
     cached_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # choice 0's (the audit record's)
+    finish_reasons: dict[int, str | None] = field(default_factory=dict)  # by choice
     texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
+    later_choice_texts: dict[int, list[str]] = field(default_factory=dict)  # n > 1: choices 1.. (as texts)
     trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
 
     @property
@@ -128,7 +131,8 @@ def new_request_id(prefix: str) -> str:
 
 
 def policy_input(gateway: Gateway, principal: Principal, request: Request, *, route: str, model: str,
-                 stream: bool, prompt_tokens: int, max_tokens: int | None, temperature: float | None) -> dict:
+                 stream: bool, prompt_tokens: int, max_tokens: int | None, temperature: float | None,
+                 n: int = 1) -> dict:
     settings = gateway.settings
     document = {
         "principal": principal.policy_input(),
@@ -137,6 +141,7 @@ def policy_input(gateway: Gateway, principal: Principal, request: Request, *, ro
             "model": model,
             "stream": stream,
             "prompt_tokens": prompt_tokens,
+            "n": n,
             "temperature": 1.0 if temperature is None else temperature,
             "data_classification": request.headers.get(CLASSIFICATION_HEADER, settings.default_data_classification),
         },
@@ -219,6 +224,7 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
+            n=ask.n,
             temperature=1.0 if ask.temperature is None else ask.temperature,
             top_p=1.0 if ask.top_p is None else ask.top_p,
             top_k=max(ask.top_k or 0, 0),
@@ -238,7 +244,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
     """Judges, clamps, routes and reserves a request. The policy sees the prompt's count as plain
     text; when its decision reads special tokens, ask.special_token_ids() gives the ids that run."""
     document = policy_input(gateway, principal, request, route=ask.route, model=ask.model, stream=ask.stream,
-                            prompt_tokens=ask.prompt_tokens, max_tokens=ask.max_tokens, temperature=ask.temperature)
+                            prompt_tokens=ask.prompt_tokens, max_tokens=ask.max_tokens, temperature=ask.temperature,
+                            n=ask.n)
     judgement = None
     token_ids, prompt_tokens = ask.token_ids, ask.prompt_tokens
     # Known before the answer, so a refusal and a success alike name their audit record.
@@ -266,12 +273,17 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
             if ask.max_tokens is not None and max_tokens < ask.max_tokens:
                 add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
+            if ask.n > decision.limits.max_choices:  # fewer choices than asked would be a silent change
+                raise InvalidRequest(f"n may be at most {decision.limits.max_choices} for this tenant, "
+                                     f"got {ask.n}", param="n")
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         if not ask.embeds:
             params = _sampling_params(ask, max_tokens)
-        with trace.stage("quota", **{"tenantgate.quota.tokens": prompt_tokens + max_tokens}) as span:
-            ticket = await reserve(gateway, principal, decision, ask.request_id, prompt_tokens + max_tokens)
+        # Each choice may generate max_tokens; the prompt runs (and counts) once.
+        reserved = prompt_tokens + ask.n * max_tokens
+        with trace.stage("quota", **{"tenantgate.quota.tokens": reserved}) as span:
+            ticket = await reserve(gateway, principal, decision, ask.request_id, reserved)
             span.set_attribute("tenantgate.quota.accounted", ticket.accounted)
     except GatewayError as exc:
         judgement = judgement or getattr(exc, "judgement", None)

@@ -38,6 +38,7 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
         started = time.perf_counter()
         outputs = target.run(admitted, headers_for(span))
         sent = False
+        generated: dict[int, int] = {}  # output tokens per choice
         gateway.router.started(target)
         try:
             async for output in outputs:
@@ -48,14 +49,19 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                     gateway.router.succeeded(target)
                 if admitted.first_token_at is None and output.num_output_tokens:
                     admitted.first_token_at = time.perf_counter()
-                admitted.output_tokens = output.num_output_tokens
+                generated[output.index] = output.num_output_tokens
+                admitted.output_tokens = sum(generated.values())
                 admitted.cached_tokens = output.num_cached_tokens
                 if output.num_prompt_tokens:
                     admitted.prompt_tokens = output.num_prompt_tokens  # the deployment's own count
                 if admitted.texts is not None:
-                    admitted.texts.append(output.new_text)
+                    if output.index:
+                        admitted.later_choice_texts.setdefault(output.index, []).append(output.new_text)
+                    else:
+                        admitted.texts.append(output.new_text)
                 if output.finished:
-                    admitted.finish_reason = output.finish_reason
+                    admitted.finish_reasons[output.index] = output.finish_reason
+                    admitted.finish_reason = admitted.finish_reasons.get(0, output.finish_reason)
                 yield output
             return
         except UpstreamUnavailable as exc:

@@ -68,6 +68,7 @@ class LimitsDecision(_Strict):
     principal_requests_per_minute: NonNegativeInt
     principal_tokens_per_minute: NonNegativeInt
     concurrent_requests: NonNegativeInt
+    max_choices: NonNegativeInt  # the largest n a request may ask for
     fail_open: bool  # served, unaccounted, when the quota store is unreachable
 
 

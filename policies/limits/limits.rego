@@ -48,6 +48,10 @@ principal_tokens_per_minute := object.get(_limits, "principal_tokens_per_minute"
 
 concurrent_requests := object.get(_limits, "concurrent_requests", 64)
 
+# The most choices (n) one request may ask for; each is charged max_tokens, and all share
+# the prompt's KV. The gateway refuses a larger n with 400 rather than return fewer.
+max_choices := object.get(_limits, "max_choices", 4)
+
 # Whether the tenant is served when the quota store is unreachable (unaccounted); off unless set.
 fail_open := object.get(_limits, "fail_open", false)
 

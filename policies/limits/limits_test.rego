@@ -92,6 +92,7 @@ test_allow_principal_limits_default_to_the_tenants if {
 	l.principal_requests_per_minute == 60
 	l.principal_tokens_per_minute == 1000
 	l.concurrent_requests == 64
+	l.max_choices == 4
 	l.fail_open == false
 }
 
@@ -101,11 +102,12 @@ test_allow_tenant_sets_principal_limits_and_fail_open if {
 			"max_tokens": 10, "max_context_tokens": 100, "tokens_per_minute": 1000,
 			"requests_per_minute": 60, "kv_blocks": 8, "priority": 0,
 			"principal_requests_per_minute": 6, "principal_tokens_per_minute": 100,
-			"concurrent_requests": 2, "fail_open": true,
+			"concurrent_requests": 2, "fail_open": true, "max_choices": 1,
 		}}}
 	l.principal_requests_per_minute == 6
 	l.principal_tokens_per_minute == 100
 	l.concurrent_requests == 2
+	l.max_choices == 1
 	l.fail_open == true
 }
 

@@ -44,6 +44,7 @@ default decision := {
 		"principal_requests_per_minute": 0,
 		"principal_tokens_per_minute": 0,
 		"concurrent_requests": 0,
+		"max_choices": 0,
 		"fail_open": false,
 	},
 }
@@ -77,6 +78,7 @@ _allowed := {
 		"principal_requests_per_minute": limits.principal_requests_per_minute,
 		"principal_tokens_per_minute": limits.principal_tokens_per_minute,
 		"concurrent_requests": limits.concurrent_requests,
+		"max_choices": limits.max_choices,
 		"fail_open": limits.fail_open,
 	},
 }
@@ -102,6 +104,7 @@ _denied := {
 		"principal_requests_per_minute": 0,
 		"principal_tokens_per_minute": 0,
 		"concurrent_requests": 0,
+		"max_choices": 0,
 		"fail_open": false,
 	},
 }

@@ -120,3 +120,35 @@ async def test_a_failing_step_reaches_every_waiting_caller(async_engine) -> None
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(collect(async_engine, PROMPT, SamplingParams(max_tokens=4)), timeout=10)
     assert not async_engine.is_running
+
+
+async def test_a_stream_of_n_choices_ends_after_the_last_choice(async_engine) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=8, max_tokens=6, ignore_eos=True)
+    expected = async_engine.engine.generate([PROMPT * 4], params, envelopes=ENV)
+    deltas = await collect(async_engine, PROMPT * 4, params)
+    for exp in expected:
+        assert [t for d in deltas if d.index == exp.index for t in d.new_token_ids] == exp.token_ids
+    assert sorted(d.index for d in deltas if d.finished) == [0, 1, 2] and deltas[-1].finished
+
+
+async def test_leaving_or_aborting_a_stream_of_n_choices_frees_every_choice(async_engine) -> None:
+    engine = async_engine.engine
+    stream = async_engine.generate(PROMPT * 4, SamplingParams(n=3, max_tokens=400, ignore_eos=True),
+                                   request_id="left", envelope=ENV)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    for _ in range(200):
+        if engine.kv_stats().num_used_blocks == 0 and not engine.has_unfinished_requests():
+            break
+        await asyncio.sleep(0.01)
+    assert engine.kv_stats().num_used_blocks == 0 and not engine.has_unfinished_requests()
+    deltas = []
+    async for delta in async_engine.generate(PROMPT * 4, SamplingParams(n=2, max_tokens=400, ignore_eos=True),
+                                             request_id="x", envelope=ENV):
+        deltas.append(delta)
+        if len(deltas) == 1:
+            async_engine.abort("x")
+    aborted = sorted(d.index for d in deltas if d.finished)
+    assert aborted == [0, 1] and {d.finish_reason for d in deltas if d.finished} == {"abort"}
+    assert engine.kv_stats().num_used_blocks == 0

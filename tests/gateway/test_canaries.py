@@ -77,7 +77,7 @@ def _send_everything(base: str, token: str, c: Canaries, bad_token: str) -> list
         completion = {"model": "demo", "max_tokens": 4, "user": c["user"], "prompt": c.prompt()}
         assert client.post("/v1/completions", json=completion).status_code == 200
         # Refusals, each with canaries in the body: errors must not echo them.
-        for body in (chat | {"n": 2}, chat | {"temperature": c["invalid"]}, chat | {"model": c["invalid"]},
+        for body in (chat | {"n": 5}, chat | {"temperature": c["invalid"]}, chat | {"model": c["invalid"]},
                      chat | {"messages": [{"role": c["invalid"], "content": c.prompt()}]}):
             response = client.post("/v1/chat/completions", json=body)
             assert 400 <= response.status_code < 500

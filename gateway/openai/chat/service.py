@@ -12,7 +12,7 @@ from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest
-from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
+from gateway.openai.responses import chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import Ask, admit, new_request_id
@@ -64,31 +64,34 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
             def chunks(output) -> list[dict]:
                 out = []
                 if output.new_text or output.logprobs:
-                    choice = {"index": 0, "delta": {"content": output.new_text}, "finish_reason": None,
+                    choice = {"index": output.index, "delta": {"content": output.new_text}, "finish_reason": None,
                               "logprobs": ({"content": chat_logprobs(token_text, output.logprobs)}
                                            if logprobs is not None else None)}
                     out.append(base() | extra | {"choices": [choice]})
                 if output.finished:
-                    out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                    out.append(base() | extra | {"choices": [{"index": output.index, "delta": {}, "logprobs": None,
                                                               "finish_reason": finish_reason(output.finish_reason)}]})
                 return out
 
             def opening() -> dict:
-                return base() | extra | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}]}
+                return base() | extra | {"choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}
+                                                     for index in range(body.n)]}
 
             return await sse_response(gateway, admitted, request, chunks,
                                       (lambda: base() | {"choices": []}) if include_usage else None, opening)
 
         outputs = await collect(gateway, admitted, request)
-        text, token_logprobs = joined(outputs)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": {"content": chat_logprobs(token_text, token_logprobs),
-                         "refusal": None} if logprobs is not None else None,
-            "finish_reason": finish_reason(admitted.finish_reason),
-        }
-        body_out = base() | {"object": "chat.completion", "choices": [choice], "usage": usage(admitted)}
+        choices = [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": {"content": chat_logprobs(token_text, token_logprobs),
+                             "refusal": None} if logprobs is not None else None,
+                "finish_reason": finish_reason(admitted.finish_reasons.get(index)),
+            }
+            for index, (text, token_logprobs) in enumerate(joined_by_choice(outputs, body.n))
+        ]
+        body_out = base() | {"object": "chat.completion", "choices": choices, "usage": usage(admitted)}
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(body_out, headers={"X-Request-Id": request_id})

@@ -11,7 +11,7 @@ from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
 from gateway.openai.completions.protocol import CompletionRequest
-from gateway.openai.responses import completion_logprobs, finish_reason, joined, system_fingerprint, usage
+from gateway.openai.responses import completion_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import admit, new_request_id
@@ -55,26 +55,27 @@ async def create_completion(gateway: Gateway, principal: Principal, body: Comple
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             extra = {"usage": None} if include_usage else {}
-            offset = [0]
+            offsets = [0] * body.n  # each choice's text so far
 
             def chunks(output) -> list[dict]:
                 if not (output.new_text or output.logprobs or output.finished):
                     return []
                 logprobs = None
                 if body.logprobs is not None:
-                    logprobs = completion_logprobs(token_text, output.logprobs, offset[0])
-                offset[0] += len(output.new_text)
-                return [base() | extra | {"choices": [{"index": 0, "text": output.new_text, "logprobs": logprobs,
+                    logprobs = completion_logprobs(token_text, output.logprobs, offsets[output.index])
+                offsets[output.index] += len(output.new_text)
+                return [base() | extra | {"choices": [{"index": output.index, "text": output.new_text,
+                                                       "logprobs": logprobs,
                                                        "finish_reason": finish_reason(output.finish_reason)}]}]
 
             return await sse_response(gateway, admitted, request, chunks,
                                       (lambda: base() | {"choices": []}) if include_usage else None)
 
         outputs = await collect(gateway, admitted, request)
-        text, token_logprobs = joined(outputs)
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason(admitted.finish_reason),
-                  "logprobs": completion_logprobs(token_text, token_logprobs, 0)
-                  if body.logprobs is not None else None}
+        choices = [{"index": index, "text": text, "finish_reason": finish_reason(admitted.finish_reasons.get(index)),
+                    "logprobs": completion_logprobs(token_text, token_logprobs, 0)
+                    if body.logprobs is not None else None}
+                   for index, (text, token_logprobs) in enumerate(joined_by_choice(outputs, body.n))]
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
-        return JSONResponse(base() | {"choices": [choice], "usage": usage(admitted)},
+        return JSONResponse(base() | {"choices": choices, "usage": usage(admitted)},
                             headers={"X-Request-Id": request_id})

@@ -126,7 +126,7 @@ def test_unknown_model_is_404(gateway) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 5}, "n"),  # over the policy's max_choices
         ({"temperature": 3}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"presence_penalty": 2.5}, "presence_penalty"),

@@ -123,6 +123,23 @@ def test_a_namespace_stays_on_one_replica_and_hits_its_prefix_cache(running: Clu
     assert len({record["deployment"] for record in running.records(*theirs).values()}) == 1
 
 
+def test_n_choices_pass_through_a_replica_with_its_shared_prefix_in_the_record(running: Cluster) -> None:
+    client = running.client(ALPHA)
+    whole = client.chat.completions.create(model="demo", messages=messages("Notes, the choices item."), n=3,
+                                           max_tokens=4, temperature=1.0, seed=2)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    stream = list(client.chat.completions.create(model="demo", messages=messages("Notes, the stream item."), n=2,
+                                                 max_tokens=4, temperature=1.0, seed=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    finished = {c.index for chunk in stream for c in chunk.choices if c.finish_reason is not None}
+    assert finished == {0, 1} and stream[-1].usage is not None
+    records = running.records(whole, stream[-1])
+    for reply, n in ((whole, 3), (stream[-1], 2)):
+        engine = records[reply.id]["engine"]  # the replica's x-record, after the last choice's delta
+        assert engine["choices"] == n and engine["shared_prefix_blocks"] >= 2
+        assert reply.usage.completion_tokens == engine["output_tokens"]
+
+
 def test_the_models_list_shows_the_remote_model(running: Cluster) -> None:
     assert [m.id for m in running.client(ALPHA).models.list()] == ["demo"]
 

@@ -1,7 +1,8 @@
 """The sampling fields through an OpenAI-compatible deployment, end to end: the openai SDK over
 real HTTP to the gateway, the gateway over real HTTP to a scripted upstream that records what it
 got. Penalties and logit_bias reach every dialect as sent; top_k and min_p reach vLLM and are
-refused with a 400 naming the field for a model served by Azure OpenAI (which has neither)."""
+refused with a 400 naming the field for a model served by Azure OpenAI (which has neither); n > 1 is
+refused for every dialect."""
 
 from __future__ import annotations
 
@@ -78,3 +79,13 @@ def test_a_response_reaches_the_upstream_as_the_chat_request_it_runs_as(upstream
     assert whole["json"]["messages"] == [{"role": "system", "content": "Be brief."}, *CHAT]
     assert streamed["json"]["messages"] == CHAT and streamed["json"]["stream"] is True
     assert "input" not in whole["json"] and "instructions" not in whole["json"]
+
+
+def test_n_over_one_is_refused_for_an_upstream_naming_n(upstream) -> None:
+    # The upstream client reads one choice back; several would be merged or lost, so they are refused.
+    dialect, fake, client = upstream
+    fake.received.clear()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, n=2)
+    assert refused.value.body["param"] == "n" and "upstream" in refused.value.body["message"]
+    assert fake.received == []
