@@ -152,6 +152,30 @@ resource "azurerm_private_endpoint" "grafana" {
   }
 }
 
+# -- The dashboard ----------------------------------------------------------------------------
+
+# The chart's dashboard, the file Grafana's sidecar loads in a cluster: one file, so Managed
+# Grafana shows what the chart ships. No Azure resource holds a dashboard, so it goes through
+# Grafana's API on the private endpoint (grafana_dashboard_enabled, docs/deploy.md). Its data
+# source is a variable: the Azure Monitor workspace integration's Prometheus is one choice.
+resource "grafana_folder" "tenantgate" {
+  count = var.grafana_dashboard_enabled ? 1 : 0
+
+  uid   = "tenantgate"
+  title = "tenantgate"
+
+  depends_on = [azurerm_private_endpoint.grafana, azurerm_role_assignment.grafana_admins]
+}
+
+resource "grafana_dashboard" "tenantgate" {
+  count = var.grafana_dashboard_enabled ? 1 : 0
+
+  folder      = grafana_folder.tenantgate[0].uid
+  config_json = file("${path.module}/../helm/tenantgate/files/dashboard.json")
+  # The file is the source: an edit made in Grafana is replaced at the next apply.
+  overwrite = true
+}
+
 # -- Prometheus alert rules ---------------------------------------------------------------------
 
 locals {
@@ -184,10 +208,10 @@ resource "azurerm_monitor_alert_prometheus_rule_group" "tenantgate" {
   dynamic "rule" {
     for_each = local.prometheus_alerts
     content {
-      alert      = rule.value.alert
-      enabled    = true
-      expression = rule.value.expr
-      severity   = local.prometheus_alert_severity[rule.value.labels.severity]
+      alert       = rule.value.alert
+      enabled     = true
+      expression  = rule.value.expr
+      severity    = local.prometheus_alert_severity[rule.value.labels.severity]
       labels      = rule.value.labels
       annotations = rule.value.annotations
       alert_resolution {

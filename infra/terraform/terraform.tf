@@ -8,5 +8,12 @@ terraform {
       source  = "hashicorp/azurerm"
       version = ">= 4.60, < 5.0"
     }
+    # Grafana's own API, for the dashboard in Managed Grafana (grafana_dashboard_enabled); the
+    # root module configures it (the examples do). 3.x and 4.x have the folder and dashboard
+    # resources used here.
+    grafana = {
+      source  = "grafana/grafana"
+      version = ">= 3.0, < 5.0"
+    }
   }
 }

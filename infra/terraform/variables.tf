@@ -271,3 +271,17 @@ variable "customer_managed_key_enabled" {
   default     = false
   nullable    = false
 }
+
+variable "grafana_dashboard_enabled" {
+  type        = bool
+  description = <<-EOT
+    Whether the chart's dashboard (infra/helm/tenantgate/files/dashboard.json) is written into
+    Managed Grafana, in a folder `tenantgate`, through Grafana's own API with the root module's
+    `grafana` provider. Off by default: Grafana has no public endpoint, so only an apply from
+    inside the network can reach it (a runner in a stamp's hub or spoke, or a network that
+    resolves through the hub firewall's DNS proxy), after the first apply has created Grafana
+    and its private endpoints. The identity that runs the apply needs Grafana Editor or Admin.
+  EOT
+  default     = false
+  nullable    = false
+}

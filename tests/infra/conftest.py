@@ -132,7 +132,7 @@ RENDER_MODES = {
     "upstreams": ("--values", str(UPSTREAMS_VALUES)),
     # What docs/deploy.md step 4 installs.
     "production": ("--values", str(PRODUCTION_VALUES)),
-    # Remote engines with PodMonitors, the PrometheusRule and the dashboard ConfigMap.
+    # Remote engines with PodMonitors, the PrometheusRule, the dashboard ConfigMap and traces.
     "monitoring": ("--values", str(MONITORING_VALUES)),
 }
 

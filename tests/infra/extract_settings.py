@@ -6,11 +6,14 @@ the project's environment):
     .venv-infra/bin/python tests/infra/extract_settings.py terraform infra/terraform
     .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
     .venv-infra/bin/python tests/infra/extract_settings.py examples infra/terraform
+    .venv-infra/bin/python tests/infra/extract_settings.py grafana infra/terraform
 
 It prints one JSON document with the same keys for both languages, so a test can compare them
 setting by setting. Each extractor knows its language's attribute names and nothing else; a
 setting that cannot be found comes out as null, which never equals the other side's value.
-`examples` lists each Terraform example's stamps and the resources made once per stamp.
+`examples` lists each Terraform example's stamps and the resources made once per stamp;
+`grafana` the dashboard the Terraform writes into Managed Grafana (the Bicep cannot: see
+docs/deploy.md), so it is not part of the comparison.
 Exit status 2 on a parse error (the message names the file).
 """
 
@@ -106,6 +109,8 @@ class Terraform:
         self.locals: dict[str, Any] = {}
         self.variables: dict[str, dict] = {}
         self.modules: dict[str, dict] = {}
+        self.providers: dict[str, dict] = {}
+        self.required_providers: dict[str, dict] = {}
         for path in sorted(root.glob("*.tf")):
             try:
                 with path.open(encoding="utf-8") as handle:
@@ -121,6 +126,11 @@ class Terraform:
                 self.variables.update(block)
             for block in document.get("module", []):
                 self.modules.update(block)
+            for block in document.get("provider", []):
+                self.providers.update(block)
+            for block in document.get("terraform", []):
+                for required in block.get("required_providers", []):
+                    self.required_providers.update(required)
 
     def one(self, kind: str, name: str = "this") -> dict:
         return self.resources.get(kind, {}).get(name, {})
@@ -450,6 +460,42 @@ def extract_examples(root: Path) -> dict[str, Any]:
     for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
         examples[example.name] = sorted(Terraform(example).modules.get("tenantgate", {}).get("stamps", {}))
     return {"per_stamp_resources": sorted(per_stamp), "single_resources": sorted(once), "examples": examples}
+
+
+TERRAFORM_FILE = re.compile(r'\$\{file\("\$\{path\.module\}/([^"]+)"\)\}')
+
+
+def extract_grafana(root: Path) -> dict[str, Any]:
+    """The dashboard the module writes into Managed Grafana (grafana_dashboard_enabled): the file
+    it reads, relative to the repository, its folder, whether it is on by default, whether it
+    waits for Grafana's private endpoints; and the grafana provider each example configures."""
+    tf = Terraform(root)
+    folder = tf.one("grafana_folder", "tenantgate")
+    dashboard = tf.one("grafana_dashboard", "tenantgate")
+    source = TERRAFORM_FILE.fullmatch(str(dashboard.get("config_json")))
+    repository = Path(__file__).resolve().parents[2]
+    enabled = "${var.grafana_dashboard_enabled ? 1 : 0}"
+    examples = {}
+    for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
+        configured = Terraform(example)
+        examples[example.name] = {
+            "provider": configured.required_providers.get("grafana"),
+            "url": configured.providers.get("grafana", {}).get("url"),
+            # The token comes from GRAFANA_AUTH, never from the configuration.
+            "auth_in_configuration": "auth" in configured.providers.get("grafana", {}),
+            "enabled": configured.modules.get("tenantgate", {}).get("grafana_dashboard_enabled"),
+        }
+    return {
+        "dashboard_file": str((root / source.group(1)).resolve().relative_to(repository)) if source else None,
+        "folder": [folder.get("uid"), folder.get("title")],
+        "dashboard_in_folder": dashboard.get("folder") == "${grafana_folder.tenantgate[0].uid}",
+        "overwrite": dashboard.get("overwrite"),
+        "only_when_enabled": folder.get("count") == dashboard.get("count") == enabled,
+        "enabled_by_default": tf.variables.get("grafana_dashboard_enabled", {}).get("default"),
+        "waits_for_private_endpoints": _waits_for(tf, "grafana_folder.tenantgate", "azurerm_private_endpoint"),
+        "provider": tf.required_providers.get("grafana"),
+        "examples": examples,
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -831,9 +877,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples}
+    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples, "grafana": extract_grafana}
     if len(argv) != 3 or argv[1] not in extractors:
-        print("usage: extract_settings.py terraform|bicep|examples DIR", file=sys.stderr)
+        print("usage: extract_settings.py terraform|bicep|examples|grafana DIR", file=sys.stderr)
         return 2
     extract = extractors[argv[1]]
     try:

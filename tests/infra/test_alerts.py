@@ -261,6 +261,35 @@ def test_landing_zone_alerts_are_the_shipped_rules(tools: Tools, language: str) 
     )
 
 
+def test_landing_zone_grafana_gets_the_charts_dashboard(tools: Tools) -> None:
+    # No Azure resource holds a dashboard in Managed Grafana: the Terraform writes the chart's file
+    # through Grafana's API, only when asked (Grafana is reachable from inside the network only),
+    # with the token from the environment. The Bicep cannot; docs/deploy.md gives its step.
+    settings = extract_settings(tools, "grafana", INFRA / "terraform")
+    assert settings.pop("dashboard_file") == str(DASHBOARD.relative_to(REPO))
+    provider = {"source": "grafana/grafana", "version": ">= 3.0, < 5.0"}
+    example = {"provider": provider, "url": "${module.tenantgate.grafana_endpoint}", "auth_in_configuration": False, "enabled": False}
+    assert settings == {
+        "folder": ["tenantgate", "tenantgate"],
+        "dashboard_in_folder": True,
+        "overwrite": True,
+        "only_when_enabled": True,
+        "enabled_by_default": False,
+        "waits_for_private_endpoints": True,
+        "provider": provider,
+        "examples": {"single-region": example, "two-region": example},
+    }
+
+
+def test_bicep_deployments_import_the_same_dashboard_into_the_same_folder() -> None:
+    steps = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    imported = re.search(r"az grafana dashboard import (.+?)(?:\n\s*\n|```)", steps, re.DOTALL)
+    assert imported, "docs/deploy.md has no az grafana dashboard import step"
+    command = imported.group(1).replace("\\\n", " ")
+    assert f"--definition {DASHBOARD.relative_to(REPO)}" in command
+    assert "--folder tenantgate" in command and "--overwrite true" in command
+
+
 # -- the chart --------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gateway.deployments.config import parse_deployments
+from gateway.tracing import tracer_provider
 from tests.infra.conftest import (
     CHART,
     INFRA,
@@ -44,7 +45,7 @@ def _containers(objects: list[dict]) -> list[dict]:
 
 
 def _env(container: dict) -> dict[str, str | None]:
-    return {item["name"]: item.get("value") for item in container["env"]}
+    return {item["name"]: item.get("value") for item in container.get("env", [])}
 
 
 @pytest.mark.parametrize("mode", list(RENDER_MODES))
@@ -170,6 +171,59 @@ def test_network_policies_deny_by_default_and_allow_only_the_gateway_paths(rende
     assert "engine-ingress" not in {
         o["metadata"]["name"].removeprefix("tg-tenantgate-") for o in _objects(rendered_manifests["embedded"]) if o["kind"] == "NetworkPolicy"
     }
+
+
+def _gateway_egress_to(objects: list[dict], namespace: str) -> list[dict]:
+    egress = _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"]
+    return [rule for rule in egress if any(
+        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": namespace} for peer in rule["to"])]
+
+
+@pytest.mark.parametrize("mode", [mode for mode in RENDER_MODES if mode != "monitoring"])
+def test_traces_are_off_by_default_and_no_collector_is_reachable(mode: str, rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests[mode])
+    assert not [name for container in _containers(objects) for name in _env(container) if name.startswith("OTEL_")], mode
+    assert not _gateway_egress_to(objects, "observability"), mode
+    ports = {port["port"] for rule in _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"] for port in rule["ports"]}
+    assert 4318 not in ports, mode
+
+
+def test_tracing_sets_the_otel_variables_and_opens_only_the_collector(
+    rendered_manifests: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = _objects(rendered_manifests["monitoring"])  # tracing on, tests/infra/values/monitoring.yaml
+    gateway = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
+    otel = {name: value for name, value in _env(gateway).items() if name.startswith("OTEL_")}
+    assert otel == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability.svc.cluster.local:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "tenantgate",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=production,service.namespace=tenantgate",
+    }
+    # Engines export no spans of their own, so they get no OTEL_* and no way out.
+    engine = _one(objects, "StatefulSet", "-engine")["spec"]["template"]["spec"]["containers"][0]
+    assert not [name for name in _env(engine) if name.startswith("OTEL_")]
+    assert _gateway_egress_to(objects, "observability") == [{
+        "to": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "opentelemetry-collector"}},
+        }],
+        "ports": [{"port": 4318, "protocol": "TCP"}],
+    }]  # fmt: skip
+
+    # The gateway reads what the chart rendered as the tracing it means.
+    for name, value in otel.items():
+        monkeypatch.setenv(name, value)
+    provider = tracer_provider()
+    assert provider is not None
+    try:
+        attributes = provider.resource.attributes
+        assert (attributes["service.name"], attributes["deployment.environment.name"]) == ("tenantgate", "production")
+        assert "TraceIdRatioBased{0.25}" in provider.sampler.get_description()
+    finally:
+        provider.shutdown()
 
 
 def test_gateway_scales_and_survives_disruption(rendered_manifests: dict[str, Path]) -> None:
@@ -362,6 +416,10 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "gateway.settings.authority=http://login.example"), "/gateway/settings/authority"),
         (("--set", "gateway.settings.redisEntra=null"), "redisEntra"),
         (("--set", "ingress.keyVaultCertificateName="), "/ingress/keyVaultCertificateName"),
+        # OTLP over gRPC is refused by the gateway at start-up; the chart refuses it first.
+        (("--set", "tracing.enabled=true", "--set", "tracing.endpoint=grpc://otel-collector:4317"), "/tracing/endpoint"),
+        (("--set", "tracing.sampler=jaeger_remote"), "/tracing/sampler"),
+        (("--set", "tracing.samplerArg=ten"), "/tracing/samplerArg"),
     ],
 )
 def test_chart_refuses_unsafe_or_incomplete_values(tools: Tools, values: tuple[str, ...], message: str) -> None:

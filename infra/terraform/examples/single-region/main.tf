@@ -7,6 +7,10 @@ terraform {
       source  = "hashicorp/azurerm"
       version = ">= 4.60, < 5.0"
     }
+    grafana = {
+      source  = "grafana/grafana"
+      version = ">= 3.0, < 5.0"
+    }
   }
 }
 
@@ -21,6 +25,13 @@ provider "azurerm" {
   storage_use_azuread = true
 }
 
+# Grafana's API, for the dashboard (grafana_dashboard_enabled). It takes an Entra ID access token
+# for Managed Grafana from GRAFANA_AUTH, got by the identity that applies (Grafana Editor or Admin):
+#   export GRAFANA_AUTH="$(az account get-access-token --resource https://dashboard.azure.com --query accessToken -o tsv)"
+provider "grafana" {
+  url = module.tenantgate.grafana_endpoint
+}
+
 module "tenantgate" {
   source = "../../"
 
@@ -33,6 +44,9 @@ module "tenantgate" {
       address_space = "10.10.0.0/16"
     }
   }
+
+  # Once Grafana and its private endpoints exist, apply with true from inside the network.
+  grafana_dashboard_enabled = false
 
   aks_admin_group_object_ids = ["00000000-0000-0000-0000-000000000001"]
 

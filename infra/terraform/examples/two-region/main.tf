@@ -9,6 +9,10 @@ terraform {
       source  = "hashicorp/azurerm"
       version = ">= 4.60, < 5.0"
     }
+    grafana = {
+      source  = "grafana/grafana"
+      version = ">= 3.0, < 5.0"
+    }
   }
 }
 
@@ -21,6 +25,13 @@ provider "azurerm" {
     }
   }
   storage_use_azuread = true
+}
+
+# Grafana's API, for the dashboard (grafana_dashboard_enabled). It takes an Entra ID access token
+# for Managed Grafana from GRAFANA_AUTH, got by the identity that applies (Grafana Editor or Admin):
+#   export GRAFANA_AUTH="$(az account get-access-token --resource https://dashboard.azure.com --query accessToken -o tsv)"
+provider "grafana" {
+  url = module.tenantgate.grafana_endpoint
 }
 
 module "tenantgate" {
@@ -54,6 +65,9 @@ module "tenantgate" {
     max_count    = 8
     gpu_instance = "MIG1g"
   }
+
+  # Once Grafana and its private endpoints exist, apply with true from inside the network.
+  grafana_dashboard_enabled = false
 
   aks_admin_group_object_ids = ["00000000-0000-0000-0000-000000000001"]
 
