@@ -1,0 +1,160 @@
+"""Cases for the Triton paged-attention kernel, run by tests/engine/test_triton_attention.py in a
+child process whose environment sets TRITON_INTERPRET=1 (see there why).
+
+Both sides read the same paged KV pool in float32: the reference (engine/model/attention.py)
+gathers each context through its block table and runs scaled_dot_product_attention; the
+kernel loads the slots in place and runs an online softmax 32 keys at a time. The
+summation orders differ, so outputs agree to rounding: atol=rtol=1e-5 (the largest
+difference measured on these shapes is 4.8e-7, for outputs up to magnitude 3).
+
+Every block table here has holes and runs out of order (random block ids from a larger
+pool), and the first two sequences share their leading prefix blocks, as prefix-cache
+hits do.
+
+`python -m tests.utils.triton_cases` prints one JSON line per case: {"case", "error"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Callable
+
+import torch
+
+from engine.model.attention import AttentionMetadata, PrefillSpan, build_mask, paged_attention
+
+ATOL = RTOL = 1e-5
+NUM_BLOCKS = 48
+HEAD_DIM = 24  # not a power of two: the kernel pads it to 32 and masks the rest
+SCALE = HEAD_DIM**-0.5
+GQA = {"1:1": (2, 2), "3:1": (6, 2), "4:1": (4, 1)}  # (query heads, KV heads)
+WINDOWS = {"full": None, "window20": 20}
+
+
+class Step:
+    """One step's sequences, (cached tokens, new tokens) each, over a random paged pool."""
+
+    def __init__(self, lengths, num_heads, num_kv_heads, block_size, seed=0, shared_blocks=1):
+        g = torch.Generator().manual_seed(seed)
+        self.lengths, self.block_size = lengths, block_size
+        shape = (NUM_BLOCKS, block_size, num_kv_heads, HEAD_DIM)
+        self.k_cache, self.v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        total = sum(new for _, new in lengths)
+        self.q = torch.randn(total, num_heads, HEAD_DIM, generator=g)
+        self.k = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g)
+        self.v = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g)
+        free = torch.randperm(NUM_BLOCKS, generator=g).tolist()
+        self.tables: list[list[int]] = []
+        for i, (cached, new) in enumerate(lengths):
+            needed = -(-(cached + new) // block_size)
+            table = self.tables[0][:shared_blocks] if i == 1 else []
+            self.tables.append(table + [free.pop() for _ in range(needed - len(table))])
+        if len(lengths) > 1 and min(lengths[0][0], lengths[1][0]) < shared_blocks * block_size:
+            raise ValueError("shared prefix blocks must be cached by both sequences")
+
+    def reference(self, window: int | None) -> torch.Tensor:
+        """The engine's torch attention, which also writes the new K/V into the pool."""
+        bs, slots, prefills = self.block_size, [], []
+        decode_rows, decode_tables, decode_lens = [], [], []
+        for (cached, new), table in zip(self.lengths, self.tables):
+            row, end = len(slots), cached + new
+            slots += [table[p // bs] * bs + p % bs for p in range(cached, end)]
+            if new == 1:
+                decode_rows.append(row)
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                mask = build_mask(torch.arange(cached, end), torch.arange(end), window)
+                prefills.append(PrefillSpan(row, row + new, end, torch.tensor(table), mask))
+        meta = AttentionMetadata(torch.tensor(slots), None, None, None, prefills)
+        if decode_rows:
+            width = max(len(t) for t in decode_tables)
+            meta.decode_rows = torch.tensor(decode_rows)
+            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables])
+            lengths = torch.tensor(decode_lens)[:, None]
+            keys = torch.arange(width * bs)[None, :]
+            mask = keys < lengths
+            if window is not None:
+                mask &= lengths - 1 - keys < window
+            meta.decode_mask = mask[:, None, None, :]
+        return paged_attention(self.q, self.k, self.v, self.k_cache, self.v_cache, meta, SCALE)
+
+    def block_tables(self) -> torch.Tensor:
+        """Padded with the pool's last block id: the kernel must never read past a context."""
+        width = max(len(t) for t in self.tables)
+        return torch.tensor([t + [NUM_BLOCKS - 1] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+
+    def context_lens(self) -> torch.Tensor:
+        return torch.tensor([c + n for c, n in self.lengths], dtype=torch.int32)
+
+    def cu_seqlens(self) -> torch.Tensor:
+        return torch.tensor([0] + [n for _, n in self.lengths]).cumsum(0).to(torch.int32)
+
+
+def decode(kernels, gqa: str, window: int | None) -> None:
+    step = Step([(40, 1), (37, 1), (5, 1), (70, 1)], *GQA[gqa], block_size=16)
+    expected = step.reference(window)
+    got = kernels.decode_attention(step.q, step.k_cache, step.v_cache, step.block_tables(), step.context_lens(),
+                                   SCALE, window)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
+
+
+def extend(kernels, gqa: str, window: int | None) -> None:
+    # A cached prefix with new tokens, a shared-prefix neighbour, a fresh prompt, a prompt
+    # longer than one query tile; block size 8, so one 32-key tile spans four blocks.
+    step = Step([(24, 9), (19, 20), (0, 13), (3, 70)], *GQA[gqa], block_size=8, shared_blocks=2)
+    expected = step.reference(window)
+    got = kernels.extend_attention(step.q, step.k_cache, step.v_cache, step.cu_seqlens(), step.block_tables(),
+                                   step.context_lens(), 70, SCALE, window)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
+
+
+def mixed_step(kernels) -> None:
+    """Decodes and a chunk at any rows of the step, as the model runner lays them out; no other row written."""
+    step = Step([(33, 1), (40, 6), (2, 1)], *GQA["3:1"], block_size=16)
+    expected = step.reference(None)
+    rows = torch.tensor([0, 1, 7], dtype=torch.int32)
+    lens = torch.tensor([1, 6, 1], dtype=torch.int32)
+    out = torch.full_like(step.q, float("nan"))
+    kernels.paged_attention(step.q, step.k_cache, step.v_cache, out, rows, lens, step.context_lens(),
+                            step.block_tables(), 6, SCALE, None)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
+
+
+def decode_batch_invariant(kernels) -> None:
+    """The same query over the same blocks gets the same bits alone or in a batch of others."""
+    step = Step([(52, 1), (30, 1), (9, 1)], *GQA["4:1"], block_size=16)
+    step.reference(None)  # writes the new K/V
+    tables, lens = step.block_tables(), step.context_lens()
+    batch = kernels.decode_attention(step.q, step.k_cache, step.v_cache, tables, lens, SCALE)
+    alone = kernels.decode_attention(step.q[:1], step.k_cache, step.v_cache, tables[:1, :4], lens[:1], SCALE)
+    if not torch.equal(batch[:1], alone):
+        raise AssertionError("a decode's output changed with the batch beside it")
+
+
+CASES: dict[str, Callable] = {
+    **{f"decode-{g}-{w}": (lambda k, g=g, w=w: decode(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
+    **{f"extend-{g}-{w}": (lambda k, g=g, w=w: extend(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
+    "mixed-step": mixed_step,
+    "decode-batch-invariant": decode_batch_invariant,
+}
+
+
+def main() -> None:
+    from engine.model import triton_attention as kernels
+
+    if type(kernels._paged_attention_kernel).__name__ != "InterpretedFunction":
+        raise SystemExit("run with TRITON_INTERPRET=1: the kernel was compiled for a GPU, not interpreted")
+    for name, case in CASES.items():
+        try:
+            case(kernels)
+            error = None
+        except Exception:  # reported to the parent test, which fails on it
+            error = traceback.format_exc(limit=-3)
+        print(json.dumps({"case": name, "error": error}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
