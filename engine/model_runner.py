@@ -115,7 +115,10 @@ class ModelRunner:
     ) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self._cuda = self.device.type == "cuda"  # the Triton kernel, pinned transfers, CUDA graphs
+        self._cuda = self.device.type == "cuda"  # pinned transfers, CUDA graphs
+        # Attention by the Triton kernel over the pool in place (tests turn it on for CPU tensors
+        # under Triton's interpreter).
+        self.paged_kernel = self._cuda
         self._config = config
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -236,8 +239,7 @@ class ModelRunner:
         width = max(-(-n // self.block_size) for n in context_lens)
         flat = [block for table, n in zip(tables, context_lens)
                 for block in table[: -(-n // self.block_size)] + [0] * (width - -(-n // self.block_size))]
-        host = torch.tensor([q_start, q_len, context_lens], dtype=torch.int32, pin_memory=True)
-        meta = host.to(self.device, non_blocking=True)
+        meta = self._tensor([q_start, q_len, context_lens], torch.int32)
         block_tables = self._tensor(flat, torch.int32).view(len(q_start), width)
         return PagedLaunch(meta[0], meta[1], meta[2], block_tables, max(q_len), self.sliding_window)
 
@@ -307,7 +309,7 @@ class ModelRunner:
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device
         invariant = batch.deterministic  # the fixed-shape path of model/invariant.py
-        paged = self._cuda and not invariant  # the Triton kernel reads the pool in place: no masks, no padding
+        paged = self.paged_kernel and not invariant  # the Triton kernel reads the pool in place: no masks, no padding
         chunks: tuple[list[int], list[int], list[int], list[list[int]]] = ([], [], [], [])  # its prefill launch
         input_ids: list[int] = []
         positions: list[int] = []

@@ -134,11 +134,46 @@ def decode_batch_invariant(kernels) -> None:
         raise AssertionError("a decode's output changed with the batch beside it")
 
 
+def engine_paged_path(kernels) -> None:
+    """The model runner's kernel path (its launches and block tables, as on CUDA) gives the
+    torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix."""
+    import tempfile
+    from pathlib import Path
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from tests.utils.checkpoints import write_checkpoint
+    from tests.utils.envelopes import envelope
+
+    rng = torch.Generator().manual_seed(3)
+    prefix = torch.randint(2, 500, (21,), generator=rng).tolist()
+    rounds = [[prefix + [7, 8]], [prefix + [9], torch.randint(2, 500, (45,), generator=rng).tolist(), [5, 6, 7]]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, keep_logits=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_checkpoint(Path(tmp), "llama", seed=1)
+        runs = []
+        for paged in (False, True):
+            engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu", block_size=8,
+                                            kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32))
+            engine.runner.paged_kernel = paged
+            env = envelope()
+            runs.append([r for prompts in rounds for r in engine.generate(prompts, params, env)])
+    torch_run, kernel_run = runs
+    if not any(r.num_cached_tokens for r in kernel_run):
+        raise AssertionError("no prefix-cache hit: the case does not cover a cached prefix")
+    for expected, got in zip(torch_run, kernel_run):
+        if got.token_ids != expected.token_ids:
+            raise AssertionError(f"greedy tokens differ: {got.token_ids} != {expected.token_ids}")
+        torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=1e-4, rtol=0)
+
+
 CASES: dict[str, Callable] = {
     **{f"decode-{g}-{w}": (lambda k, g=g, w=w: decode(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
     **{f"extend-{g}-{w}": (lambda k, g=g, w=w: extend(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
     "mixed-step": mixed_step,
     "decode-batch-invariant": decode_batch_invariant,
+    "engine-paged-path": engine_paged_path,
 }
 
 
