@@ -122,6 +122,8 @@ class ModelRunner:
         self._config = config
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if self._cuda:
+            torch.cuda.set_device(self.device)  # graphs capture on the current device
         if self.device.type == "cpu" and not keep_cpu_memory_mapped():
             logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size

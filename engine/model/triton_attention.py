@@ -41,6 +41,7 @@ def _paged_attention_kernel(
     scale,
     WINDOW: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -82,7 +83,7 @@ def _paged_attention_kernel(
             k = tl.load(K_cache + offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V_cache + offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
 
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
             if WINDOW > 0:
                 visible = visible & (position[:, None] - keys[None, :] < WINDOW)
@@ -92,7 +93,7 @@ def _paged_attention_kernel(
             p = tl.exp(scores - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -135,6 +136,8 @@ def paged_attention(
         WINDOW=sliding_window or 0, PAGE_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad,
         HEAD_DIM=head_dim, HEAD_PAD=max(triton.next_power_of_2(head_dim), MIN_DOT_ROWS),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        # float32 caches multiply in full float32 (a GPU would round to TF32); 16-bit ones on tensor cores
+        PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
     )
     return out
 

@@ -11,7 +11,8 @@ Every block table here has holes and runs out of order (random block ids from a 
 pool), and the first two sequences share their leading prefix blocks, as prefix-cache
 hits do.
 
-`python -m tests.utils.triton_cases` prints one JSON line per case: {"case", "error"}.
+`python -m tests.utils.triton_cases CHECKPOINT` prints one JSON line per case: {"case", "error"}
+(CHECKPOINT: a small Llama checkpoint directory, for the engine-level case).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -111,6 +113,19 @@ def extend(kernels, gqa: str, window: int | None) -> None:
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
 
 
+def extend_bfloat16(kernels) -> None:
+    """bfloat16 pool and queries, the CUDA default: tensor-core dots, probabilities rounded to
+    bfloat16 for P·V, so agreement is to bfloat16 rounding: atol=rtol=2e-2 (measured 7.8e-3, one
+    bfloat16 step at magnitude 2)."""
+    step = Step([(24, 9), (17, 1), (3, 40)], *GQA["3:1"], block_size=16)
+    for name in ("k_cache", "v_cache", "q", "k", "v"):
+        setattr(step, name, getattr(step, name).to(torch.bfloat16))
+    expected = step.reference(20)
+    got = kernels.extend_attention(step.q, step.k_cache, step.v_cache, step.cu_seqlens(), step.block_tables(),
+                                   step.context_lens(), 40, SCALE, 20)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
 def mixed_step(kernels) -> None:
     """Decodes and a chunk at any rows of the step, as the model runner lays them out; no other row written."""
     step = Step([(33, 1), (40, 6), (2, 1)], *GQA["3:1"], block_size=16)
@@ -134,31 +149,24 @@ def decode_batch_invariant(kernels) -> None:
         raise AssertionError("a decode's output changed with the batch beside it")
 
 
-def engine_paged_path(kernels) -> None:
+def engine_paged_path(kernels, checkpoint: Path) -> None:
     """The model runner's kernel path (its launches and block tables, as on CUDA) gives the
     torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix."""
-    import tempfile
-    from pathlib import Path
-
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
-    from tests.utils.checkpoints import write_checkpoint
     from tests.utils.envelopes import envelope
 
     rng = torch.Generator().manual_seed(3)
     prefix = torch.randint(2, 500, (21,), generator=rng).tolist()
-    rounds = [[prefix + [7, 8]], [prefix + [9], torch.randint(2, 500, (45,), generator=rng).tolist(), [5, 6, 7]]]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, keep_logits=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_checkpoint(Path(tmp), "llama", seed=1)
-        runs = []
-        for paged in (False, True):
-            engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu", block_size=8,
-                                            kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32))
-            engine.runner.paged_kernel = paged
-            env = envelope()
-            runs.append([r for prompts in rounds for r in engine.generate(prompts, params, env)])
+    rounds = [[prefix + [7, 8]], [prefix + [9], torch.randint(2, 500, (40,), generator=rng).tolist(), [5, 6, 7]]]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, keep_logits=True)
+    runs = []
+    for paged in (False, True):
+        engine = LLMEngine(EngineConfig(model=str(checkpoint), dtype="float32", device="cpu", block_size=8,
+                                        kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32))
+        engine.runner.paged_kernel = paged
+        runs.append([r for prompts in rounds for r in engine.generate(prompts, params, envelope())])
     torch_run, kernel_run = runs
     if not any(r.num_cached_tokens for r in kernel_run):
         raise AssertionError("no prefix-cache hit: the case does not cover a cached prefix")
@@ -171,18 +179,49 @@ def engine_paged_path(kernels) -> None:
 CASES: dict[str, Callable] = {
     **{f"decode-{g}-{w}": (lambda k, g=g, w=w: decode(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
     **{f"extend-{g}-{w}": (lambda k, g=g, w=w: extend(k, g, WINDOWS[w])) for g in GQA for w in WINDOWS},
+    "extend-bfloat16": extend_bfloat16,
     "mixed-step": mixed_step,
     "decode-batch-invariant": decode_batch_invariant,
-    "engine-paged-path": engine_paged_path,
 }
+ENGINE_CASES: dict[str, Callable] = {"engine-paged-path": engine_paged_path}  # these take a checkpoint too
+
+
+def exact_bfloat16_dots() -> None:
+    """Make the interpreter multiply bfloat16 operands by value, as a GPU's tensor cores do.
+
+    Triton 3.7's interpreter holds bfloat16 as raw 16-bit integers and, converting only
+    fp8 operands, multiplies those integers in tl.dot (garbage). A bfloat16's bits are the
+    top half of a float32's, so widening them gives the exact operands; products then add
+    up in float32, as on the GPU.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def widen(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        data = (x.data.astype(np.uint32) << 16).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
 
 
 def main() -> None:
     from engine.model import triton_attention as kernels
 
+    exact_bfloat16_dots()
+
     if type(kernels._paged_attention_kernel).__name__ != "InterpretedFunction":
         raise SystemExit("run with TRITON_INTERPRET=1: the kernel was compiled for a GPU, not interpreted")
-    for name, case in CASES.items():
+    checkpoint = Path(sys.argv[1])
+    cases = {**CASES, **{name: (lambda k, case=case: case(k, checkpoint)) for name, case in ENGINE_CASES.items()}}
+    for name, case in cases.items():
         try:
             case(kernels)
             error = None
