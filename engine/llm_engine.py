@@ -56,8 +56,9 @@ class LLMEngine:
         block_bytes = kv_bytes_per_block(mc, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        # On CUDA the pool takes what the device has left once the model is loaded and warmed up.
-        size_from_device = device.type == "cuda" and config.num_kv_blocks is None
+        # With gpu_memory_utilization, a CUDA pool takes what is left once the model is loaded and warmed up.
+        size_from_device = (device.type == "cuda" and config.num_kv_blocks is None
+                            and config.gpu_memory_utilization is not None)
         if size_from_device:
             self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress)
             num_blocks = self.runner.num_blocks
