@@ -11,8 +11,9 @@ Every block table here has holes and runs out of order (random block ids from a 
 pool), and the first two sequences share their leading prefix blocks, as prefix-cache
 hits do.
 
-`python -m tests.utils.triton_cases CHECKPOINT` prints one JSON line per case: {"case", "error"}
-(CHECKPOINT: a small Llama checkpoint directory, for the engine-level case).
+`python -m tests.utils.triton_cases CHECKPOINT [cuda]` prints one JSON line per case: {"case",
+"error"} (CHECKPOINT: a small Llama checkpoint directory, for the engine-level case). With
+`cuda` (bench/gpu_check.py) the same cases run the compiled kernel on the GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ HEAD_DIM = 24  # not a power of two: the kernel pads it to 32 and masks the rest
 SCALE = HEAD_DIM**-0.5
 GQA = {"1:1": (2, 2), "3:1": (6, 2), "4:1": (4, 1)}  # (query heads, KV heads)
 WINDOWS = {"full": None, "window20": 20}
+DEVICE = torch.device("cpu")  # main() sets cuda for the compiled kernel on a GPU
+
+
+def _tensor(values, dtype=None) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
 class Step:
@@ -42,11 +48,11 @@ class Step:
         g = torch.Generator().manual_seed(seed)
         self.lengths, self.block_size = lengths, block_size
         shape = (NUM_BLOCKS, block_size, num_kv_heads, HEAD_DIM)
-        self.k_cache, self.v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        self.k_cache, self.v_cache = torch.randn(shape, generator=g).to(DEVICE), torch.randn(shape, generator=g).to(DEVICE)
         total = sum(new for _, new in lengths)
-        self.q = torch.randn(total, num_heads, HEAD_DIM, generator=g)
-        self.k = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g)
-        self.v = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g)
+        self.q = torch.randn(total, num_heads, HEAD_DIM, generator=g).to(DEVICE)
+        self.k = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g).to(DEVICE)
+        self.v = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g).to(DEVICE)
         free = torch.randperm(NUM_BLOCKS, generator=g).tolist()
         self.tables: list[list[int]] = []
         for i, (cached, new) in enumerate(lengths):
@@ -68,31 +74,31 @@ class Step:
                 decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                mask = build_mask(torch.arange(cached, end), torch.arange(end), window)
-                prefills.append(PrefillSpan(row, row + new, end, torch.tensor(table), mask))
-        meta = AttentionMetadata(torch.tensor(slots), None, None, None, prefills)
+                mask = build_mask(torch.arange(cached, end), torch.arange(end), window).to(DEVICE)
+                prefills.append(PrefillSpan(row, row + new, end, _tensor(table), mask))
+        meta = AttentionMetadata(_tensor(slots), None, None, None, prefills)
         if decode_rows:
             width = max(len(t) for t in decode_tables)
-            meta.decode_rows = torch.tensor(decode_rows)
-            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables])
+            meta.decode_rows = _tensor(decode_rows)
+            meta.decode_block_tables = _tensor([t + [0] * (width - len(t)) for t in decode_tables])
             lengths = torch.tensor(decode_lens)[:, None]
             keys = torch.arange(width * bs)[None, :]
             mask = keys < lengths
             if window is not None:
                 mask &= lengths - 1 - keys < window
-            meta.decode_mask = mask[:, None, None, :]
+            meta.decode_mask = mask[:, None, None, :].to(DEVICE)
         return paged_attention(self.q, self.k, self.v, self.k_cache, self.v_cache, meta, SCALE)
 
     def block_tables(self) -> torch.Tensor:
         """Padded with the pool's last block id: the kernel must never read past a context."""
         width = max(len(t) for t in self.tables)
-        return torch.tensor([t + [NUM_BLOCKS - 1] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+        return _tensor([t + [NUM_BLOCKS - 1] * (width - len(t)) for t in self.tables], torch.int32)
 
     def context_lens(self) -> torch.Tensor:
-        return torch.tensor([c + n for c, n in self.lengths], dtype=torch.int32)
+        return _tensor([c + n for c, n in self.lengths], torch.int32)
 
     def cu_seqlens(self) -> torch.Tensor:
-        return torch.tensor([0] + [n for _, n in self.lengths]).cumsum(0).to(torch.int32)
+        return _tensor([0] + [n for _, n in self.lengths]).cumsum(0).to(torch.int32)
 
 
 def decode(kernels, gqa: str, window: int | None) -> None:
@@ -130,8 +136,8 @@ def mixed_step(kernels) -> None:
     """Decodes and a chunk at any rows of the step, as the model runner lays them out; no other row written."""
     step = Step([(33, 1), (40, 6), (2, 1)], *GQA["3:1"], block_size=16)
     expected = step.reference(None)
-    rows = torch.tensor([0, 1, 7], dtype=torch.int32)
-    lens = torch.tensor([1, 6, 1], dtype=torch.int32)
+    rows = _tensor([0, 1, 7], torch.int32)
+    lens = _tensor([1, 6, 1], torch.int32)
     out = torch.full_like(step.q, float("nan"))
     kernels.paged_attention(step.q, step.k_cache, step.v_cache, out, rows, lens, step.context_lens(),
                             step.block_tables(), 6, SCALE, None)
@@ -162,9 +168,10 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
     rounds = [[prefix + [7, 8]], [prefix + [9], torch.randint(2, 500, (40,), generator=rng).tolist(), [5, 6, 7]]]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, keep_logits=True)
     runs = []
-    for paged in (False, True):
-        engine = LLMEngine(EngineConfig(model=str(checkpoint), dtype="float32", device="cpu", block_size=8,
-                                        kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32))
+    for paged in (False, True):  # on CUDA: torch eager against the kernel with decode graphs
+        engine = LLMEngine(EngineConfig(model=str(checkpoint), dtype="float32", device=DEVICE.type, block_size=8,
+                                        kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32,
+                                        enforce_eager=not paged))
         engine.runner.paged_kernel = paged
         runs.append([r for prompts in rounds for r in engine.generate(prompts, params, envelope())])
     torch_run, kernel_run = runs
@@ -213,12 +220,15 @@ def exact_bfloat16_dots() -> None:
 
 
 def main() -> None:
+    global DEVICE
     from engine.model import triton_attention as kernels
 
-    exact_bfloat16_dots()
-
-    if type(kernels._paged_attention_kernel).__name__ != "InterpretedFunction":
+    if sys.argv[2:] == ["cuda"]:
+        DEVICE = torch.device("cuda")
+    elif type(kernels._paged_attention_kernel).__name__ != "InterpretedFunction":
         raise SystemExit("run with TRITON_INTERPRET=1: the kernel was compiled for a GPU, not interpreted")
+    else:
+        exact_bfloat16_dots()
     checkpoint = Path(sys.argv[1])
     cases = {**CASES, **{name: (lambda k, case=case: case(k, checkpoint)) for name, case in ENGINE_CASES.items()}}
     for name, case in cases.items():
