@@ -161,7 +161,7 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
-    from tests.utils.envelopes import envelope
+    from engine.envelope import local_envelope
 
     rng = torch.Generator().manual_seed(3)
     prefix = torch.randint(2, 500, (21,), generator=rng).tolist()
@@ -173,7 +173,7 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
                                         kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32,
                                         enforce_eager=not paged))
         engine.runner.paged_kernel = paged
-        runs.append([r for prompts in rounds for r in engine.generate(prompts, params, envelope())])
+        runs.append([r for prompts in rounds for r in engine.generate(prompts, params, local_envelope())])
     torch_run, kernel_run = runs
     if not any(r.num_cached_tokens for r in kernel_run):
         raise AssertionError("no prefix-cache hit: the case does not cover a cached prefix")
