@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.envelope import local_envelope
+from engine.envelope import ExecutionEnvelope, local_envelope
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -119,10 +119,12 @@ class StepRecorder:
         return result
 
 
-def run_tenantgate(engine: LLMEngine, work: Workload) -> tuple[float, StepRecorder]:
-    warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    envelope = local_envelope()
-    engine.generate([p[:64] for p in work.prompts[:4]], warm, envelope)
+def run_tenantgate(engine: LLMEngine, work: Workload, envelope: ExecutionEnvelope | None = None,
+                   warm_up: bool = True) -> tuple[float, StepRecorder]:
+    envelope = envelope or local_envelope()
+    if warm_up:
+        warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        engine.generate([p[:64] for p in work.prompts[:4]], warm, envelope)
     recorder = StepRecorder(engine)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
     sync(engine.runner.device)
@@ -130,6 +132,7 @@ def run_tenantgate(engine: LLMEngine, work: Workload) -> tuple[float, StepRecord
     results = engine.generate(work.prompts, params, envelope)
     sync(engine.runner.device)
     elapsed = time.perf_counter() - start
+    recorder.close()
     produced = sum(len(r.token_ids) for r in results)
     if produced != work.output_tokens:
         raise SystemExit(f"tenantgate produced {produced} tokens, expected {work.output_tokens}")

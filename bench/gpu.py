@@ -29,18 +29,17 @@ import json
 import random
 import sys
 import tempfile
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.engine_throughput import StepRecorder, Workload, copy_bandwidth, run_hf, sync  # noqa: E402
+from bench.engine_throughput import StepRecorder, Workload, copy_bandwidth, run_hf, run_tenantgate  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.envelope import local_envelope  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT, NEW = 128, 128
 BATCHES = (1, 8, 64, 256)
@@ -102,21 +101,7 @@ def model_dir(name: str, scratch: Path, device: torch.device) -> tuple[Path, str
 
 def run_engine(engine: LLMEngine, work: Workload, deterministic: bool = False) -> tuple[float, StepRecorder]:
     envelope = local_envelope()
-    if deterministic:
-        from dataclasses import replace
-
-        envelope = replace(envelope, deterministic=True)
-    recorder = StepRecorder(engine)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
-    sync(engine.runner.device)
-    start = time.perf_counter()
-    results = engine.generate(work.prompts, params, envelope)
-    sync(engine.runner.device)
-    elapsed = time.perf_counter() - start
-    recorder.close()
-    if sum(len(r.token_ids) for r in results) != work.output_tokens:
-        raise SystemExit("tenantgate produced the wrong number of tokens")
-    return elapsed, recorder
+    return run_tenantgate(engine, work, replace(envelope, deterministic=deterministic), warm_up=False)
 
 
 def bench_model(name: str, args, device: torch.device, bandwidth: float, scratch: Path) -> None:
