@@ -124,8 +124,9 @@ def paged_attention(
         raise ValueError("paged attention needs the head dimension contiguous and K/V caches of one layout")
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # Decodes (one token each) fill a tile with heads; extends take 16+ tokens per tile.
-    block_m = max(MIN_DOT_ROWS // group_pad, 1) if max_q_len == 1 else max(MIN_DOT_ROWS, 64 // group_pad)
+    # A tile is block_m tokens x group_pad heads: 16 rows for decodes (one token each, tl.dot's
+    # least), 64 for extends (64 tokens of one head, down to 8 tokens of 8 heads sharing a KV head).
+    block_m = max((MIN_DOT_ROWS if max_q_len == 1 else 4 * MIN_DOT_ROWS) // group_pad, 1)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_q_len, block_m))
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,
