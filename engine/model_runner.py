@@ -3,7 +3,8 @@
 On CUDA (docs/gpu.md): attention runs the Triton kernel over the pool in place, host
 inputs travel through pinned memory, the KV pool is sized from free device memory, and
 pure decode steps replay CUDA graphs captured per batch-size bucket (prefill runs eagerly).
-Steps that hold a deterministic request take the batch-invariant torch path everywhere.
+Steps that hold a deterministic request run eagerly, their row-wise work on the fixed
+sizes of engine/model/invariant.py and attention with the kernel's invariant tiles.
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ class ModelRunner:
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device
         invariant = batch.deterministic  # the fixed-shape path of model/invariant.py
-        paged = self.paged_kernel and not invariant  # the Triton kernel reads the pool in place: no masks, no padding
+        paged = self.paged_kernel  # the Triton kernel reads the pool in place: no masks, no padding
         chunks: tuple[list[int], list[int], list[int], list[list[int]]] = ([], [], [], [])  # its prefill launch
         input_ids: list[int] = []
         positions: list[int] = []
@@ -366,6 +367,8 @@ class ModelRunner:
                 meta.paged.append(self._launch(decode_rows, [1] * len(decode_rows), decode_lens, decode_tables))
             if chunks[0]:
                 meta.paged.append(self._launch(*chunks))
+            for launch in meta.paged:
+                launch.invariant = invariant
         elif decode_rows and invariant:
             meta.decode_groups = self._decode_keys(decode_rows, decode_tables, decode_lens)
         elif decode_rows:

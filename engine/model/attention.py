@@ -61,6 +61,7 @@ class PagedLaunch:
     block_tables: torch.Tensor  # [n, max_blocks] int32
     max_q_len: int
     sliding_window: int | None
+    invariant: bool = False  # the deterministic lane: one tile shape for every launch
 
 
 @dataclass
@@ -111,7 +112,7 @@ def paged_attention(
         for launch in meta.paged:
             triton_attention.paged_attention(
                 q, k_cache, v_cache, out, launch.q_start, launch.q_len, launch.context_lens, launch.block_tables,
-                launch.max_q_len, scale, launch.sliding_window,
+                launch.max_q_len, scale, launch.sliding_window, launch.invariant,
             )
         return out
     if meta.row_sizes is not None:

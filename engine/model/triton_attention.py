@@ -16,7 +16,10 @@ position p sees keys in [0, p], or in (p - sliding_window, p] with a window (Mis
 
 The key order a query's softmax runs in depends only on its own position (tiles start
 at multiples of BLOCK_N from key 0, and there is no split across programs), never on
-which other sequences share the launch.
+which other sequences share the launch; key tiles wholly masked for a query leave its
+sums exactly as they were. With `invariant` (the deterministic lane) extends use the
+decode's tile shape too, so every launch runs one compiled kernel and a token's
+attention has the same bits in a whole prefill, a chunk of one, or a decode step.
 
 Triton's interpreter (TRITON_INTERPRET=1 before this module is imported) runs the same
 kernel on CPU tensors; tests/engine/test_triton_attention.py checks it that way.
@@ -113,6 +116,7 @@ def paged_attention(
     max_q_len: int,
     scale: float,
     sliding_window: int | None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Attention of each sequence's new rows over its paged context; returns out."""
     num_seqs = q_start.shape[0]
@@ -126,7 +130,7 @@ def paged_attention(
     group_pad = triton.next_power_of_2(group)
     # A tile is block_m tokens x group_pad heads: 16 rows for decodes (one token each, tl.dot's
     # least), 64 for extends (64 tokens of one head, down to 8 tokens of 8 heads sharing a KV head).
-    block_m = max((MIN_DOT_ROWS if max_q_len == 1 else 4 * MIN_DOT_ROWS) // group_pad, 1)
+    block_m = max((MIN_DOT_ROWS if max_q_len == 1 or invariant else 4 * MIN_DOT_ROWS) // group_pad, 1)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_q_len, block_m))
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,

@@ -18,6 +18,7 @@ hits do.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import traceback
@@ -155,9 +156,37 @@ def decode_batch_invariant(kernels) -> None:
         raise AssertionError("a decode's output changed with the batch beside it")
 
 
+def invariant_tiles(kernels) -> None:
+    """With invariant tiles a token's attention has the same bits in a whole prefill, in a
+    chunk over a cached prefix, and in a decode step beside other sequences."""
+    step = Step([(0, 50), (10, 1), (30, 1)], *GQA["3:1"], block_size=8, shared_blocks=0)
+    step.reference(20)  # writes the new K/V: the first sequence's whole prompt
+    tables, lens = step.block_tables(), step.context_lens()
+
+    def prefill(first: int) -> torch.Tensor:  # the first sequence's positions first..49, over a cached prefix
+        out = torch.zeros_like(step.q)
+        kernels.paged_attention(step.q, step.k_cache, step.v_cache, out, _tensor([first], torch.int32),
+                                _tensor([50 - first], torch.int32), lens[:1], tables[:1], 50 - first, SCALE, 20,
+                                invariant=True)
+        return out
+
+    whole, chunk = prefill(0), prefill(23)
+    if not torch.equal(chunk[23:50], whole[23:50]):
+        raise AssertionError("a chunk over a cached prefix changed the bits of its tokens")
+    for position in (0, 17, 49):
+        decode = torch.zeros_like(step.q)
+        rows = _tensor([position, 50, 51], torch.int32)
+        kernels.paged_attention(step.q, step.k_cache, step.v_cache, decode, rows, _tensor([1, 1, 1], torch.int32),
+                                torch.cat([_tensor([position + 1], torch.int32), lens[1:]]), tables, 1, SCALE, 20,
+                                invariant=True)
+        if not torch.equal(decode[position], whole[position]):
+            raise AssertionError(f"position {position}: a decode step changed the bits of the prefill's attention")
+
+
 def engine_paged_path(kernels, checkpoint: Path) -> None:
     """The model runner's kernel path (its launches and block tables, as on CUDA) gives the
-    torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix."""
+    torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix;
+    and its deterministic lane gives a request the same logits alone and in company."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -175,6 +204,13 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
         engine.runner.paged_kernel = paged
         runs.append([r for prompts in rounds for r in engine.generate(prompts, params, local_envelope())])
     torch_run, kernel_run = runs
+    # The deterministic lane on the kernel path: the same logits alone and beside others.
+    lane = dataclasses.replace(local_envelope(), deterministic=True)
+    prompt = torch.randint(2, 500, (30,), generator=rng).tolist()
+    alone = engine.generate([prompt], params, lane)[0]
+    crowded = engine.generate([[3, 4, 5, 6, 7], prompt, [9] * 40], params, [local_envelope(b"other"), lane, lane])[1]
+    if not all(torch.equal(a, b) for a, b in zip(alone.logits, crowded.logits)):
+        raise AssertionError("the deterministic lane's logits changed beside other requests on the kernel path")
     if not any(r.num_cached_tokens for r in kernel_run):
         raise AssertionError("no prefix-cache hit: the case does not cover a cached prefix")
     for expected, got in zip(torch_run, kernel_run):
@@ -189,6 +225,7 @@ CASES: dict[str, Callable] = {
     "extend-bfloat16": extend_bfloat16,
     "mixed-step": mixed_step,
     "decode-batch-invariant": decode_batch_invariant,
+    "invariant-tiles": invariant_tiles,
 }
 ENGINE_CASES: dict[str, Callable] = {"engine-paged-path": engine_paged_path}  # these take a checkpoint too
 
