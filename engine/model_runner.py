@@ -162,17 +162,9 @@ class ModelRunner:
         activation peak of a warm-up step of max_num_batched_tokens (as nano-vllm sizes its pool)."""
         if not self._cuda:
             raise ConfigError("the KV pool is sized from free memory only on CUDA; set kv_cache_memory_bytes")
-        tokens = min(self._config.max_num_batched_tokens, self._max_model_len)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        with torch.inference_mode():
-            caches = self._allocate_kv(model_config, -(-tokens // self.block_size))
-            positions = torch.arange(tokens, device=self.device)
-            launch = self._launch([0], [tokens], [tokens], [list(range(-(-tokens // self.block_size)))])
-            meta = AttentionMetadata(positions, None, None, None, [], paged=[launch])
-            hidden = self.model(torch.zeros(tokens, dtype=torch.long, device=self.device), positions, meta, caches)
-            self.model.compute_logits(hidden[: self._max_num_seqs])
-            del caches, hidden
+        self._warm_up(model_config)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
@@ -188,6 +180,27 @@ class ModelRunner:
             )
         logger.info("KV pool: %d blocks (%d MiB) from free device memory", num_blocks, num_blocks * block_bytes >> 20)
         return num_blocks
+
+    @torch.inference_mode()
+    def _warm_up(self, model_config: ModelConfig) -> None:
+        """The largest step: max_num_batched_tokens of prompt, in sequences of at most max_model_len,
+        through the kernel over a pool of their own, and logits for max_num_seqs rows."""
+        tokens, longest, bs = self._config.max_num_batched_tokens, self._max_model_len, self.block_size
+        lengths = [min(longest, tokens - start) for start in range(0, tokens, longest)]
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        tables, slots, positions, first_block = [], [], [], 0
+        for n in lengths:
+            table = list(range(first_block, first_block + -(-n // bs)))
+            first_block += len(table)
+            tables.append(table)
+            slots += [table[p // bs] * bs + p % bs for p in range(n)]
+            positions += range(n)
+        caches = self._allocate_kv(model_config, first_block)
+        launch = self._launch(starts, lengths, lengths, tables)
+        meta = AttentionMetadata(self._tensor(slots), None, None, None, [], paged=[launch])
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, self._tensor(positions), meta, caches)
+        self.model.compute_logits(hidden[: self._max_num_seqs])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
