@@ -18,7 +18,7 @@ PROMPT-token prompt and decodes NEW tokens, greedy, EOS ignored:
 Targets (docs/gpu.md): >= 60% of the roofline at batch 64, >= 10x HF at its best batch,
 deterministic lane cost <= 15%.
 
-    .venv/bin/python bench/gpu.py            # both models, ~2 minutes on an H200
+    .venv/bin/python bench/gpu.py            # both models (estimated at 2-3 minutes on an H200)
     .venv/bin/python bench/gpu.py --models smollm2-135m --batches 1,64
 """
 

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,13 +25,14 @@ from tests.utils.triton_cases import CASES, ENGINE_CASES
 pytest.importorskip("triton", reason="triton is not installed (it ships with CUDA builds of torch)")
 
 TIMEOUT_S = 240
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def results(llama_dir) -> dict[str, str | None]:
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "tests.utils.triton_cases", str(llama_dir)], env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+                          text=True, timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {line["case"]: line["error"] for line in lines}
