@@ -255,7 +255,9 @@ class ModelRunner:
         width = max(-(-n // self.block_size) for n in context_lens)
         flat = [block for table, n in zip(tables, context_lens)
                 for block in table[: -(-n // self.block_size)] + [0] * (width - -(-n // self.block_size))]
-        meta = self._tensor([q_start, q_len, context_lens], torch.int32)
+        # Rows padded to 16 bytes, so the kernel's arguments keep one alignment (no recompiles).
+        pad = [0] * (-len(q_start) % 4)
+        meta = self._tensor([q_start + pad, q_len + pad, context_lens + pad], torch.int32)[:, : len(q_start)]
         block_tables = self._tensor(flat, torch.int32).view(len(q_start), width)
         return PagedLaunch(meta[0], meta[1], meta[2], block_tables, max(q_len), self.sliding_window)
 
@@ -273,8 +275,9 @@ class ModelRunner:
         dev = self.device
         longs = torch.zeros(3, largest, dtype=torch.long, device=dev)  # ids, positions, slots
         longs[2] = self._scratch_slot
-        ints = torch.zeros(3, largest, dtype=torch.int32, device=dev)  # first row, new tokens, context
-        ints[0] = torch.arange(largest, dtype=torch.int32, device=dev)
+        # first row, new tokens, context; rows of whole 16 bytes, as _launch pads them
+        ints = torch.zeros(3, -(-largest // 4) * 4, dtype=torch.int32, device=dev)
+        ints[0] = torch.arange(ints.shape[1], dtype=torch.int32, device=dev)
         tables = torch.zeros(largest, width, dtype=torch.int32, device=dev)
         hidden = torch.zeros(largest, self.model.config.hidden_size, dtype=self.dtype, device=dev)
         self._graph_inputs = (longs, ints, tables, hidden)

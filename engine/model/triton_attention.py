@@ -35,7 +35,8 @@ BLOCK_N = 32  # keys per iteration
 MIN_DOT_ROWS = 16  # tl.dot's smallest M (and K) on NVIDIA GPUs
 
 
-@triton.jit
+# The block table's width changes from step to step: one compiled kernel serves every width.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_attention_kernel(
     Q, K_cache, V_cache, Out,
     block_tables, q_start, q_len, context_lens,
