@@ -271,31 +271,42 @@ class ModelRunner:
         if not self._cuda or self._config.enforce_eager or self._graphs:
             return
         sizes = graph_batch_sizes(self._max_num_seqs)
-        largest, width = sizes[-1], -(-self._max_model_len // self.block_size)
+        self._allocate_graph_inputs(sizes[-1])
+        pool = None
+        with torch.inference_mode():
+            for size in reversed(sizes):  # the largest first, so the smaller ones reuse its memory
+                forward = self.graph_forward(size)
+                forward()  # compiles the kernel outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool):
+                    forward()
+                pool = pool or graph.pool()
+                self._graphs[size] = graph
+                torch.cuda.synchronize(self.device)
+        logger.info("captured decode CUDA graphs for batch sizes %s", ",".join(map(str, sizes)))
+
+    def _allocate_graph_inputs(self, largest: int) -> None:
         dev = self.device
         longs = torch.zeros(3, largest, dtype=torch.long, device=dev)  # ids, positions, slots
         longs[2] = self._scratch_slot
         # first row, new tokens, context; rows of whole 16 bytes, as _launch pads them
         ints = torch.zeros(3, -(-largest // 4) * 4, dtype=torch.int32, device=dev)
         ints[0] = torch.arange(ints.shape[1], dtype=torch.int32, device=dev)
-        tables = torch.zeros(largest, width, dtype=torch.int32, device=dev)
+        tables = torch.zeros(largest, -(-self._max_model_len // self.block_size), dtype=torch.int32, device=dev)
         hidden = torch.zeros(largest, self.model.config.hidden_size, dtype=self.dtype, device=dev)
         self._graph_inputs = (longs, ints, tables, hidden)
-        pool = None
-        with torch.inference_mode():
-            for size in reversed(sizes):  # the largest first, so the smaller ones reuse its memory
-                launch = PagedLaunch(ints[0, :size], ints[1, :size], ints[2, :size], tables[:size], 1,
-                                     self.sliding_window)
-                meta = AttentionMetadata(longs[2, :size], None, None, None, [], paged=[launch])
-                hidden[:size] = self.model(longs[0, :size], longs[1, :size], meta, self.kv_caches)  # compiles
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool):
-                    hidden[:size] = self.model(longs[0, :size], longs[1, :size], meta, self.kv_caches)
-                pool = pool or graph.pool()
-                self._graphs[size] = graph
-                torch.cuda.synchronize(dev)
-        self._graph_sizes = sizes
-        logger.info("captured decode CUDA graphs for batch sizes %s", ",".join(map(str, sizes)))
+        self._graph_sizes = graph_batch_sizes(largest)
+
+    def graph_forward(self, size: int):
+        """The decoder over the first `size` rows of the graph buffers (what a decode graph replays)."""
+        longs, ints, tables, hidden = self._graph_inputs
+        launch = PagedLaunch(ints[0, :size], ints[1, :size], ints[2, :size], tables[:size], 1, self.sliding_window)
+        meta = AttentionMetadata(longs[2, :size], None, None, None, [], paged=[launch])
+
+        def forward() -> None:
+            hidden[:size] = self.model(longs[0, :size], longs[1, :size], meta, self.kv_caches)
+
+        return forward
 
     def _replays(self, batch: ScheduledBatch) -> bool:
         return (bool(self._graphs) and not batch.deterministic and len(batch.seqs) <= self._graph_sizes[-1]
@@ -310,12 +321,12 @@ class ModelRunner:
         ids = [seq.token_ids[p] for seq, p in zip(batch.seqs, positions)]
         slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(batch.seqs, positions)]
         host_longs = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self._scratch_slot] * pad],
-                                  dtype=torch.long, pin_memory=True)
+                                  dtype=torch.long, pin_memory=self._cuda)
         host_ints = torch.tensor([[1] * n + [0] * pad, [p + 1 for p in positions] + [0] * pad],
-                                 dtype=torch.int32, pin_memory=True)
+                                 dtype=torch.int32, pin_memory=self._cuda)
         width = max(-(-(p + 1) // bs) for p in positions)
         flat = [b for seq in batch.seqs for b in seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))]
-        host_tables = torch.tensor(flat, dtype=torch.int32, pin_memory=True).view(n, width)
+        host_tables = torch.tensor(flat, dtype=torch.int32, pin_memory=self._cuda).view(n, width)
         sampling = [i for i, (seq, p) in enumerate(zip(batch.seqs, positions)) if p + 1 == seq.num_tokens]
         sample_rows = list(sampling)
         longs[:, :size].copy_(host_longs, non_blocking=True)

@@ -185,8 +185,9 @@ def invariant_tiles(kernels) -> None:
 
 def engine_paged_path(kernels, checkpoint: Path) -> None:
     """The model runner's kernel path (its launches and block tables, as on CUDA) gives the
-    torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix;
-    and its deterministic lane gives a request the same logits alone and in company."""
+    torch path's greedy tokens and logits: decodes beside chunked prefills, a cached prefix,
+    and (on CPU) decode steps through the graph buffers; and its deterministic lane gives a
+    request the same logits alone and in company."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -204,6 +205,8 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
         engine.runner.paged_kernel = paged
         runs.append([r for prompts in rounds for r in engine.generate(prompts, params, local_envelope())])
     torch_run, kernel_run = runs
+    if DEVICE.type == "cpu":
+        runs.append(graph_plumbing_run(checkpoint, rounds, params))
     # The deterministic lane on the kernel path: the same logits alone and beside others.
     lane = dataclasses.replace(local_envelope(), deterministic=True)
     prompt = torch.randint(2, 500, (30,), generator=rng).tolist()
@@ -213,10 +216,42 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
         raise AssertionError("the deterministic lane's logits changed beside other requests on the kernel path")
     if not any(r.num_cached_tokens for r in kernel_run):
         raise AssertionError("no prefix-cache hit: the case does not cover a cached prefix")
-    for expected, got in zip(torch_run, kernel_run):
-        if got.token_ids != expected.token_ids:
-            raise AssertionError(f"greedy tokens differ: {got.token_ids} != {expected.token_ids}")
-        torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=1e-4, rtol=0)
+    for other in runs[1:]:
+        for expected, got in zip(torch_run, other):
+            if got.token_ids != expected.token_ids:
+                raise AssertionError(f"greedy tokens differ: {got.token_ids} != {expected.token_ids}")
+            torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=1e-4, rtol=0)
+
+
+class EagerReplay:
+    """Stands in for a captured CUDA graph on CPU: replay() runs the forward it would have captured."""
+
+    def __init__(self, forward) -> None:
+        self.forward, self.replays = forward, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.forward()
+
+
+def graph_plumbing_run(checkpoint: Path, rounds, params) -> list:
+    """The engine's decode-graph path without CUDA: its fixed buffers, padded rows and scratch
+    block, each step replayed eagerly."""
+    from engine.config import EngineConfig
+    from engine.envelope import local_envelope
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(checkpoint), dtype="float32", device="cpu", block_size=8,
+                                    kv_cache_memory_bytes=4 << 20, max_num_batched_tokens=32))
+    runner = engine.runner
+    runner.paged_kernel = True
+    runner.kv_caches = runner._allocate_kv(engine.model_config, runner.num_blocks + 1)  # + the scratch block
+    runner._allocate_graph_inputs(engine.config.max_num_seqs)
+    runner._graphs = {size: EagerReplay(runner.graph_forward(size)) for size in runner._graph_sizes}
+    results = [r for prompts in rounds for r in engine.generate(prompts, params, local_envelope())]
+    if not runner._graphs[1].replays or not runner._graphs[4].replays:
+        raise AssertionError("no decode step replayed the graph buffers (batch 1, and 3 padded to 4)")
+    return results
 
 
 CASES: dict[str, Callable] = {
