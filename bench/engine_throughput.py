@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.envelope import local_envelope
+from engine.envelope import ExecutionEnvelope, local_envelope
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -83,10 +83,11 @@ class StepRecorder:
         self.engine = engine
         self.decode_time = 0.0
         self.decode_tokens = 0
+        self.decode_steps = 0
         self.decode_flops = 0.0
         self.decode_bytes = 0.0
         self._run = engine.runner.run
-        engine.runner.run = self._timed_run
+        engine.runner.run = self._timed_run  # until close()
         mc = engine.model_config
         runner = engine.runner
         self.elem = torch.empty((), dtype=runner.dtype).element_size()
@@ -97,6 +98,9 @@ class StepRecorder:
         self.flops_per_token = 2 * matmul_params
         self.attn_flops_per_ctx = 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim
         self.kv_bytes_per_ctx = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * self.elem
+
+    def close(self) -> None:
+        self.engine.runner.run = self._run
 
     def _timed_run(self, batch):
         device = self.engine.runner.device
@@ -109,15 +113,18 @@ class StepRecorder:
             contexts = sum(seq.num_computed_tokens + 1 for seq in batch.seqs)
             self.decode_time += time.perf_counter() - start
             self.decode_tokens += len(batch.seqs)
+            self.decode_steps += 1
             self.decode_flops += len(batch.seqs) * self.flops_per_token + contexts * self.attn_flops_per_ctx
             self.decode_bytes += self.weight_bytes + contexts * self.kv_bytes_per_ctx
         return result
 
 
-def run_tenantgate(engine: LLMEngine, work: Workload) -> tuple[float, StepRecorder]:
-    warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    envelope = local_envelope()
-    engine.generate([p[:64] for p in work.prompts[:4]], warm, envelope)
+def run_tenantgate(engine: LLMEngine, work: Workload, envelope: ExecutionEnvelope | None = None,
+                   warm_up: bool = True) -> tuple[float, StepRecorder]:
+    envelope = envelope or local_envelope()
+    if warm_up:
+        warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        engine.generate([p[:64] for p in work.prompts[:4]], warm, envelope)
     recorder = StepRecorder(engine)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
     sync(engine.runner.device)
@@ -125,6 +132,7 @@ def run_tenantgate(engine: LLMEngine, work: Workload) -> tuple[float, StepRecord
     results = engine.generate(work.prompts, params, envelope)
     sync(engine.runner.device)
     elapsed = time.perf_counter() - start
+    recorder.close()
     produced = sum(len(r.token_ids) for r in results)
     if produced != work.output_tokens:
         raise SystemExit(f"tenantgate produced {produced} tokens, expected {work.output_tokens}")

@@ -173,8 +173,11 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
 class EngineConfig:
     """How the engine runs a model: memory, batching limits, device and dtype.
 
-    kv_cache_memory_bytes sizes the paged KV pool at start-up; num_kv_blocks overrides it
-    (tests use it to force preemption with a tiny pool).
+    kv_cache_memory_bytes sizes the paged KV pool at start-up; on CUDA with
+    gpu_memory_utilization set, the pool instead takes what that share of the device leaves
+    after the weights and the activations of a warm-up step (engines sharing a device each
+    get their own share). num_kv_blocks overrides both (tests use it to force preemption
+    with a tiny pool).
     """
 
     model: str = "demo"
@@ -187,6 +190,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float | None = None  # CUDA: the share of device memory the engine may fill
+    enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
     seed: int = 0
     # Key for the digests in execution records; share it across replicas to compare them.
     # Empty: a random key per process.
@@ -201,6 +206,9 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks!r}")
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and (not isinstance(utilization, (int, float)) or not 0 < utilization <= 1):
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len!r}")
 

@@ -56,22 +56,32 @@ class LLMEngine:
         block_bytes = kv_bytes_per_block(mc, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // block_bytes
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        # With gpu_memory_utilization, a CUDA pool takes what is left once the model is loaded and warmed up.
+        size_from_device = (device.type == "cuda" and config.num_kv_blocks is None
+                            and config.gpu_memory_utilization is not None)
+        if size_from_device:
+            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress)
+            num_blocks = self.runner.num_blocks
         if config.max_model_len is None and num_blocks * config.block_size < self.max_model_len:
             # Nobody asked for the model's whole context: serve what the KV cache holds rather than refuse.
             self.max_model_len = num_blocks * config.block_size
             logger.info("max_model_len %d: what the KV cache holds (the model allows %d)",
                         self.max_model_len, mc.max_position_embeddings)
         if num_blocks * config.block_size < self.max_model_len:
+            needed = config.blocks_for(self.max_model_len) * block_bytes
+            budget = (f"raise gpu_memory_utilization (the pool needs {needed} bytes)" if size_from_device
+                      else f"raise kv_cache_memory_bytes to at least {needed}")
             raise ConfigError(
                 f"the KV cache holds {num_blocks * config.block_size} tokens ({num_blocks} blocks of "
                 f"{config.block_size}), fewer than one sequence of max_model_len={self.max_model_len}; "
-                f"raise kv_cache_memory_bytes to at least {config.blocks_for(self.max_model_len) * block_bytes} "
-                "or lower max_model_len"
+                f"{budget} or lower max_model_len"
             )
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
 
-        self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
+        if not size_from_device:
+            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
+        self.runner.prepare_decode_graphs()
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )

@@ -1,4 +1,11 @@
-"""The only module that touches torch devices: weights, the KV pool, one forward per step."""
+"""The only module that touches torch devices: weights, the KV pool, one forward per step.
+
+On CUDA (docs/gpu.md): attention runs the Triton kernel over the pool in place, host
+inputs travel through pinned memory, the KV pool is sized from free device memory, and
+pure decode steps replay CUDA graphs captured per batch-size bucket (prefill runs eagerly).
+Steps that hold a deterministic request run eagerly, their row-wise work on the fixed
+sizes of engine/model/invariant.py and attention with the kernel's invariant tiles.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
-from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PrefillSpan, build_mask
+from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
 from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.loader import load_weights
@@ -91,6 +98,12 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
 
+def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """The batch sizes decode CUDA graphs are captured for; a step replays the smallest that holds it."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return tuple(sizes) + (max_num_seqs,)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -98,11 +111,20 @@ class ModelRunner:
         config: EngineConfig,
         model_path: Path,
         max_model_len: int,
-        num_blocks: int,
+        num_blocks: int | None,  # None: as many as free device memory allows (CUDA)
         progress: bool = False,
     ) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self._cuda = self.device.type == "cuda"  # pinned transfers, CUDA graphs
+        # Attention by the Triton kernel over the pool in place (tests turn it on for CPU tensors
+        # under Triton's interpreter).
+        self.paged_kernel = self._cuda
+        self._config = config
+        self._max_model_len = max_model_len
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if self._cuda:
+            torch.cuda.set_device(self.device)  # graphs capture on the current device
         if self.device.type == "cpu" and not keep_cpu_memory_mapped():
             logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
         self.block_size = config.block_size
@@ -120,21 +142,77 @@ class ModelRunner:
             torch.set_default_dtype(prev_dtype)
         self.model.eval()
         load_weights(self.model, model_path, progress=progress)
-        shape = (num_blocks, config.block_size, model_config.num_key_value_heads, model_config.head_dim)
-        self.kv_caches = [
+        if num_blocks is None:
+            num_blocks = self._blocks_from_free_memory(model_config)
+        self.num_blocks = num_blocks
+        # On CUDA one scratch block past the pool takes the K/V of a captured graph's padded rows.
+        self._scratch_slot = num_blocks * config.block_size
+        self.kv_caches = self._allocate_kv(model_config, num_blocks + (1 if self._cuda else 0))
+        self.sampler = Sampler(config.seed)
+
+    def _allocate_kv(self, model_config: ModelConfig, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, self.block_size, model_config.num_key_value_heads, model_config.head_dim)
+        return [
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(model_config.num_hidden_layers)
         ]
-        self.sampler = Sampler(config.seed)
+
+    def _blocks_from_free_memory(self, model_config: ModelConfig) -> int:
+        """KV blocks that fit in gpu_memory_utilization of the device, beside the weights and the
+        activation peak of a warm-up step of max_num_batched_tokens (as nano-vllm sizes its pool)."""
+        if not self._cuda:
+            raise ConfigError("the KV pool is sized from free memory only on CUDA; set kv_cache_memory_bytes")
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._warm_up(model_config)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        activations = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+        budget = int(total * self._config.gpu_memory_utilization) - (total - free) - activations
+        block_bytes = kv_bytes_per_block(model_config, self.block_size, self.dtype)
+        num_blocks = budget // block_bytes - 1  # less the scratch block
+        if num_blocks < 1:
+            raise ConfigError(
+                f"no device memory left for the KV cache: {total - free} of {total} bytes in use after loading, "
+                f"{activations} more for activations; raise gpu_memory_utilization ({self._config.gpu_memory_utilization})"
+            )
+        logger.info("KV pool: %d blocks (%d MiB) from free device memory", num_blocks, num_blocks * block_bytes >> 20)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _warm_up(self, model_config: ModelConfig) -> None:
+        """The largest step: max_num_batched_tokens of prompt, in sequences of at most max_model_len,
+        through the kernel over a pool of their own, and logits for max_num_seqs rows."""
+        tokens, longest, bs = self._config.max_num_batched_tokens, self._max_model_len, self.block_size
+        lengths = [min(longest, tokens - start) for start in range(0, tokens, longest)]
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        tables, slots, positions, first_block = [], [], [], 0
+        for n in lengths:
+            table = list(range(first_block, first_block + -(-n // bs)))
+            first_block += len(table)
+            tables.append(table)
+            slots += [table[p // bs] * bs + p % bs for p in range(n)]
+            positions += range(n)
+        caches = self._allocate_kv(model_config, first_block)
+        launch = self._launch(starts, lengths, lengths, tables)
+        meta = AttentionMetadata(self._tensor(slots), None, None, None, [], paged=[launch])
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, self._tensor(positions), meta, caches)
+        self.model.compute_logits(hidden[: self._max_num_seqs])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
-        input_ids, positions, meta, sample_rows, sampling = self._prepare(batch)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        if self._replays(batch):
+            hidden, meta, sample_rows, sampling = self._replay_decode(batch)
+        else:
+            input_ids, positions, meta, sample_rows, sampling = self._prepare(batch)
+            hidden = self.model(input_ids, positions, meta, self.kv_caches)
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if sample_rows:
-            rows = hidden[torch.tensor(sample_rows, device=self.device)]
+            rows = hidden[self._tensor(sample_rows)]
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
             seqs = [batch.seqs[i] for i in sampling]
             outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
@@ -164,9 +242,105 @@ class ModelRunner:
     def release(self, seq_id: str) -> None:
         self.sampler.release(seq_id)
 
+    # -- CUDA: pinned transfers, the Triton kernel's launches, decode graphs ---------------
+
+    def _tensor(self, values, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A host list on the device; on CUDA through pinned memory, without waiting for the copy."""
+        if not self._cuda:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
+
+    def _launch(self, q_start: list[int], q_len: list[int], context_lens: list[int],
+                tables: list[list[int]]) -> PagedLaunch:
+        width = max(-(-n // self.block_size) for n in context_lens)
+        flat = [block for table, n in zip(tables, context_lens)
+                for block in table[: -(-n // self.block_size)] + [0] * (width - -(-n // self.block_size))]
+        # Rows padded to 16 bytes, so the kernel's arguments keep one alignment (no recompiles).
+        pad = [0] * (-len(q_start) % 4)
+        meta = self._tensor([q_start + pad, q_len + pad, context_lens + pad], torch.int32)[:, : len(q_start)]
+        block_tables = self._tensor(flat, torch.int32).view(len(q_start), width)
+        return PagedLaunch(meta[0], meta[1], meta[2], block_tables, max(q_len), self.sliding_window)
+
+    def prepare_decode_graphs(self) -> None:
+        """Capture one CUDA graph of the decoder per batch-size bucket (CUDA, unless enforce_eager).
+
+        A graph replays fixed buffers: token ids, positions, slots, the kernel's per-row
+        lengths and a block table as wide as max_model_len. Rows past a step's batch are
+        padding: no new tokens (the kernel skips them) and their K/V go to the scratch block.
+        """
+        if not self._cuda or self._config.enforce_eager or self._graphs:
+            return
+        sizes = graph_batch_sizes(self._max_num_seqs)
+        self._allocate_graph_inputs(sizes[-1])
+        pool = None
+        with torch.inference_mode():
+            for size in reversed(sizes):  # the largest first, so the smaller ones reuse its memory
+                forward = self.graph_forward(size)
+                forward()  # compiles the kernel outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool):
+                    forward()
+                pool = pool or graph.pool()
+                self._graphs[size] = graph
+                torch.cuda.synchronize(self.device)
+        logger.info("captured decode CUDA graphs for batch sizes %s", ",".join(map(str, sizes)))
+
+    def _allocate_graph_inputs(self, largest: int) -> None:
+        dev = self.device
+        longs = torch.zeros(3, largest, dtype=torch.long, device=dev)  # ids, positions, slots
+        longs[2] = self._scratch_slot
+        # first row, new tokens, context; rows of whole 16 bytes, as _launch pads them
+        ints = torch.zeros(3, -(-largest // 4) * 4, dtype=torch.int32, device=dev)
+        ints[0] = torch.arange(ints.shape[1], dtype=torch.int32, device=dev)
+        tables = torch.zeros(largest, -(-self._max_model_len // self.block_size), dtype=torch.int32, device=dev)
+        hidden = torch.zeros(largest, self.model.config.hidden_size, dtype=self.dtype, device=dev)
+        self._graph_inputs = (longs, ints, tables, hidden)
+        self._graph_sizes = graph_batch_sizes(largest)
+
+    def graph_forward(self, size: int):
+        """The decoder over the first `size` rows of the graph buffers (what a decode graph replays)."""
+        longs, ints, tables, hidden = self._graph_inputs
+        launch = PagedLaunch(ints[0, :size], ints[1, :size], ints[2, :size], tables[:size], 1, self.sliding_window)
+        meta = AttentionMetadata(longs[2, :size], None, None, None, [], paged=[launch])
+
+        def forward() -> None:
+            hidden[:size] = self.model(longs[0, :size], longs[1, :size], meta, self.kv_caches)
+
+        return forward
+
+    def _replays(self, batch: ScheduledBatch) -> bool:
+        return (bool(self._graphs) and not batch.deterministic and len(batch.seqs) <= self._graph_sizes[-1]
+                and all(n == 1 for n in batch.num_new_tokens))
+
+    def _replay_decode(self, batch: ScheduledBatch):
+        n, bs = len(batch.seqs), self.block_size
+        size = next(s for s in self._graph_sizes if s >= n)
+        longs, ints, tables, hidden = self._graph_inputs
+        pad = size - n
+        positions = [seq.num_computed_tokens for seq in batch.seqs]
+        ids = [seq.token_ids[p] for seq, p in zip(batch.seqs, positions)]
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(batch.seqs, positions)]
+        host_longs = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self._scratch_slot] * pad],
+                                  dtype=torch.long, pin_memory=self._cuda)
+        host_ints = torch.tensor([[1] * n + [0] * pad, [p + 1 for p in positions] + [0] * pad],
+                                 dtype=torch.int32, pin_memory=self._cuda)
+        width = max(-(-(p + 1) // bs) for p in positions)
+        flat = [b for seq in batch.seqs for b in seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))]
+        host_tables = torch.tensor(flat, dtype=torch.int32, pin_memory=self._cuda).view(n, width)
+        sampling = [i for i, (seq, p) in enumerate(zip(batch.seqs, positions)) if p + 1 == seq.num_tokens]
+        sample_rows = list(sampling)
+        longs[:, :size].copy_(host_longs, non_blocking=True)
+        ints[1:, :size].copy_(host_ints, non_blocking=True)
+        tables[:n, :width].copy_(host_tables, non_blocking=True)
+        self._graphs[size].replay()
+        meta = AttentionMetadata(longs[2, :size], None, None, None, [])
+        return hidden[:size], meta, sample_rows, sampling
+
     def _prepare(self, batch: ScheduledBatch):
         bs, dev = self.block_size, self.device
         invariant = batch.deterministic  # the fixed-shape path of model/invariant.py
+        paged = self.paged_kernel  # the Triton kernel reads the pool in place: no masks, no padding
+        chunks: tuple[list[int], list[int], list[int], list[list[int]]] = ([], [], [], [])  # its prefill launch
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -187,6 +361,9 @@ class ModelRunner:
                 decode_rows.append(row)
                 decode_tables.append(table)
                 decode_lens.append(end)
+            elif paged:
+                for values, value in zip(chunks, (row, num_new, end, table)):
+                    values.append(value)
             else:
                 mask = None
                 # (the invariant path builds its own masks)
@@ -204,14 +381,22 @@ class ModelRunner:
                 sampling.append(i)
 
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=dev),
+            slot_mapping=self._tensor(slots),
             decode_rows=None,
             decode_block_tables=None,
             decode_mask=None,
             prefills=prefills,
             row_sizes=self.invariant_row_sizes() if invariant else None,
         )
-        if decode_rows and invariant:
+        if paged:
+            meta.paged = []
+            if decode_rows:
+                meta.paged.append(self._launch(decode_rows, [1] * len(decode_rows), decode_lens, decode_tables))
+            if chunks[0]:
+                meta.paged.append(self._launch(*chunks))
+            for launch in meta.paged:
+                launch.invariant = invariant
+        elif decode_rows and invariant:
             meta.decode_groups = self._decode_keys(decode_rows, decode_tables, decode_lens)
         elif decode_rows:
             max_blocks = max(-(-n // bs) for n in decode_lens)
@@ -228,8 +413,8 @@ class ModelRunner:
             meta.decode_block_tables = tables.to(dev)
             meta.decode_mask = mask[:, None, None, :].to(dev)
         return (
-            torch.tensor(input_ids, device=dev),
-            torch.tensor(positions, device=dev),
+            self._tensor(input_ids),
+            self._tensor(positions),
             meta,
             sample_rows,
             sampling,

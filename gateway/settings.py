@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_memory_bytes: int = Field(256 << 20, gt=0)
+    # CUDA: the KV pool takes what this share of device memory leaves after weights and activations
+    # (0: kv_cache_memory_bytes instead).
+    gpu_memory_utilization: float = Field(0.9, ge=0, le=1)
+    enforce_eager: bool = False  # CUDA: decode without CUDA graphs
     max_num_seqs: int = Field(64, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     record_key: SecretStr = SecretStr("")

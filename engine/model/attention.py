@@ -5,6 +5,10 @@ every sequence's context back through its block table. Decodes (one query each) 
 one padded batch; prefill chunks run one sequence at a time, so a long prompt never
 pads the decodes beside it. Steps that hold a deterministic request take the
 fixed-shape variants in engine/model/invariant.py instead.
+
+On CUDA the model runner fills AttentionMetadata.paged instead of the masks and padded
+tables: a Triton kernel (engine/model/triton_attention.py) then reads each context in
+place from the pool, with no gathered copy.
 """
 
 from __future__ import annotations
@@ -48,6 +52,19 @@ class PrefillSpan:
 
 
 @dataclass
+class PagedLaunch:
+    """One launch of the Triton kernel: each sequence's rows of the step, its context and block table."""
+
+    q_start: torch.Tensor  # [n] int32, first row of each sequence in the step
+    q_len: torch.Tensor  # [n] int32, its new tokens (0: a padded row of a CUDA graph, skipped)
+    context_lens: torch.Tensor  # [n] int32, cached prefix plus new tokens
+    block_tables: torch.Tensor  # [n, max_blocks] int32
+    max_q_len: int
+    sliding_window: int | None
+    invariant: bool = False  # the deterministic lane: one tile shape for every launch
+
+
+@dataclass
 class AttentionMetadata:
     """Built once per step by the model runner and shared by every layer."""
 
@@ -60,6 +77,8 @@ class AttentionMetadata:
     # batch-invariant path (engine/model/invariant.py), row-wise work on calls of these sizes.
     row_sizes: tuple[int, ...] | None = None
     decode_groups: list[DecodeKeys] | None = None  # the invariant path's decodes, by key length
+    # CUDA: the Triton kernel's launches (decodes, then prefill chunks); the fields above go unused.
+    paged: list[PagedLaunch] | None = None
 
 
 def build_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
@@ -87,6 +106,15 @@ def paged_attention(
     enable_gqa = q.shape[1] != num_kv_heads
 
     out = torch.empty_like(q)
+    if meta.paged is not None:
+        from engine.model import triton_attention  # triton comes with CUDA builds of torch only
+
+        for launch in meta.paged:
+            triton_attention.paged_attention(
+                q, k_cache, v_cache, out, launch.q_start, launch.q_len, launch.context_lens, launch.block_tables,
+                launch.max_q_len, scale, launch.sliding_window, launch.invariant,
+            )
+        return out
     if meta.row_sizes is not None:
         _invariant_attention(q, k_cache, v_cache, meta, scale, out)
         return out

@@ -25,6 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the gateways' Ed25519 public keys: a PEM file or a directory of them "
                             f"(required; default ${PUBLIC_KEYS_ENV})")
     serve.add_argument("--kv-cache-memory", type=int, default=256 << 20, help="bytes for the paged KV cache")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="CUDA: the share of device memory for weights, activations and the KV cache "
+                            "(0: --kv-cache-memory instead)")
+    serve.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     serve.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded at once")
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="longest sequence in tokens; default: the model's context, or what the KV cache holds")
@@ -58,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization or None, enforce_eager=args.enforce_eager,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         record_key=os.environ.get(RECORD_KEY_ENV, "").encode(),
     )

@@ -139,7 +139,8 @@ def test_without_a_max_model_len_the_engine_serves_what_the_kv_cache_holds(tiny_
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"dtype": "float64"}, {"block_size": 0}, {"max_num_seqs": -1}, {"max_model_len": 0}, {"num_kv_blocks": 0}]
+    "kwargs", [{"dtype": "float64"}, {"block_size": 0}, {"max_num_seqs": -1}, {"max_model_len": 0}, {"num_kv_blocks": 0},
+               {"gpu_memory_utilization": 0}, {"gpu_memory_utilization": 1.5}, {"gpu_memory_utilization": "0.9"}]
 )
 def test_invalid_engine_settings(kwargs) -> None:
     with pytest.raises(ConfigError):

@@ -12,58 +12,13 @@ reference checks that, so rounding cannot flip a token and token ids must match 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
+from tests.utils.checkpoints import write_checkpoint
 from tests.utils.envelopes import ENV, envelope
-from tests.utils.checkpoints import load_reference, reference_greedy, write_checkpoint
-
-NEW_TOKENS = 32
-NUM_PROMPTS = 16
-ATOL = 2e-4
-MIN_DISTINCT_TOKENS = 8
-
-
-@dataclass
-class Reference:
-    path: Path
-    prompts: list[list[int]]
-    tokens: list[list[int]]
-    logits: list[torch.Tensor]
-
-
-def random_prompts(vocab: int, seed: int, count: int = NUM_PROMPTS, max_len: int = 60) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, max_len, (count,), generator=g).tolist()
-    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def build_reference(path: Path, seed: int, max_len: int = 60, count: int = NUM_PROMPTS) -> Reference:
-    model = load_reference(path)
-    prompts = random_prompts(model.config.vocab_size, seed, count, max_len)
-    tokens, logits = zip(*(reference_greedy(model, p, NEW_TOKENS) for p in prompts))
-    reference = Reference(path, prompts, list(tokens), list(logits))
-    assert_clear_greedy_paths(reference)
-    return reference
-
-
-def assert_clear_greedy_paths(reference: Reference) -> None:
-    """The oracle's greedy paths are decided by clear margins and do not repeat one token."""
-    for tokens, logits in zip(reference.tokens, reference.logits):
-        top2 = logits.topk(2, dim=-1).values
-        assert (top2[:, 0] - top2[:, 1]).min() > 2 * ATOL
-        assert len(set(tokens)) >= MIN_DISTINCT_TOKENS
-
-
-CHECKPOINTS = {
-    "llama-untied": dict(arch="llama", tie_word_embeddings=False, seed=1),
-    "qwen2-tied": dict(arch="qwen2", tie_word_embeddings=True, seed=1),
-    "qwen2-untied": dict(arch="qwen2", tie_word_embeddings=False, seed=1, num_heads=8, num_kv_heads=2),
-}
+from tests.utils.oracle import ATOL, CHECKPOINTS, Reference, assert_matches, build_reference, greedy
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
@@ -71,16 +26,6 @@ def reference(request, tmp_path_factory) -> Reference:
     spec = dict(CHECKPOINTS[request.param])
     path = write_checkpoint(tmp_path_factory.mktemp(request.param), spec.pop("arch"), **spec)
     return build_reference(path, seed=spec["seed"])
-
-
-def _greedy(**overrides) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, keep_logits=True, **overrides)
-
-
-def _assert_matches(reference: Reference, results) -> None:
-    for i, result in enumerate(results):
-        assert result.token_ids == reference.tokens[i], f"prompt {i} diverged"
-        torch.testing.assert_close(torch.stack(result.logits), reference.logits[i], rtol=0, atol=ATOL)
 
 
 # Engine settings under which the results must not change.
@@ -95,8 +40,8 @@ MODES = {
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_greedy_matches_transformers(reference: Reference, make_engine, mode: str) -> None:
     engine = make_engine(model=str(reference.path), **MODES[mode])
-    results = engine.generate(reference.prompts, _greedy(), envelopes=ENV)
-    _assert_matches(reference, results)
+    results = engine.generate(reference.prompts, greedy(), envelopes=ENV)
+    assert_matches(reference, results)
     if mode == "chunked_prefill":
         assert engine.scheduler.num_chunked_prefills > 0
     if mode == "preemption":
@@ -105,8 +50,8 @@ def test_greedy_matches_transformers(reference: Reference, make_engine, mode: st
 
 def test_deterministic_lane_matches_transformers(reference: Reference, make_engine) -> None:
     engine = make_engine(model=str(reference.path), max_num_batched_tokens=40)
-    results = engine.generate(reference.prompts, _greedy(), envelopes=envelope(deterministic=True))
-    _assert_matches(reference, results)
+    results = engine.generate(reference.prompts, greedy(), envelopes=envelope(deterministic=True))
+    assert_matches(reference, results)
 
 
 def test_requests_joining_between_steps_match(reference: Reference, make_engine) -> None:
@@ -117,7 +62,7 @@ def test_requests_joining_between_steps_match(reference: Reference, make_engine)
     while pending or engine.has_unfinished_requests():
         if pending:  # one new arrival per step, into a batch already decoding
             i, prompt = pending.pop(0)
-            engine.add_request(str(i), prompt, _greedy(), envelope=ENV)
+            engine.add_request(str(i), prompt, greedy(), envelope=ENV)
         for out in engine.step():
             token_ids[int(out.request_id)] += out.new_token_ids
             logits[int(out.request_id)] += out.logits
@@ -138,7 +83,7 @@ def test_llama3_rope_scaling_matches(tmp_path, make_engine) -> None:
     path = write_checkpoint(tmp_path / "llama3", "llama", rope_parameters=rope, seed=3)
     reference = build_reference(path, seed=3, max_len=200, count=4)
     engine = make_engine(model=str(path))
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))
+    assert_matches(reference, engine.generate(reference.prompts, greedy(), envelopes=ENV))
 
 
 def test_mistral_sliding_window_matches(tmp_path, make_engine) -> None:
@@ -149,7 +94,7 @@ def test_mistral_sliding_window_matches(tmp_path, make_engine) -> None:
     config.write_text(json.dumps(raw))
     reference = build_reference(path, seed=1, max_len=60, count=4)
     engine = make_engine(model=str(path), max_num_batched_tokens=16)
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))
+    assert_matches(reference, engine.generate(reference.prompts, greedy(), envelopes=ENV))
 
 
 def test_sharded_checkpoint_loads(tmp_path, make_engine) -> None:
@@ -157,4 +102,4 @@ def test_sharded_checkpoint_loads(tmp_path, make_engine) -> None:
     assert (path / "model.safetensors.index.json").is_file()
     reference = build_reference(path, seed=5, count=2)
     engine = make_engine(model=str(path))
-    _assert_matches(reference, engine.generate(reference.prompts, _greedy(), envelopes=ENV))
+    assert_matches(reference, engine.generate(reference.prompts, greedy(), envelopes=ENV))
