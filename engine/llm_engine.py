@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope, tenant_tag
 from engine.fingerprint import model_fingerprint
+from engine.grammar import GrammarError, Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
@@ -71,13 +72,16 @@ class LLMEngine:
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
 
-        self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
+        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
+        # Structured outputs: the end of a schema's JSON allows only the end of text (the first EOS id).
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size, min(self.eos_token_ids, default=None))
+        self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress,
+                                  grammars=self.grammars)
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, self.fingerprint)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self._arrivals = itertools.count()
         self._peak_used_blocks = 0
         self._peak_stats: KVStats = self.block_manager.stats()
@@ -138,7 +142,15 @@ class LLMEngine:
                 f"of {envelope.kv_block_quota}; lower max_tokens",
                 param="max_tokens",
             )
+        grammar = None
+        if params.json_schema is not None:
+            try:
+                grammar = self.grammars.matcher(params.json_schema)
+            except GrammarError as exc:
+                raise RequestError(f"response_format: the JSON schema cannot be enforced: {exc}",
+                                   param="response_format", code="invalid_json_schema") from None
         seq = Sequence(request_id, token_ids, params, self.max_model_len, next(self._arrivals), envelope)
+        seq.grammar = grammar
         raw = prompt.encode() if isinstance(prompt, str) else array("q", token_ids).tobytes()
         seq.raw_prompt_digest = record_digest(self._record_key, raw)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
@@ -206,6 +218,8 @@ class LLMEngine:
                 continue
             token = result.token_id
             seq.append_token(token)
+            if seq.grammar is not None:
+                seq.grammar.consume_token(token)
             if seq.first_token_time is None:
                 seq.first_token_time = time.monotonic()
             if len(seq.top_margins) < NUM_MARGIN_STEPS:
@@ -239,6 +253,10 @@ class LLMEngine:
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
         if seq.detokenizer.stopped:
+            return FinishReason.STOP
+        if seq.grammar is not None and (seq.grammar.is_stopped() or seq.grammar.is_error()):
+            # The JSON is complete and nothing may follow it (an error cannot happen under the mask;
+            # stopping is the safe answer if it does).
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
             return FinishReason.LENGTH
@@ -317,6 +335,7 @@ class LLMEngine:
                 "seeded": p.seed is not None,
                 "stops": len(p.stop) + len(p.stop_token_ids),
                 "logprobs": p.logprobs,
+                "json_schema": p.json_schema is not None,
             },
             model_fingerprint=self.fingerprint,
             cache_scope=seq.envelope.cache_scope.value,

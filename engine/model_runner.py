@@ -15,6 +15,7 @@ from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, Pre
 from engine.model.llama import LlamaForCausalLM
 from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.loader import load_weights
+from engine.grammar import Grammars
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
 
@@ -100,7 +101,9 @@ class ModelRunner:
         max_model_len: int,
         num_blocks: int,
         progress: bool = False,
+        grammars: Grammars | None = None,
     ) -> None:
+        self.grammars = grammars  # fills the grammar masks of structured outputs; None: none are asked for
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu" and not keep_cpu_memory_mapped():
@@ -138,7 +141,9 @@ class ModelRunner:
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
             seqs = [batch.seqs[i] for i in sampling]
             outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
-            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs], outputs)
+            constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+            masks = (constrained, self.grammars.bitmask([seqs[i].grammar for i in constrained])) if constrained else None
+            samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs], outputs, masks)
             for i, sample in zip(sampling, samples):
                 results[i] = sample
         return results

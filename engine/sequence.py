@@ -63,8 +63,10 @@ class Sequence:
         self._kv_held = 0  # blocks held since _kv_since
         self._kv_since = self.arrival_time
         self.raw_prompt_digest = ""
-        # Set by the engine: the incremental detokenizer for stop strings and text deltas.
+        # Set by the engine: the incremental detokenizer for stop strings and text deltas, and for
+        # structured outputs the grammar matcher that says which tokens may come next.
         self.detokenizer: Any = None
+        self.grammar: Any = None
 
     def __repr__(self) -> str:
         return (

@@ -189,6 +189,10 @@ class Tokenizer:
     def digest(self) -> str:
         return self._digest
 
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
+        return self._backend.to_str()
+
     def apply_chat_template(
         self,
         messages: list[dict],
