@@ -68,6 +68,7 @@ class Ask:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (decimal string) -> bias
+    json_schema: str | None = None  # structured outputs: the schema the answer must match, as JSON text
     body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
     # When the decision reads special tokens (completions), the ids that run instead of token_ids.
     special_token_ids: Callable[[], list[int]] | None = None
@@ -209,6 +210,7 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
             seed=ask.seed,
             stop=ask.stop,
             logprobs=ask.logprobs,
+            json_schema=ask.json_schema,
         )
     except SamplingParamsError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None

@@ -11,7 +11,7 @@ from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
-from gateway.openai.chat.protocol import ChatCompletionRequest
+from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -41,7 +41,8 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     ask = build_ask(gateway, body, route=ROUTE, request_id=request_id,
                     encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
-                    max_tokens=body.requested_max_tokens, logprobs=logprobs)
+                    max_tokens=body.requested_max_tokens, logprobs=logprobs,
+                    json_schema=schema_of(body.response_format))
     admitted = await admit(gateway, request, principal, ask)
     token_text = gateway.models[body.model].tokenizer.token_text if logprobs is not None else None
 

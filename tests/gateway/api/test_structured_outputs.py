@@ -1,0 +1,88 @@
+"""Structured outputs through the openai SDK over real HTTP, on the default model (SmolLM2-135M-Instruct):
+twenty json_schema answers that parse and validate with jsonschema, json_object while streaming, and
+the 400s for a schema the engine cannot enforce and for a response_format OpenAI does not have."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from gateway.app import create_app
+from gateway.inference import EngineBackend
+from tests.gateway.api.conftest import ALPHA, DATA_DIR, gateway_settings
+from tests.utils.schemas import SCHEMAS
+from tests.utils.server import serving
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def client(local_issuer, smollm2_dir, tmp_path_factory) -> Iterator[openai.OpenAI]:
+    data_dir = tmp_path_factory.mktemp("policy-data")
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    tenants["tenants"][ALPHA]["models"].append(MODEL)
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    audit_dir = tmp_path_factory.mktemp("audit")
+    settings = gateway_settings(local_issuer, policy_data_dir=data_dir, served_model_name=MODEL,
+                                audit_file=audit_dir / "audit.jsonl", audit_signing_key=audit_dir / "audit-signing.pem")
+    engine = LLMEngine(EngineConfig(model=str(smollm2_dir), max_model_len=512, kv_cache_memory_bytes=64 << 20))
+    app = create_app(settings, backend=EngineBackend(engine, model_name=MODEL))
+    with serving(app) as base_url:
+        with openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience="api://tenantgate"),
+                           max_retries=0, timeout=600) as sdk:
+            yield sdk
+        app.state.gateway.backend.async_engine.shutdown()
+
+
+def ask(client: openai.OpenAI, name: str, response_format: dict, **extra):
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Give me a {name.replace('_', ' ')} as JSON."}],
+        response_format=response_format, max_tokens=48, temperature=0, **extra)
+
+
+def test_twenty_json_schema_answers_parse_and_validate(client) -> None:
+    def one(name: str):
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
+        return name, ask(client, name, fmt)
+
+    with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # at once: they share the engine's steps
+        answers = list(pool.map(one, SCHEMAS))
+    assert len(answers) == 20
+    for name, completion in answers:
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop", name
+        jsonschema.validate(json.loads(choice.message.content), SCHEMAS[name])
+
+
+def test_json_object_streams_an_object(client) -> None:
+    stream = ask(client, "shopping list", {"type": "json_object"}, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    if text.endswith("}"):
+        assert isinstance(json.loads(text), dict)
+    else:  # cut off at max_tokens: still an object's beginning
+        assert text.startswith("{")
+
+
+@pytest.mark.parametrize("schema", [{"type": "bogus"}, {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}])
+def test_a_schema_that_cannot_be_enforced_is_400_on_response_format(client, schema) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "thing", {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}})
+    error = caught.value.body
+    assert error["param"] == "response_format" and error["code"] == "invalid_json_schema"
+    assert error["message"].startswith("response_format: the JSON schema cannot be enforced")
+
+
+@pytest.mark.parametrize("fmt", [{"type": "xml"}, {"type": "json_schema"},
+                                 {"type": "json_schema", "json_schema": {"name": "has space", "schema": {}}}])
+def test_a_response_format_openai_does_not_have_is_400(client, fmt) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "thing", fmt)
+    assert caught.value.body["code"] is not None
+    assert caught.value.body["param"].startswith("response_format")
