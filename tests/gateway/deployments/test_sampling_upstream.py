@@ -1,6 +1,6 @@
 """The sampling fields through an OpenAI-compatible deployment, end to end: the openai SDK over
 real HTTP to the gateway, the gateway over real HTTP to a scripted upstream that records what it
-got. Penalties and logit_bias reach every dialect as sent; top_k and min_p reach vLLM and are
+got. Penalties, logit_bias and response_format reach every dialect as sent; top_k and min_p reach vLLM and are
 refused with a 400 naming the field for a model served by Azure OpenAI (which has neither)."""
 
 from __future__ import annotations
@@ -60,3 +60,18 @@ def test_top_k_and_min_p_reach_vllm_and_are_refused_for_azure(upstream) -> None:
                                            extra_body={field: extensions[field]})
         assert refused.value.body["param"] == field and field in refused.value.body["message"]
     assert fake.received == []  # refused before anything was sent
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+])
+def test_response_format_reaches_the_upstream_as_sent(upstream, response_format) -> None:
+    """The upstream enforces it (vLLM, llama-server and OpenAI all take json_schema); the schema
+    travels under its own key, `schema`, as the caller wrote it."""
+    dialect, fake, client = upstream
+    fake.received.clear()
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, response_format=response_format)
+    (sent,) = [r["json"] for r in fake.received]
+    assert sent["response_format"] == response_format
