@@ -6,6 +6,7 @@ nothing reaches a deployment unless every step before it said yes.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -196,6 +197,30 @@ def effective_max_tokens(decision: Decision, context_cap: int | None, requested:
     return max(1, min(wanted, decision.limits.max_tokens, room))
 
 
+def json_depth(value: object) -> int:
+    """How deeply objects and arrays nest in a JSON value (a scalar is 0, {} or [] is 1)."""
+    depth, level = 0, [(value, 1)]
+    while level:  # with a stack, not recursion: a deep schema must not exhaust Python's
+        value, d = level.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is not None:
+            depth = max(depth, d)
+            level.extend((child, d + 1) for child in children)
+    return depth
+
+
+def check_schema_bounds(json_schema: str, decision: Decision) -> None:
+    """Structured outputs within the policy's bounds on schema size and nesting, else a 400."""
+    size, limit = len(json_schema.encode()), decision.limits.max_schema_bytes
+    if size > limit:
+        raise InvalidRequest(f"response_format: the JSON schema has {size} bytes (as compact JSON); this tenant's "
+                             f"limit is {limit}", param="response_format", code="invalid_json_schema")
+    depth, limit = json_depth(json.loads(json_schema)), decision.limits.max_schema_depth
+    if depth > limit:
+        raise InvalidRequest(f"response_format: the JSON schema nests {depth} levels deep; this tenant's limit is "
+                             f"{limit}", param="response_format", code="invalid_json_schema")
+
+
 def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -246,6 +271,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
             if ask.max_tokens is not None and max_tokens < ask.max_tokens:
                 add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
+        if ask.json_schema is not None:
+            check_schema_bounds(ask.json_schema, decision)
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         if not ask.embeds:

@@ -60,6 +60,9 @@ class LimitsDecision(_Strict):
     principal_tokens_per_minute: NonNegativeInt
     concurrent_requests: NonNegativeInt
     fail_open: bool  # served, unaccounted, when the quota store is unreachable
+    # Structured outputs: the largest schema (bytes of compact JSON) and deepest nesting a request may ask for.
+    max_schema_bytes: NonNegativeInt
+    max_schema_depth: NonNegativeInt
 
 
 class Decision(_Strict):

@@ -93,6 +93,8 @@ test_allow_principal_limits_default_to_the_tenants if {
 	l.principal_tokens_per_minute == 1000
 	l.concurrent_requests == 64
 	l.fail_open == false
+	l.max_schema_bytes == 16384
+	l.max_schema_depth == 16
 }
 
 test_allow_tenant_sets_principal_limits_and_fail_open if {
@@ -102,11 +104,14 @@ test_allow_tenant_sets_principal_limits_and_fail_open if {
 			"requests_per_minute": 60, "kv_blocks": 8, "priority": 0,
 			"principal_requests_per_minute": 6, "principal_tokens_per_minute": 100,
 			"concurrent_requests": 2, "fail_open": true,
+			"max_schema_bytes": 512, "max_schema_depth": 3,
 		}}}
 	l.principal_requests_per_minute == 6
 	l.principal_tokens_per_minute == 100
 	l.concurrent_requests == 2
 	l.fail_open == true
+	l.max_schema_bytes == 512
+	l.max_schema_depth == 3
 }
 
 test_allow_embeddings_generate_nothing if {

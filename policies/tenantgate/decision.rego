@@ -42,6 +42,8 @@ default decision := {
 		"principal_tokens_per_minute": 0,
 		"concurrent_requests": 0,
 		"fail_open": false,
+		"max_schema_bytes": 0,
+		"max_schema_depth": 0,
 	},
 }
 
@@ -73,6 +75,8 @@ _allowed := {
 		"principal_tokens_per_minute": limits.principal_tokens_per_minute,
 		"concurrent_requests": limits.concurrent_requests,
 		"fail_open": limits.fail_open,
+		"max_schema_bytes": limits.max_schema_bytes,
+		"max_schema_depth": limits.max_schema_depth,
 	},
 }
 
@@ -94,5 +98,7 @@ _denied := {
 		"principal_tokens_per_minute": 0,
 		"concurrent_requests": 0,
 		"fail_open": false,
+		"max_schema_bytes": 0,
+		"max_schema_depth": 0,
 	},
 }

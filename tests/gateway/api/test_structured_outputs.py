@@ -1,6 +1,7 @@
 """Structured outputs through the openai SDK over real HTTP, on the default model (SmolLM2-135M-Instruct):
 twenty json_schema answers that parse and validate with jsonschema, json_object while streaming, and
-the 400s for a schema the engine cannot enforce and for a response_format OpenAI does not have."""
+the 400s for a schema the engine cannot enforce, one beyond the policy's bounds on size and nesting,
+and a response_format OpenAI does not have."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.utils.schemas import SCHEMAS
 from tests.utils.server import serving
 
 MODEL = "smollm2-135m-instruct"
+MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH = 2048, 12  # Alpha's bounds here (the policy's defaults: 16384 and 16)
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,7 @@ def client(local_issuer, smollm2_dir, tmp_path_factory) -> Iterator[openai.OpenA
     data_dir = tmp_path_factory.mktemp("policy-data")
     tenants = json.loads((DATA_DIR / "tenants.json").read_text())
     tenants["tenants"][ALPHA]["models"].append(MODEL)
+    tenants["tenants"][ALPHA]["limits"] |= {"max_schema_bytes": MAX_SCHEMA_BYTES, "max_schema_depth": MAX_SCHEMA_DEPTH}
     (data_dir / "tenants.json").write_text(json.dumps(tenants))
     audit_dir = tmp_path_factory.mktemp("audit")
     settings = gateway_settings(local_issuer, policy_data_dir=data_dir, served_model_name=MODEL,
@@ -77,6 +80,32 @@ def test_a_schema_that_cannot_be_enforced_is_400_on_response_format(client, sche
     error = caught.value.body
     assert error["param"] == "response_format" and error["code"] == "invalid_json_schema"
     assert error["message"].startswith("response_format: the JSON schema cannot be enforced")
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "boolean"}
+    while depth > 1:  # each wrapper adds two levels: the object and its properties
+        schema, depth = {"type": "object", "properties": {"a": schema}}, depth - 2
+    return schema
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)}},
+     f"bytes (as compact JSON); this tenant's limit is {MAX_SCHEMA_BYTES}"),
+    (nested(MAX_SCHEMA_DEPTH + 2), f"levels deep; this tenant's limit is {MAX_SCHEMA_DEPTH}"),
+])
+def test_a_schema_beyond_the_policy_bounds_is_400_on_response_format(client, schema, message) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "thing", {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}})
+    error = caught.value.body
+    assert error["param"] == "response_format" and error["code"] == "invalid_json_schema"
+    assert message in error["message"]
+
+
+def test_a_schema_at_the_policy_bounds_runs(client) -> None:
+    completion = ask(client, "flag", {"type": "json_schema", "json_schema": {"name": "deep",
+                                                                             "schema": nested(MAX_SCHEMA_DEPTH - 1)}})
+    assert completion.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize("fmt", [{"type": "xml"}, {"type": "json_schema"},
