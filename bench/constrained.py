@@ -12,8 +12,8 @@ Two parts, one run:
 - engine: the real model in this process, greedy, the same prompts run unconstrained and
   with `json_schema` (the engine's chosen library), in alternating rounds; printed: output
   tok/s of each and the overhead of constrained decoding at batch 1 and 32. Target: <= 10%
-  at batch 32. A constrained request stops when its JSON is complete, so both sides are
-  timed per output token, not per request.
+  at batch 32. A constrained request stops when its JSON is complete; each unconstrained
+  twin runs exactly as many tokens, so both sides run the same steps at the same batch sizes.
 
 The load average is printed beside every round: on a shared 2-core VM a round swings by
 30%, so compare medians and trust only rounds taken at a low load.
@@ -219,12 +219,14 @@ def bench_engine(rounds: int, max_tokens: int) -> None:
     for batch in BATCHES:
         batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
         schemas = [json.dumps(SCHEMAS[names[i % len(names)]]) for i in range(batch)]
-        # Unconstrained rows ignore EOS and run max_tokens; constrained rows stop when their JSON is done.
-        plain = [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True) for _ in range(batch)]
         constrained = [SamplingParams(temperature=0, max_tokens=max_tokens, json_schema=s) for s in schemas]
+        # Warm-up (first uses, compiled grammars) that also learns how long each constrained answer is
+        # (greedy: the same every round): the unconstrained rows then run exactly as many tokens, EOS
+        # ignored, so both sides run the same steps at the same batch sizes over the same prefills.
+        lengths = [len(c.token_ids) for c in engine.generate(batch_prompts, constrained, envelope(f"warm-{batch}"))]
+        plain = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
         runs = {"unconstrained": plain, "json_schema": constrained}
-        for name, params in runs.items():  # warm-up: first uses, compiled grammars
-            engine.generate(batch_prompts[:2], params[:2], envelope(f"warm-{name}-{batch}"))
+        engine.generate(batch_prompts[:2], plain[:2], envelope(f"warm-plain-{batch}"))
         rates: dict[str, list[float]] = {name: [] for name in runs}
         for round_ in range(rounds):
             order = list(runs) if round_ % 2 == 0 else list(runs)[::-1]
@@ -254,7 +256,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_dir(resolve_model_path(DEFAULT_MODEL, progress=True))
     eos = min(tokenizer.eos_token_ids)
     print(f"{DEFAULT_MODEL}: vocabulary {tokenizer.vocab_size}, {len(SCHEMAS)} schemas, {THREADS} threads, {load()}")
-    for name in args.libraries.split(","):
+    for name in filter(None, args.libraries.split(",")):
         try:
             figures = bench_library(LIBRARIES[name], tokenizer, eos, args.steps)
         except ImportError as exc:

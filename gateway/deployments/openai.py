@@ -156,8 +156,9 @@ def _max_tokens_field(deployment: Deployment, route: str) -> str:
 
 def unsupported_fields(body: dict, dialects: Iterable[str] = ()) -> list[str]:
     """The caller's fields an upstream cannot honour through this client (refuse them with 400):
-    one choice per request, no logprobs (the engine's token-id logprobs have no upstream twin), and
-    no sampling extension when any of the model's deployments (`dialects`) lacks it."""
+    one choice per request, no logprobs (the engine's token-id logprobs have no upstream twin), no
+    tools (the answer's tool_calls are not read back yet), and no sampling extension when any of the
+    model's deployments (`dialects`) lacks it."""
     names = []
     if not EXTENSION_DIALECTS.issuperset(dialects):
         names += sorted(EXTENSIONS.intersection(body))
@@ -171,6 +172,8 @@ def unsupported_fields(body: dict, dialects: Iterable[str] = ()) -> list[str]:
         names.append("best_of")
     if body.get("echo"):
         names.append("echo")
+    if body.get("tools"):  # this client reads content deltas only: an upstream's tool calls would be lost
+        names.append("tools")
     return names
 
 

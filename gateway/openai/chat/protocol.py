@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from gateway.openai.chat.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolCall, ToolChoice, render_calls, system_prompt
 from gateway.openai.protocol import RequestModel, SamplingFields
 
 MAX_MESSAGES = 2048
@@ -22,6 +23,13 @@ class Message(RequestModel):
     content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
     tool_call_id: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None  # an assistant's
+
+    @model_validator(mode="after")
+    def _tool_calls_are_an_assistants(self) -> "Message":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -75,6 +83,8 @@ class ChatCompletionRequest(SamplingFields):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     parallel_tool_calls: bool | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ChatCompletionRequest":
@@ -82,18 +92,46 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("give max_completion_tokens or max_tokens, not both")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: each function needs a name of its own")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError("tool_choice names a function that is not among the tools")
+        if self.constrains_tool_call and schema_of(self.response_format) is not None:
+            raise ValueError("response_format json_object or json_schema cannot go with tool_choice required or "
+                             "a named function: both decide the answer's shape")
         return self
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def template_messages(self) -> list[dict]:
+    @property
+    def active_tools(self) -> list[Tool]:
+        """The tools the model is shown: none with tool_choice none."""
+        return [] if self.tool_choice == "none" else list(self.tools or [])
+
+    @property
+    def constrains_tool_call(self) -> bool:
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
+
+    def template_messages(self, tools_in_system: bool = False) -> list[dict]:
+        """The conversation for the chat template; with tools_in_system (a template without a tools
+        section) the active tools go first, in a system message (gateway/openai/chat/tools.py)."""
         rendered = []
-        for message in self.messages:
+        tools_prompt = system_prompt(self.active_tools) if tools_in_system and self.active_tools else None
+        for i, message in enumerate(self.messages):
             # Chat templates know system, user and assistant; developer is OpenAI's new name for system.
             role = "system" if message.role == "developer" else message.role
-            entry = {"role": role, "content": message.text()}
+            text = message.text() + (render_calls(message.tool_calls) if message.tool_calls else "")
+            if i == 0 and tools_prompt is not None:
+                if role == "system":  # one system message: the caller's, then the tools
+                    rendered.append({"role": "system", "content": text + "\n\n" + tools_prompt})
+                    continue
+                rendered.append({"role": "system", "content": tools_prompt})
+            entry = {"role": role, "content": text}
             if message.tool_call_id is not None:
                 entry["tool_call_id"] = message.tool_call_id
             rendered.append(entry)

@@ -12,6 +12,7 @@ from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
+from gateway.openai.chat.tools import NamedToolChoice, constrained_schema, parse_calls
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -24,7 +25,9 @@ ROUTE = "chat.completions"
 def prompt_token_ids(served: ServedModel, body: ChatCompletionRequest) -> list[int]:
     try:
         # Only the template's own control tokens are special; message text that spells one stays text.
-        return served.tokenizer.encode_chat(body.template_messages())
+        tools = [t.model_dump(exclude_none=True) for t in body.active_tools] if served.tokenizer.renders_tools else None
+        return served.tokenizer.encode_chat(body.template_messages(tools_in_system=not served.tokenizer.renders_tools),
+                                            tools=tools or None)
     except TokenizerError:
         # The template's own message may quote the conversation; say what failed, not what it saw.
         raise InvalidRequest("the messages cannot be rendered with this model's chat template "
@@ -42,7 +45,8 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
     ask = build_ask(gateway, body, route=ROUTE, request_id=request_id,
                     encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
                     max_tokens=body.requested_max_tokens, logprobs=logprobs,
-                    json_schema=schema_of(body.response_format))
+                    json_schema=schema_of(body.response_format) or constrained_schema(body.active_tools,
+                                                                                       body.tool_choice))
     admitted = await admit(gateway, request, principal, ask)
     token_text = gateway.models[body.model].tokenizer.token_text if logprobs is not None else None
 
@@ -50,13 +54,42 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
         return {"id": request_id, "object": "chat.completion.chunk", "created": admitted.created,
                 "model": body.model, "system_fingerprint": system_fingerprint(admitted)}
 
+    tools = body.active_tools
+
+    def answer(text: str, reason: str | None) -> tuple[dict, str | None]:
+        """The assistant message for an answer, and its finish_reason (OpenAI's: tool_calls for the
+        calls the model chose, stop for a named function's)."""
+        calls = parse_calls(text, tools, body.tool_choice) if tools else None
+        message = {"role": "assistant", "content": None if calls else text, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+            if reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
+                return message, "tool_calls"
+        else:
+            message["tool_calls"] = None
+        return message, finish_reason(reason)
+
     with accounted(gateway, admitted):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             extra = {"usage": None} if include_usage else {}
 
+            held: list[str] = []  # with tools, the answer is read whole: a call or content
+
             def chunks(output) -> list[dict]:
                 out = []
+                if tools:
+                    held.append(output.new_text)
+                    if not output.finished:
+                        return out
+                    message, reason = answer("".join(held), output.finish_reason)
+                    delta = ({"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
+                             if message["tool_calls"] else {"content": message["content"]})
+                    out.append(base() | extra | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                              "finish_reason": None}]})
+                    out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                              "finish_reason": reason}]})
+                    return out
                 if output.new_text or output.logprobs:
                     choice = {"index": 0, "delta": {"content": output.new_text}, "finish_reason": None,
                               "logprobs": ({"content": chat_logprobs(token_text, output.logprobs)}
@@ -76,12 +109,15 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
 
         outputs = await collect(gateway, admitted, request)
         text, token_logprobs = joined(outputs)
+        message, reason = answer(text, admitted.finish_reason)
+        if not message["tool_calls"]:
+            del message["tool_calls"]
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": {"content": chat_logprobs(token_text, token_logprobs),
                          "refusal": None} if logprobs is not None else None,
-            "finish_reason": finish_reason(admitted.finish_reason),
+            "finish_reason": reason,
         }
         body_out = base() | {"object": "chat.completion", "choices": [choice], "usage": usage(admitted)}
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))

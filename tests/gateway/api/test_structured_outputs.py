@@ -6,42 +6,21 @@ and a response_format OpenAI does not have."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
-from gateway.inference import EngineBackend
-from tests.gateway.api.conftest import ALPHA, DATA_DIR, gateway_settings
+from tests.gateway.api.conftest import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, SMOLLM2
 from tests.utils.schemas import SCHEMAS
-from tests.utils.server import serving
 
-MODEL = "smollm2-135m-instruct"
-MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH = 2048, 12  # Alpha's bounds here (the policy's defaults: 16384 and 16)
+MODEL = SMOLLM2
 
 
 @pytest.fixture(scope="module")
-def client(local_issuer, smollm2_dir, tmp_path_factory) -> Iterator[openai.OpenAI]:
-    data_dir = tmp_path_factory.mktemp("policy-data")
-    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
-    tenants["tenants"][ALPHA]["models"].append(MODEL)
-    tenants["tenants"][ALPHA]["limits"] |= {"max_schema_bytes": MAX_SCHEMA_BYTES, "max_schema_depth": MAX_SCHEMA_DEPTH}
-    (data_dir / "tenants.json").write_text(json.dumps(tenants))
-    audit_dir = tmp_path_factory.mktemp("audit")
-    settings = gateway_settings(local_issuer, policy_data_dir=data_dir, served_model_name=MODEL,
-                                audit_file=audit_dir / "audit.jsonl", audit_signing_key=audit_dir / "audit-signing.pem")
-    engine = LLMEngine(EngineConfig(model=str(smollm2_dir), max_model_len=512, kv_cache_memory_bytes=64 << 20))
-    app = create_app(settings, backend=EngineBackend(engine, model_name=MODEL))
-    with serving(app) as base_url:
-        with openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience="api://tenantgate"),
-                           max_retries=0, timeout=600) as sdk:
-            yield sdk
-        app.state.gateway.backend.async_engine.shutdown()
+def client(smollm2_client) -> openai.OpenAI:
+    return smollm2_client
 
 
 def ask(client: openai.OpenAI, name: str, response_format: dict, **extra):
