@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import torch
@@ -40,6 +41,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
+        self._filler: ThreadPoolExecutor | None = None  # one thread that hands each step's masks to llguidance
 
     def _ll(self) -> llguidance.LLTokenizer:
         with self._lock:
@@ -47,6 +49,7 @@ class Grammars:
                 self._ll_tokenizer = llguidance.LLTokenizer(
                     self._tokenizer.backend_json(), n_vocab=self.vocab_size, eos_token=self._eos)
                 self._executor = llguidance.LLExecutor(os.cpu_count() or 1)
+                self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
             return self._ll_tokenizer
 
     def matcher(self, json_schema: str) -> llguidance.LLMatcher:
@@ -60,6 +63,11 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(matcher.get_error()[:MAX_ERROR_CHARS])
         return matcher
+
+    def bitmask_async(self, matchers: Sequence[llguidance.LLMatcher]) -> Future[torch.Tensor]:
+        """bitmask(matchers), computed on a thread of its own, so it overlaps the step's forward pass."""
+        self._ll()
+        return self._filler.submit(self.bitmask, list(matchers))
 
     def bitmask(self, matchers: Sequence[llguidance.LLMatcher]) -> torch.Tensor:
         """[len(matchers), words] int32: the tokens each matcher allows next (see apply_bitmask)."""

@@ -134,15 +134,17 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
         input_ids, positions, meta, sample_rows, sampling = self._prepare(batch)
+        seqs = [batch.seqs[i] for i in sampling]
+        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        # The grammar masks are filled on llguidance's threads while the model runs (it releases the GIL).
+        pending = self.grammars.bitmask_async([seqs[i].grammar for i in constrained]) if constrained else None
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if sample_rows:
             rows = hidden[torch.tensor(sample_rows, device=self.device)]
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
-            seqs = [batch.seqs[i] for i in sampling]
             outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
-            constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
-            masks = (constrained, self.grammars.bitmask([seqs[i].grammar for i in constrained])) if constrained else None
+            masks = (constrained, pending.result()) if pending is not None else None
             samples = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs], outputs, masks)
             for i, sample in zip(sampling, samples):
                 results[i] = sample
