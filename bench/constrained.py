@@ -41,6 +41,7 @@ from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_dige
 from engine.grammar import apply_bitmask  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.catalog import DEFAULT_MODEL, resolve_model_path  # noqa: E402
+from engine import sampler as sampler_module  # noqa: E402 - its apply_bitmask is timed in place
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tests.utils.schemas import SCHEMAS  # noqa: E402
@@ -211,8 +212,27 @@ def envelope(run: str) -> ExecutionEnvelope:
                              isolation=Isolation.SHARED, isolation_key=keyed_digest(b"bench", "tenant"))
 
 
+class Timed:
+    """Wraps a function and adds up the seconds spent in it (on any thread)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.seconds, self.calls = fn, 0.0, 0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+
+
 def bench_engine(rounds: int, max_tokens: int) -> None:
     engine = LLMEngine(EngineConfig(model=DEFAULT_MODEL, kv_cache_memory_bytes=512 << 20), progress=True)
+    # Within the same steps, less exposed to the machine's noise than two runs' rates: the time each
+    # constrained step spends filling masks (overlapped with the forward pass) and applying them.
+    fill = engine.grammars.bitmask = Timed(engine.grammars.bitmask)
+    apply = sampler_module.apply_bitmask = Timed(sampler_module.apply_bitmask)
     names = list(SCHEMAS)
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": f"Answer in JSON ({name})."}])
                for name in names]
@@ -228,12 +248,17 @@ def bench_engine(rounds: int, max_tokens: int) -> None:
         runs = {"unconstrained": plain, "json_schema": constrained}
         engine.generate(batch_prompts[:2], plain[:2], envelope(f"warm-plain-{batch}"))
         rates: dict[str, list[float]] = {name: [] for name in runs}
+        step_s = 0.0
+        fill.seconds = apply.seconds = 0.0
+        fill.calls = apply.calls = 0
         for round_ in range(rounds):
             order = list(runs) if round_ % 2 == 0 else list(runs)[::-1]
             for name in order:
                 start = time.perf_counter()
                 done = engine.generate(batch_prompts, runs[name], envelope(f"{name}-{batch}-{round_}"))
                 elapsed = time.perf_counter() - start
+                if name == "json_schema":
+                    step_s += elapsed
                 tokens = sum(len(c.token_ids) for c in done)
                 rates[name].append(tokens / elapsed)
                 print(f"  batch {batch:>2} round {round_} {name:>13}: {tokens / elapsed:7.1f} output tok/s "
@@ -242,6 +267,10 @@ def bench_engine(rounds: int, max_tokens: int) -> None:
         per_round = " ".join(f"{1 - j / p:+.0%}" for p, j in zip(rates["unconstrained"], rates["json_schema"]))
         print(f"batch {batch:>2}: unconstrained {plain_rate:.1f} tok/s, json_schema {json_rate:.1f} tok/s: "
               f"overhead {1 - json_rate / plain_rate:+.0%} (per round {per_round}; target <= 10% at batch 32)")
+        steps = max(apply.calls, 1)
+        print(f"batch {batch:>2}: per constrained step {step_s * 1000 / steps:.1f} ms, of which the mask's apply "
+              f"{apply.seconds * 1000 / steps:.2f} ms ({apply.seconds / step_s:.1%}) and its fill "
+              f"{fill.seconds * 1000 / steps:.2f} ms ({fill.seconds / step_s:.1%}, beside the forward pass)")
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def estimate_tokens(text: str) -> int:
 def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str,
               encode: Callable[[ServedModel], list[int]], text: Callable[[], str], max_tokens: int | None,
               logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None,
-              json_schema: str | None = None) -> Ask:
+              json_schema: str | None = None, schema_param: str = "response_format") -> Ask:
     """`encode(served)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
     for models the gateway has no tokenizer for."""
     unsupported(body)
@@ -60,5 +60,5 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
                top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
                frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-               logprobs=logprobs, json_schema=json_schema, body=wire,
+               logprobs=logprobs, json_schema=json_schema, schema_param=schema_param, body=wire,
                special_token_ids=special)

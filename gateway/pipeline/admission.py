@@ -70,6 +70,7 @@ class Ask:
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (decimal string) -> bias
     json_schema: str | None = None  # structured outputs: the schema the answer must match, as JSON text
+    schema_param: str = "response_format"  # the field it came from (tools, for tool_choice required or named)
     body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
     # When the decision reads special tokens (completions), the ids that run instead of token_ids.
     special_token_ids: Callable[[], list[int]] | None = None
@@ -209,16 +210,17 @@ def json_depth(value: object) -> int:
     return depth
 
 
-def check_schema_bounds(json_schema: str, decision: Decision) -> None:
-    """Structured outputs within the policy's bounds on schema size and nesting, else a 400."""
+def check_schema_bounds(json_schema: str, param: str, decision: Decision) -> None:
+    """Structured outputs within the policy's bounds on schema size and nesting, else a 400 naming
+    the field the schema came from."""
     size, limit = len(json_schema.encode()), decision.limits.max_schema_bytes
     if size > limit:
-        raise InvalidRequest(f"response_format: the JSON schema has {size} bytes (as compact JSON); this tenant's "
-                             f"limit is {limit}", param="response_format", code="invalid_json_schema")
+        raise InvalidRequest(f"{param}: the JSON schema has {size} bytes (as compact JSON); this tenant's "
+                             f"limit is {limit}", param=param, code="invalid_json_schema")
     depth, limit = json_depth(json.loads(json_schema)), decision.limits.max_schema_depth
     if depth > limit:
-        raise InvalidRequest(f"response_format: the JSON schema nests {depth} levels deep; this tenant's limit is "
-                             f"{limit}", param="response_format", code="invalid_json_schema")
+        raise InvalidRequest(f"{param}: the JSON schema nests {depth} levels deep; this tenant's limit is "
+                             f"{limit}", param=param, code="invalid_json_schema")
 
 
 def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
@@ -272,7 +274,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             if ask.max_tokens is not None and max_tokens < ask.max_tokens:
                 add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
         if ask.json_schema is not None:
-            check_schema_bounds(ask.json_schema, decision)
+            check_schema_bounds(ask.json_schema, ask.schema_param, decision)
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         if not ask.embeds:

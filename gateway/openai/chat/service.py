@@ -46,7 +46,8 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                     encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
                     max_tokens=body.requested_max_tokens, logprobs=logprobs,
                     json_schema=schema_of(body.response_format) or constrained_schema(body.active_tools,
-                                                                                       body.tool_choice))
+                                                                                       body.tool_choice),
+                    schema_param="tools" if body.constrains_tool_call else "response_format")
     admitted = await admit(gateway, request, principal, ask)
     token_text = gateway.models[body.model].tokenizer.token_text if logprobs is not None else None
 

@@ -92,3 +92,12 @@ def test_inconsistent_tool_fields_are_400(smollm2_client, fields, param) -> None
     assert caught.value.body["code"] is not None
     if param is not None:
         assert caught.value.body["param"].startswith(param)
+
+
+def test_a_parameters_schema_that_cannot_be_enforced_is_400_on_tools(smollm2_client) -> None:
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        call(smollm2_client, tools=bad, tool_choice={"type": "function", "function": {"name": "f"}})
+    error = caught.value.body
+    assert error["param"] == "tools" and error["code"] == "invalid_json_schema"
+    assert error["message"].startswith("tools: the JSON schema cannot be enforced")

@@ -75,3 +75,14 @@ def test_response_format_reaches_the_upstream_as_sent(upstream, response_format)
     client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, response_format=response_format)
     (sent,) = [r["json"] for r in fake.received]
     assert sent["response_format"] == response_format
+
+
+def test_tools_are_refused_for_an_upstream_model(upstream) -> None:
+    """The upstream client reads content deltas only: an upstream's tool calls would be lost."""
+    dialect, fake, client = upstream
+    fake.received.clear()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, tools=tools)
+    assert refused.value.body["param"] == "tools" and refused.value.body["code"] == "invalid_value"
+    assert fake.received == []
