@@ -56,7 +56,7 @@ def load() -> str:
 
 def byte_level_decoder() -> dict[str, int]:
     """GPT-2's byte-to-unicode table, inverted: the bytes a byte-level BPE token stands for."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:

@@ -4,9 +4,9 @@ top-p, min-p, per-request seeds, OpenAI-style logprobs.
 The order is HF transformers': processors on the raw logits (logit_bias, then OpenAI's
 penalties), which greedy decoding sees too; then the grammar masks of structured outputs
 (engine/grammar.py: -inf for every token the request's schema does not allow next); then, for
-sampled rows, temperature, top-k, top-p on what top-k kept, and min-p. Each is one tensor op over the whole batch and touches
-a row only through that row's own values, so a row's result does not depend on its batch
-(the deterministic lane relies on it).
+sampled rows, temperature, top-k, top-p on what top-k kept, and min-p. Each is one tensor op
+over the whole batch and touches a row only through that row's own values, so a row's result
+does not depend on its batch (the deterministic lane relies on it).
 
 Each sampled request draws one uniform per step from its own torch.Generator and picks
 its token by inverse CDF, so the tokens a seed yields do not depend on what else is in the
@@ -36,7 +36,8 @@ class SampleResult:
     token_id: int
     logprobs: TokenLogprobs | None
     logits: torch.Tensor | None = None  # raw float32 row, only with SamplingParams.keep_logits
-    margin: float = 0.0  # top-1 minus top-2 logit after bias and penalties (before a grammar mask): how close the step was to a tie
+    # top-1 minus top-2 logit after bias and penalties, before a grammar mask: how close the step was to a tie
+    margin: float = 0.0
 
 
 class Sampler:
