@@ -59,7 +59,7 @@ def test_json_schema_answers_validate_and_stop_when_complete(smollm2) -> None:
         jsonschema.validate(json.loads(result.text), SCHEMAS[name])
     unconstrained = smollm2.generate([prompt(smollm2, "person")], SamplingParams(temperature=0, max_tokens=48),
                                      envelope("grammar"))[0]
-    with pytest.raises(ValueError):  # the model alone does not answer bare JSON: the mask did it
+    with pytest.raises((ValueError, jsonschema.ValidationError)):  # the model alone does not: the mask did it
         jsonschema.validate(json.loads(unconstrained.text), SCHEMAS["person"])
 
 
