@@ -12,7 +12,7 @@ from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
-from gateway.openai.chat.tools import NamedToolChoice, constrained_schema, parse_calls
+from gateway.openai.chat.tools import NamedToolChoice, constrained_schema, new_call_id, parse_calls
 from gateway.openai.responses import chat_logprobs, finish_reason, joined, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -76,9 +76,29 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
             extra = {"usage": None} if include_usage else {}
 
             held: list[str] = []  # with tools, the answer is read whole: a call or content
+            # A named function's answer is its arguments from the first token: they stream as OpenAI's do,
+            # the call's id and name first, then the arguments as they come.
+            named = bool(tools) and isinstance(body.tool_choice, NamedToolChoice)
+            call_id, opened = new_call_id(), False
+
+            def call_delta(fields: dict) -> dict:
+                return base() | extra | {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0} | fields]},
+                                                      "logprobs": None, "finish_reason": None}]}
 
             def chunks(output) -> list[dict]:
+                nonlocal opened
                 out = []
+                if named:
+                    if not opened:
+                        opened = True
+                        out.append(call_delta({"id": call_id, "type": "function",
+                                               "function": {"name": body.tool_choice.function.name, "arguments": ""}}))
+                    if output.new_text:
+                        out.append(call_delta({"function": {"arguments": output.new_text}}))
+                    if output.finished:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                                  "finish_reason": finish_reason(output.finish_reason)}]})
+                    return out
                 if tools:
                     held.append(output.new_text)
                     if not output.finished:

@@ -52,6 +52,7 @@ def test_a_streamed_named_call_arrives_as_tool_call_deltas(smollm2_client) -> No
             assert not choice.delta.content
     assert reasons[-1] == "stop"
     assert deltas[0].index == 0 and deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert len(deltas) > 2 and all(d.index == 0 and d.id is None for d in deltas[1:])  # the arguments, as they come
     arguments = "".join(d.function.arguments or "" for d in deltas)
     jsonschema.validate(json.loads(arguments), WEATHER)
 
