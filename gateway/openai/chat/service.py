@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.tokenizer import TokenizerError
 from gateway.auth.principal import Principal
+from gateway.deployments.openai import UpstreamOutput
 from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
@@ -88,6 +89,17 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
             def chunks(output) -> list[dict]:
                 nonlocal opened
                 out = []
+                if tools and isinstance(output, UpstreamOutput):  # the upstream's calls, as they come
+                    delta = {"content": output.new_text} if output.new_text else {}
+                    if output.tool_calls:
+                        delta["tool_calls"] = output.tool_calls
+                    if delta:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                                  "finish_reason": None}]})
+                    if output.finished:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                                  "finish_reason": finish_reason(output.finish_reason)}]})
+                    return out
                 if named:
                     if not opened:
                         opened = True
@@ -130,7 +142,13 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
 
         outputs = await collect(gateway, admitted, request)
         text, token_logprobs = joined(outputs)
-        message, reason = answer(text, admitted.finish_reason)
+        if tools and any(isinstance(o, UpstreamOutput) for o in outputs):  # the upstream called the tools itself
+            calls = [c for o in outputs if isinstance(o, UpstreamOutput) for c in o.tool_calls]
+            message = {"role": "assistant", "content": text or None if calls else text, "refusal": None,
+                       "tool_calls": calls}
+            reason = finish_reason(admitted.finish_reason)
+        else:
+            message, reason = answer(text, admitted.finish_reason)
         if not message["tool_calls"]:
             del message["tool_calls"]
         choice = {
