@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope, tenant_tag
 from engine.fingerprint import model_fingerprint
+from engine.grammar import GrammarError, Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
@@ -59,8 +60,12 @@ class LLMEngine:
         # With gpu_memory_utilization, a CUDA pool takes what is left once the model is loaded and warmed up.
         size_from_device = (device.type == "cuda" and config.num_kv_blocks is None
                             and config.gpu_memory_utilization is not None)
+        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
+        # Structured outputs: the end of a schema's JSON allows only the end of text (the first EOS id).
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size, min(self.eos_token_ids, default=None))
         if size_from_device:
-            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress)
+            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress,
+                                      grammars=self.grammars)
             num_blocks = self.runner.num_blocks
         if config.max_model_len is None and num_blocks * config.block_size < self.max_model_len:
             # Nobody asked for the model's whole context: serve what the KV cache holds rather than refuse.
@@ -80,14 +85,14 @@ class LLMEngine:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
 
         if not size_from_device:
-            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress)
+            self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress,
+                                      grammars=self.grammars)
         self.runner.prepare_decode_graphs()
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, self.fingerprint)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self._arrivals = itertools.count()
         self._peak_used_blocks = 0
         self._peak_stats: KVStats = self.block_manager.stats()
@@ -168,6 +173,12 @@ class LLMEngine:
             choice.raw_prompt_digest = raw_digest
             choice.detokenizer = IncrementalDetokenizer(self.tokenizer, choice.params.stop,
                                                         choice.params.skip_special_tokens)
+            if params.json_schema is not None:  # each choice walks the grammar on its own
+                try:
+                    choice.grammar = self.grammars.matcher(params.json_schema)
+                except GrammarError as exc:
+                    raise RequestError(f"response_format: the JSON schema cannot be enforced: {exc}",
+                                       param="response_format", code="invalid_json_schema") from None
         return seq
 
     def enqueue(self, seq: Sequence) -> None:
@@ -250,6 +261,8 @@ class LLMEngine:
                 continue
             token = result.token_id
             seq.append_token(token)
+            if seq.grammar is not None:
+                seq.grammar.consume_token(token)
             if seq.first_token_time is None:
                 seq.first_token_time = time.monotonic()
             if len(seq.top_margins) < NUM_MARGIN_STEPS:
@@ -284,6 +297,10 @@ class LLMEngine:
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
         if seq.detokenizer.stopped:
+            return FinishReason.STOP
+        if seq.grammar is not None and (seq.grammar.is_stopped() or seq.grammar.is_error()):
+            # The JSON is complete and nothing may follow it (an error cannot happen under the mask;
+            # stopping is the safe answer if it does).
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
             return FinishReason.LENGTH
@@ -373,6 +390,7 @@ class LLMEngine:
                 "seeded": p.seed is not None,
                 "stops": len(p.stop) + len(p.stop_token_ids),
                 "logprobs": p.logprobs,
+                "json_schema": p.json_schema is not None,
             },
             model_fingerprint=self.fingerprint,
             cache_scope=seq.envelope.cache_scope.value,

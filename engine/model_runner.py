@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, Pag
 from engine.model.llama import LlamaForCausalLM
 from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.loader import load_weights
+from engine.grammar import Grammars
 from engine.sampler import SampleResult, Sampler
 from engine.scheduler import ScheduledBatch
 
@@ -113,7 +115,9 @@ class ModelRunner:
         max_model_len: int,
         num_blocks: int | None,  # None: as many as free device memory allows (CUDA)
         progress: bool = False,
+        grammars: Grammars | None = None,
     ) -> None:
+        self.grammars = grammars  # fills the grammar masks of structured outputs; None: none are asked for
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self._cuda = self.device.type == "cuda"  # pinned transfers, CUDA graphs
@@ -202,21 +206,33 @@ class ModelRunner:
         hidden = self.model(ids, self._tensor(positions), meta, caches)
         self.model.compute_logits(hidden[: self._max_num_seqs])
 
+    def _start_masks(self, seqs: list) -> tuple[list[int], Future] | None:
+        """The grammar masks of the constrained rows among seqs, filled on llguidance's threads while
+        the model runs (it releases the GIL); None when no row is constrained."""
+        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not constrained:
+            return None
+        return constrained, self.grammars.bitmask_async([seqs[i].grammar for i in constrained])
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
         if self._replays(batch):
-            hidden, meta, sample_rows, sampling = self._replay_decode(batch)
+            hidden, meta, sample_rows, sampling = self._replay_decode(batch)  # the device runs on meanwhile
+            seqs = [batch.seqs[i] for i in sampling]
+            pending = self._start_masks(seqs)
         else:
             input_ids, positions, meta, sample_rows, sampling = self._prepare(batch)
+            seqs = [batch.seqs[i] for i in sampling]
+            pending = self._start_masks(seqs)
             hidden = self.model(input_ids, positions, meta, self.kv_caches)
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if sample_rows:
             rows = hidden[self._tensor(sample_rows)]
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
-            seqs = [batch.seqs[i] for i in sampling]
             outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
-            samples = self.sampler.sample(logits, [s.seq_id for s in seqs], [s.params for s in seqs], outputs)
+            masks = (pending[0], pending[1].result()) if pending is not None else None
+            samples = self.sampler.sample(logits, [s.seq_id for s in seqs], [s.params for s in seqs], outputs, masks)
             for i, sample in zip(sampling, samples):
                 results[i] = sample
         return results

@@ -2,10 +2,11 @@
 top-p, min-p, per-request seeds, OpenAI-style logprobs.
 
 The order is HF transformers': processors on the raw logits (logit_bias, then OpenAI's
-penalties), which greedy decoding sees too; then, for sampled rows, temperature, top-k,
-top-p on what top-k kept, and min-p. Each is one tensor op over the whole batch and touches
-a row only through that row's own values, so a row's result does not depend on its batch
-(the deterministic lane relies on it).
+penalties), which greedy decoding sees too; then the grammar masks of structured outputs
+(engine/grammar.py: -inf for every token the request's schema does not allow next); then, for
+sampled rows, temperature, top-k, top-p on what top-k kept, and min-p. Each is one tensor op
+over the whole batch and touches a row only through that row's own values, so a row's result
+does not depend on its batch (the deterministic lane relies on it).
 
 Each sampled request draws one uniform per step from its own torch.Generator and picks
 its token by inverse CDF, so the tokens a seed yields do not depend on what else is in the
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar import apply_bitmask
 from engine.sampling_params import SamplingParams
 
 
@@ -34,7 +36,8 @@ class SampleResult:
     token_id: int
     logprobs: TokenLogprobs | None
     logits: torch.Tensor | None = None  # raw float32 row, only with SamplingParams.keep_logits
-    margin: float = 0.0  # top-1 minus top-2 logit after bias and penalties: how close the step was to a tie
+    # top-1 minus top-2 logit after bias and penalties, before a grammar mask: how close the step was to a tie
+    margin: float = 0.0
 
 
 class Sampler:
@@ -56,11 +59,24 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
-               output_token_ids: list[list[int]] | None = None) -> list[SampleResult]:
+               output_token_ids: list[list[int]] | None = None,
+               masks: tuple[list[int], torch.Tensor] | None = None) -> list[SampleResult]:
         """logits: [num_rows, vocab] float32, one row per request that samples this step;
-        output_token_ids: per row, the tokens it generated so far (read only for penalized rows)."""
+        output_token_ids: per row, the tokens it generated so far (read only for penalized rows);
+        masks: the rows with a grammar and their bitmask, one row each (Grammars.bitmask)."""
         logits = logits.float()
         processed = process_logits(logits, params, output_token_ids)
+        top2 = processed.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        if masks is not None:
+            rows, bitmask = masks
+            if processed is logits:  # never mask the raw logits (logprobs and keep_logits read them)
+                processed = logits.clone()
+            if len(rows) == len(params):
+                apply_bitmask(processed, bitmask)
+            else:
+                index = torch.tensor(rows, device=logits.device)
+                processed[index] = apply_bitmask(processed[index], bitmask)
         chosen = processed.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
@@ -72,8 +88,6 @@ class Sampler:
             chosen[rows] = inverse_cdf(probs, uniforms)
 
         chosen_ids = chosen.tolist()
-        top2 = processed.topk(2, dim=-1).values
-        margins = (top2[:, 0] - top2[:, 1]).tolist()
         want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: dict[int, TokenLogprobs] = {}
         if want_logprobs:

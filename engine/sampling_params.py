@@ -47,6 +47,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = no logprobs; k >= 0 = chosen token plus top-k alternatives
     skip_special_tokens: bool = True
+    # Structured outputs: a JSON schema (as JSON text) the output must match, enforced token by token
+    # (engine/grammar.py); {"type": "object"} is OpenAI's json_object. None = unconstrained.
+    json_schema: str | None = None
     # Tests and the deterministic-lane checks compare raw logits; never set by the gateway.
     keep_logits: bool = False
 
@@ -78,6 +81,8 @@ class SamplingParams:
         stop_ids = self.stop_token_ids
         if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in stop_ids):
             raise SamplingParamsError("stop_token_ids", "must be a list of non-negative integers")
+        if self.json_schema is not None and (not isinstance(self.json_schema, str) or not self.json_schema):
+            raise SamplingParamsError("json_schema", "must be a JSON schema as JSON text")
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
 

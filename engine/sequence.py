@@ -70,7 +70,8 @@ class Sequence:
         self._kv_held = 0  # blocks held since _kv_since
         self._kv_since = self.arrival_time
         self.raw_prompt_digest = ""
-        # Set by the engine: the incremental detokenizer for stop strings and text deltas.
+        # Set by the engine: the incremental detokenizer for stop strings and text deltas, and for
+        # structured outputs the grammar matcher that says which tokens may come next.
         self.detokenizer: Any = None
         # Choices: the request's sequences in choice order (this one alone until it forks),
         # the choices still to fork off it, the prompt tokens they will share, and the blocks
@@ -80,6 +81,7 @@ class Sequence:
         self.fork_at = 0
         self.num_borrowed_blocks = 0
         self.num_shared_blocks = 0  # choice 0: the blocks the choices shared at the fork
+        self.grammar: Any = None
 
     def __repr__(self) -> str:
         return (

@@ -11,6 +11,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.runtime
@@ -66,6 +67,10 @@ class Tokenizer:
         self._templates = {
             name: _compile_chat_template(name, source) for name, source in (chat_templates or {}).items()
         }
+        # Whether a template reads `tools` (a tools section); tool calling tells the model of them itself otherwise.
+        self.renders_tools: bool = any(
+            "tools" in jinja2.meta.find_undeclared_variables(template.environment.parse(source))
+            for template, source in zip(self._templates.values(), (chat_templates or {}).values()))
         self._digest = digest
         self._token_texts: dict[int, str] = {}
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
@@ -188,6 +193,10 @@ class Tokenizer:
 
     def digest(self) -> str:
         return self._digest
+
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
+        return self._backend.to_str()
 
     def apply_chat_template(
         self,

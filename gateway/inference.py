@@ -24,7 +24,7 @@ class InferenceBackend(Protocol):
 
     # parse_special: read special-token strings in text as those tokens (only when the decision allows it).
     def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]: ...
-    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
     def token_text(self, token_id: int) -> str: ...
     def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...
@@ -43,8 +43,13 @@ class GatewayTokenizer:
     def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self._tokenizer.encode_chat(messages, add_generation_prompt=True)
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template has a tools section (else tool calling writes its own system message)."""
+        return self._tokenizer.renders_tools
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self._tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools)
 
     def token_text(self, token_id: int) -> str:
         return self._tokenizer.token_text(token_id)
@@ -132,7 +137,9 @@ class NullBackend:
         # One token per four bytes, like a typical BPE on English text.
         return list(range(max(1, len(text.encode()) // 4)))
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    renders_tools = False
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode("".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages), False)
 
     def token_text(self, token_id: int) -> str:

@@ -35,7 +35,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import httpx
@@ -56,7 +56,8 @@ PATHS = {"chat.completions": "chat/completions", "completions": "completions", "
 # (who calls stays inside the gateway), store (a caller never opts into storage upstream), n,
 # logprobs, top_logprobs, best_of and echo (see unsupported_fields).
 FORWARDED = frozenset({"messages", "prompt", "suffix", "temperature", "top_p", "stop", "seed",
-                       "presence_penalty", "frequency_penalty", "logit_bias", "response_format"})
+                       "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
+                       "tools", "tool_choice", "parallel_tool_calls"})
 # Sampling extensions, forwarded only to the dialects that document them.
 EXTENSIONS = frozenset({"top_k", "min_p"})
 EXTENSION_DIALECTS = frozenset({"vllm", "sglang", "llamacpp"})
@@ -90,6 +91,9 @@ class UpstreamOutput(RequestOutput):
     # True on the last delta when its counts are the upstream's `usage`; otherwise the counts are
     # the client's own (output: content deltas seen; prompt: 0) and the caller settles on its own.
     usage_reported: bool = False
+    # The upstream's tool calls in this delta, as OpenAI writes them (streamed: pieces with an index;
+    # a whole answer: whole calls), held to their strings (tool_call_fields).
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 def cache_salt(namespace: bytes, deployment_name: str) -> str:
@@ -324,23 +328,40 @@ def _usage(event: dict) -> tuple[int, int, int] | None:
     return prompt, completion, cached if isinstance(cached, int) else 0
 
 
-def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | None]:
-    """The text and finish reason of choice 0 in one chunk (or a whole answer when not
-    streamed); ("", None) when it has none."""
+def tool_call_fields(call: object) -> dict | None:
+    """An upstream's tool call (or a streamed piece of one) with only OpenAI's fields, each of its
+    type; None when it is not one."""
+    if not isinstance(call, dict):
+        return None
+    kept = {k: call[k] for k in ("id", "type") if isinstance(call.get(k), str)}
+    if type(call.get("index")) is int:
+        kept["index"] = call["index"]
+    function = call.get("function")
+    if isinstance(function, dict):
+        kept["function"] = {k: function[k] for k in ("name", "arguments") if isinstance(function.get(k), str)}
+    return kept
+
+
+def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | None, list[dict]]:
+    """The text, finish reason and tool calls of choice 0 in one chunk (or a whole answer when not
+    streamed); ("", None, []) when it has none."""
     choices = event["choices"]
     if not isinstance(choices, list):
         raise ValueError("choices is not a list")
     for choice in choices:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
+        calls = []
         if route == "chat.completions":
             delta = choice.get("delta" if streamed else "message")
             text = delta.get("content") if isinstance(delta, dict) else None
+            listed = delta.get("tool_calls") if isinstance(delta, dict) else None
+            calls = [c for c in map(tool_call_fields, listed if isinstance(listed, list) else []) if c]
         else:
             text = choice.get("text")
         reason = choice.get("finish_reason")
-        return (text if isinstance(text, str) else ""), (reason if isinstance(reason, str) else None)
-    return "", None
+        return (text if isinstance(text, str) else ""), (reason if isinstance(reason, str) else None), calls
+    return "", None, []
 
 
 def _input_count(value) -> int:
@@ -402,14 +423,15 @@ class OpenAIUpstream:
                     document = json.loads(await response.aread())
                 if not isinstance(document, dict) or "choices" not in document:
                     raise ValueError("not a completion")
-                text, finish_reason = _choice(document, call.route, streamed=False)
+                text, finish_reason, calls = _choice(document, call.route, streamed=False)
                 usage = _usage(document)
-                outputs = 1 if text else 0
+                outputs = 1 if text or calls else 0
                 if finish_reason is None:
                     raise self._unavailable("answered without a finish reason")
                 prompt, completion, cached = usage or (0, outputs, 0)
                 yield UpstreamOutput(call.request_id, [], text, prompt, completion, cached, finished=True,
-                                     finish_reason=finish_reason, usage_reported=usage is not None)
+                                     finish_reason=finish_reason, usage_reported=usage is not None,
+                                     tool_calls=calls)
                 return
             lines = response.aiter_lines()
             while True:
@@ -429,11 +451,11 @@ class OpenAIUpstream:
                 if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
                     raise self._unavailable("sent an error in its stream")
                 usage = _usage(event) or usage
-                text, reason = _choice(event, call.route) if "choices" in event else ("", None)
+                text, reason, calls = _choice(event, call.route) if "choices" in event else ("", None, [])
                 finish_reason = reason or finish_reason
-                if text:
+                if text or calls:
                     outputs += 1
-                    yield UpstreamOutput(call.request_id, [], text, 0, outputs)
+                    yield UpstreamOutput(call.request_id, [], text, 0, outputs, tool_calls=calls)
         except TimeoutError:
             raise self._unavailable("timed out" if outputs else "timed out before its first token") from None
         except httpx.TransportError as exc:

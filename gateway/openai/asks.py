@@ -29,12 +29,13 @@ def estimate_tokens(text: str) -> int:
 
 def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str, runs_as: str | None = None,
               encode: Callable[[ServedModel], list[int]], text: Callable[[], str], max_tokens: int | None,
-              logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None) -> Ask:
+              logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None,
+              json_schema: str | None = None, schema_param: str = "response_format") -> Ask:
     """`encode(served)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
     for models the gateway has no tokenizer for."""
     unsupported(body)
     served = gateway.models.get(body.model)
-    wire = body.model_dump(mode="json", exclude_none=True)
+    wire = body.model_dump(mode="json", exclude_none=True, by_alias=True)  # json_schema's `schema`
     token_ids, prompt_tokens, special = [], 0, None
     if served is not None:
         if not served.takes_token_ids:
@@ -60,5 +61,5 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
                top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
                frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-               logprobs=logprobs, body=wire,
+               logprobs=logprobs, json_schema=json_schema, schema_param=schema_param, body=wire,
                special_token_ids=special)

@@ -6,6 +6,7 @@ nothing reaches a deployment unless every step before it said yes.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -70,6 +71,8 @@ class Ask:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (decimal string) -> bias
+    json_schema: str | None = None  # structured outputs: the schema the answer must match, as JSON text
+    schema_param: str = "response_format"  # the field it came from (tools, for tool_choice required or named)
     body: dict = field(default_factory=dict)  # the request as sent (wire names): upstreams and content records
     # When the decision reads special tokens (completions), the ids that run instead of token_ids.
     special_token_ids: Callable[[], list[int]] | None = None
@@ -220,6 +223,31 @@ def effective_max_tokens(decision: Decision, context_cap: int | None, requested:
     return max(1, min(wanted, decision.limits.max_tokens, room))
 
 
+def json_depth(value: object) -> int:
+    """How deeply objects and arrays nest in a JSON value (a scalar is 0, {} or [] is 1)."""
+    depth, level = 0, [(value, 1)]
+    while level:  # with a stack, not recursion: a deep schema must not exhaust Python's
+        value, d = level.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is not None:
+            depth = max(depth, d)
+            level.extend((child, d + 1) for child in children)
+    return depth
+
+
+def check_schema_bounds(json_schema: str, param: str, decision: Decision) -> None:
+    """Structured outputs within the policy's bounds on schema size and nesting, else a 400 naming
+    the field the schema came from."""
+    size, limit = len(json_schema.encode()), decision.limits.max_schema_bytes
+    if size > limit:
+        raise InvalidRequest(f"{param}: the JSON schema has {size} bytes (as compact JSON); this tenant's "
+                             f"limit is {limit}", param=param, code="invalid_json_schema")
+    depth, limit = json_depth(json.loads(json_schema)), decision.limits.max_schema_depth
+    if depth > limit:
+        raise InvalidRequest(f"{param}: the JSON schema nests {depth} levels deep; this tenant's limit is "
+                             f"{limit}", param=param, code="invalid_json_schema")
+
+
 def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -235,6 +263,7 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
             seed=ask.seed,
             stop=ask.stop,
             logprobs=ask.logprobs,
+            json_schema=ask.json_schema,
         )
     except SamplingParamsError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
@@ -276,6 +305,8 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
             if ask.n > decision.limits.max_choices:  # fewer choices than asked would be a silent change
                 raise InvalidRequest(f"n may be at most {decision.limits.max_choices} for this tenant, "
                                      f"got {ask.n}", param="n")
+        if ask.json_schema is not None:
+            check_schema_bounds(ask.json_schema, ask.schema_param, decision)
         envelope = envelope_for(gateway, principal, judgement)
         targets = gateway.router.targets(served, envelope, principal.tenant_id, ask.request_id, judgement.revision)
         if not ask.embeds:

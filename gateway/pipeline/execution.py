@@ -77,7 +77,10 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
             raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
         except RequestError as exc:
             failed(span, exc, error=False)
-            raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
+            # The engine names a schema it cannot enforce response_format; it may have come from tools.
+            param = admitted.ask.schema_param if exc.param == "response_format" else exc.param
+            raise InvalidRequest(str(exc).replace("response_format:", f"{param}:", 1), param=param,
+                                 code=exc.code) from None
         except EngineDeadError as exc:
             failed(span, exc)
             raise Unavailable("the inference engine is not running") from None

@@ -70,6 +70,9 @@ class LimitsDecision(_Strict):
     concurrent_requests: NonNegativeInt
     max_choices: NonNegativeInt  # the largest n a request may ask for
     fail_open: bool  # served, unaccounted, when the quota store is unreachable
+    # Structured outputs: the largest schema (bytes of compact JSON) and deepest nesting a request may ask for.
+    max_schema_bytes: NonNegativeInt
+    max_schema_depth: NonNegativeInt
 
 
 class Decision(_Strict):

@@ -52,6 +52,12 @@ concurrent_requests := object.get(_limits, "concurrent_requests", 64)
 # the prompt's KV. The gateway refuses a larger n with 400 rather than return fewer.
 max_choices := object.get(_limits, "max_choices", 4)
 
+# Structured outputs: the largest JSON schema a request may ask for (bytes of its compact JSON) and
+# its deepest nesting (objects and arrays within one another); the gateway refuses more with a 400.
+max_schema_bytes := object.get(_limits, "max_schema_bytes", 16384)
+
+max_schema_depth := object.get(_limits, "max_schema_depth", 16)
+
 # Whether the tenant is served when the quota store is unreachable (unaccounted); off unless set.
 fail_open := object.get(_limits, "fail_open", false)
 

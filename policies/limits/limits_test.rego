@@ -94,6 +94,8 @@ test_allow_principal_limits_default_to_the_tenants if {
 	l.concurrent_requests == 64
 	l.max_choices == 4
 	l.fail_open == false
+	l.max_schema_bytes == 16384
+	l.max_schema_depth == 16
 }
 
 test_allow_tenant_sets_principal_limits_and_fail_open if {
@@ -103,12 +105,15 @@ test_allow_tenant_sets_principal_limits_and_fail_open if {
 			"requests_per_minute": 60, "kv_blocks": 8, "priority": 0,
 			"principal_requests_per_minute": 6, "principal_tokens_per_minute": 100,
 			"concurrent_requests": 2, "fail_open": true, "max_choices": 1,
+			"max_schema_bytes": 512, "max_schema_depth": 3,
 		}}}
 	l.principal_requests_per_minute == 6
 	l.principal_tokens_per_minute == 100
 	l.concurrent_requests == 2
 	l.max_choices == 1
 	l.fail_open == true
+	l.max_schema_bytes == 512
+	l.max_schema_depth == 3
 }
 
 test_allow_embeddings_generate_nothing if {

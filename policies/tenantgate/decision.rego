@@ -46,6 +46,8 @@ default decision := {
 		"concurrent_requests": 0,
 		"max_choices": 0,
 		"fail_open": false,
+		"max_schema_bytes": 0,
+		"max_schema_depth": 0,
 	},
 }
 
@@ -80,6 +82,8 @@ _allowed := {
 		"concurrent_requests": limits.concurrent_requests,
 		"max_choices": limits.max_choices,
 		"fail_open": limits.fail_open,
+		"max_schema_bytes": limits.max_schema_bytes,
+		"max_schema_depth": limits.max_schema_depth,
 	},
 }
 
@@ -106,5 +110,7 @@ _denied := {
 		"concurrent_requests": 0,
 		"max_choices": 0,
 		"fail_open": false,
+		"max_schema_bytes": 0,
+		"max_schema_depth": 0,
 	},
 }

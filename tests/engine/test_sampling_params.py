@@ -69,7 +69,8 @@ def test_every_setting_survives_the_replica_wire() -> None:
     from engine.remote import params_from_json, params_to_json
 
     params = SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, top_k=4, min_p=0.1, presence_penalty=0.5,
-                            frequency_penalty=-1.0, logit_bias={"5": -100, "9": 2.5}, seed=3, stop=("x",))
+                            frequency_penalty=-1.0, logit_bias={"5": -100, "9": 2.5}, seed=3, stop=("x",),
+                            json_schema='{"type":"object"}')
     assert params_from_json(json.loads(json.dumps(params_to_json(params)))) == params
 
 
@@ -80,3 +81,9 @@ def test_n_crosses_the_replica_wire_only_when_it_is_more_than_one() -> None:
     assert params_from_json(params_to_json(SamplingParams(n=3, seed=1))) == SamplingParams(n=3, seed=1)
     one_seed = SamplingParams(n=3, seed=2**63 - 1).for_choice(2)
     assert (one_seed.n, one_seed.seed) == (1, 1)  # seed + choice wraps within [0, 2**63)
+
+
+@pytest.mark.parametrize("schema", ["", 3, {"type": "object"}])
+def test_json_schema_must_be_json_text(schema) -> None:
+    with pytest.raises(SamplingParamsError, match="json_schema"):
+        SamplingParams(json_schema=schema)

@@ -7,11 +7,13 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.tokenizer import TokenizerError
 from gateway.auth.principal import Principal
+from gateway.deployments.openai import UpstreamOutput
 from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
-from gateway.openai.chat.protocol import ChatCompletionRequest
+from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
+from gateway.openai.chat.tools import NamedToolChoice, constrained_schema, new_call_id, parse_calls
 from gateway.openai.responses import chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -24,7 +26,9 @@ ROUTE = "chat.completions"
 def prompt_token_ids(served: ServedModel, body: ChatCompletionRequest) -> list[int]:
     try:
         # Only the template's own control tokens are special; message text that spells one stays text.
-        return served.tokenizer.encode_chat(body.template_messages())
+        tools = [t.model_dump(exclude_none=True) for t in body.active_tools] if served.tokenizer.renders_tools else None
+        return served.tokenizer.encode_chat(body.template_messages(tools_in_system=not served.tokenizer.renders_tools),
+                                            tools=tools or None)
     except TokenizerError:
         # The template's own message may quote the conversation; say what failed, not what it saw.
         raise InvalidRequest("the messages cannot be rendered with this model's chat template "
@@ -41,7 +45,10 @@ def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, 
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
                      encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
-                     max_tokens=body.requested_max_tokens, logprobs=logprobs)
+                     max_tokens=body.requested_max_tokens, logprobs=logprobs,
+                     json_schema=schema_of(body.response_format) or constrained_schema(body.active_tools,
+                                                                                        body.tool_choice),
+                     schema_param="tools" if body.constrains_tool_call else "response_format")
 
 
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,
@@ -56,13 +63,73 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
         return {"id": request_id, "object": "chat.completion.chunk", "created": admitted.created,
                 "model": body.model, "system_fingerprint": system_fingerprint(admitted)}
 
+    tools = body.active_tools
+
+    def answer(text: str, reason: str | None) -> tuple[dict, str | None]:
+        """The assistant message for an answer, and its finish_reason (OpenAI's: tool_calls for the
+        calls the model chose, stop for a named function's)."""
+        calls = parse_calls(text, tools, body.tool_choice) if tools else None
+        message = {"role": "assistant", "content": None if calls else text, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+            if reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
+                return message, "tool_calls"
+        else:
+            message["tool_calls"] = None
+        return message, finish_reason(reason)
+
     with accounted(gateway, admitted):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             extra = {"usage": None} if include_usage else {}
 
+            held: list[str] = []  # with tools, the answer is read whole: a call or content
+            # A named function's answer is its arguments from the first token: they stream as OpenAI's do,
+            # the call's id and name first, then the arguments as they come.
+            named = bool(tools) and isinstance(body.tool_choice, NamedToolChoice)
+            call_id, opened = new_call_id(), False
+
+            def call_delta(fields: dict) -> dict:
+                return base() | extra | {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0} | fields]},
+                                                      "logprobs": None, "finish_reason": None}]}
+
             def chunks(output) -> list[dict]:
+                nonlocal opened
                 out = []
+                if tools and isinstance(output, UpstreamOutput):  # the upstream's calls, as they come
+                    delta = {"content": output.new_text} if output.new_text else {}
+                    if output.tool_calls:
+                        delta["tool_calls"] = output.tool_calls
+                    if delta:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                                  "finish_reason": None}]})
+                    if output.finished:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                                  "finish_reason": finish_reason(output.finish_reason)}]})
+                    return out
+                if named:
+                    if not opened:
+                        opened = True
+                        out.append(call_delta({"id": call_id, "type": "function",
+                                               "function": {"name": body.tool_choice.function.name, "arguments": ""}}))
+                    if output.new_text:
+                        out.append(call_delta({"function": {"arguments": output.new_text}}))
+                    if output.finished:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                                  "finish_reason": finish_reason(output.finish_reason)}]})
+                    return out
+                if tools:
+                    held.append(output.new_text)
+                    if not output.finished:
+                        return out
+                    message, reason = answer("".join(held), output.finish_reason)
+                    delta = ({"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
+                             if message["tool_calls"] else {"content": message["content"]})
+                    out.append(base() | extra | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                              "finish_reason": None}]})
+                    out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                              "finish_reason": reason}]})
+                    return out
                 if output.new_text or output.logprobs:
                     choice = {"index": output.index, "delta": {"content": output.new_text}, "finish_reason": None,
                               "logprobs": ({"content": chat_logprobs(token_text, output.logprobs)}
@@ -82,16 +149,25 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                                       (lambda: base() | {"choices": []}) if include_usage else None, opening)
 
         outputs = await collect(gateway, admitted, request)
-        choices = [
-            {
+        choices = []
+        for index, (text, token_logprobs) in enumerate(joined_by_choice(outputs, body.n)):
+            reason = admitted.finish_reasons.get(index, admitted.finish_reason if index == 0 else None)
+            if tools and any(isinstance(o, UpstreamOutput) for o in outputs):  # the upstream called the tools itself
+                calls = [c for o in outputs if isinstance(o, UpstreamOutput) for c in o.tool_calls]
+                message = {"role": "assistant", "content": text or None if calls else text, "refusal": None,
+                           "tool_calls": calls}
+                reason = finish_reason(reason)
+            else:
+                message, reason = answer(text, reason)  # tools come with one choice only (ChatCompletionRequest)
+            if not message["tool_calls"]:
+                del message["tool_calls"]
+            choices.append({
                 "index": index,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": {"content": chat_logprobs(token_text, token_logprobs),
                              "refusal": None} if logprobs is not None else None,
-                "finish_reason": finish_reason(admitted.finish_reasons.get(index)),
-            }
-            for index, (text, token_logprobs) in enumerate(joined_by_choice(outputs, body.n))
-        ]
+                "finish_reason": reason,
+            })
         body_out = base() | {"object": "chat.completion", "choices": choices, "usage": usage(admitted)}
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(body_out, headers={"X-Request-Id": request_id})

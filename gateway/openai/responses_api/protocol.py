@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.openai.chat.protocol import MAX_MESSAGES
 from gateway.openai.protocol import RequestModel
@@ -71,6 +71,15 @@ class ResponsesRequest(RequestModel):
     previous_response_id: Annotated[str, Field(max_length=64)] | None = None
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _no_tools_yet(cls, value):
+        # Chat calls tools now, but a response's output has no function_call items yet: a call would
+        # come back as text. Refused until it can be answered as the Responses API answers it.
+        if value:
+            raise ValueError("function tools are not supported on /v1/responses yet; use /v1/chat/completions")
+        return value
 
     def input_items(self) -> list[MessageItem]:
         return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import json
+
 import openai
 import pytest
 
@@ -34,6 +36,8 @@ IOTA = "66666666-0000-4000-8000-000000000006"  # like Theta, logs no content; co
 KAPPA = "55555555-0000-4000-8000-000000000005"  # only the embedding model, 3,000 tokens per minute
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # Alpha, Gamma, Theta and Kappa may use it
 DEFAULT_MODEL = "smollm2-135m-instruct"  # tenantgate serve's default; Alpha and Theta may use it
+SMOLLM2 = DEFAULT_MODEL  # served by smollm2_client, to Alpha
+MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH = 2048, 12  # Alpha's bounds there (the policy's defaults: 16384 and 16)
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"
 AUDIENCE = "api://tenantgate"
 
@@ -50,8 +54,6 @@ class Gateway:
     audit_file: Path
 
     def audit_records(self) -> list[dict]:
-        import json
-
         return [e for e in map(json.loads, self.audit_file.read_text().splitlines()) if e["type"] == "record"]
 
     def token(self, tenant: str = ALPHA, **options) -> str:
@@ -140,3 +142,24 @@ def default_model_gateway(local_issuer: LocalIssuer, smollm2_dir: Path, tmp_path
     with running_gateway(local_issuer, LLMEngine(config, sinks=[sink]), sink, tmp_path_factory.mktemp("audit"),
                          DEFAULT_MODEL, None) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def smollm2_client(local_issuer: LocalIssuer, smollm2_dir: Path, tmp_path_factory) -> Iterator[openai.OpenAI]:
+    """The openai SDK on a gateway that serves the default model, SmolLM2-135M-Instruct, to Alpha
+    (with schema bounds of its own: MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH)."""
+    data_dir = tmp_path_factory.mktemp("policy-data")
+    tenants = json.loads((DATA_DIR / "tenants.json").read_text())
+    assert SMOLLM2 in tenants["tenants"][ALPHA]["models"]
+    tenants["tenants"][ALPHA]["limits"] |= {"max_schema_bytes": MAX_SCHEMA_BYTES, "max_schema_depth": MAX_SCHEMA_DEPTH}
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    audit_dir = tmp_path_factory.mktemp("audit")
+    settings = gateway_settings(local_issuer, policy_data_dir=data_dir, served_model_name=SMOLLM2,
+                                audit_file=audit_dir / "audit.jsonl", audit_signing_key=audit_dir / "audit-signing.pem")
+    engine = LLMEngine(EngineConfig(model=str(smollm2_dir), max_model_len=512, kv_cache_memory_bytes=64 << 20))
+    app = create_app(settings, backend=EngineBackend(engine, model_name=SMOLLM2))
+    with serving(app) as base_url:
+        with openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                           max_retries=0, timeout=600) as sdk:
+            yield sdk
+        app.state.gateway.backend.async_engine.shutdown()

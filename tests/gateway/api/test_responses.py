@@ -217,14 +217,20 @@ def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, code: str, par
     assert response.headers["x-request-id"]
 
 
-def test_tools_and_text_format_get_chats_answer(gateway: Gateway) -> None:
-    """They map onto chat's tools and response_format; chat refuses those today, with this 400."""
+def test_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None:
+    """Function tools are refused until a response can carry function_call items; text.format runs
+    as chat's response_format, so even the random demo model answers with the schema's JSON."""
     tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
     tools = post(gateway, {"model": "demo", "input": "x", "tools": [tool]}).json()["error"]
-    assert (tools["code"], tools["param"]) == ("unknown_parameter", "tools")
-    schema = {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}
-    structured = post(gateway, {"model": "demo", "input": "x", "text": {"format": schema}})
-    assert structured.status_code == 400 and structured.json()["error"]["code"] == "invalid_value"
+    assert (tools["code"], tools["param"]) == ("invalid_value", "tools") and "chat/completions" in tools["message"]
+    only_empty = {"type": "object", "properties": {}, "additionalProperties": False}  # one answer: {}
+    schema = {"type": "json_schema", "name": "answer", "schema": only_empty, "strict": True}
+    structured = post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 8, "text": {"format": schema}})
+    assert structured.status_code == 200, structured.text
+    assert structured.json()["output"][0]["content"][0]["text"] == "{}"
+    bad = {"type": "json_schema", "name": "answer", "schema": {"type": "no-such-type"}}
+    refused = post(gateway, {"model": "demo", "input": "x", "text": {"format": bad}}).json()["error"]
+    assert refused["code"] == "invalid_json_schema"
     assert post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 1,
                           "text": {"format": {"type": "text"}}}).status_code == 200
 

@@ -29,6 +29,9 @@ def sse(event: dict | str) -> bytes:
     return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
 
 
+TOOL_CALL = {"id": "call_up1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+
+
 def chat_chunk(content: str | None = None, finish: str | None = None) -> dict:
     delta = {} if content is None else {"content": content}
     return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -61,6 +64,10 @@ class FakeUpstream:
             if self.mode == "garbage":
                 return JSONResponse({"unexpected": True})
             message = {"text": "Paris."} if "prompt" in body else {"message": {"role": "assistant", "content": "Paris."}}
+            if self.mode == "tool_call":
+                message = {"message": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}}
+                return JSONResponse({"object": "chat.completion", "usage": USAGE,
+                                     "choices": [{"index": 0, "finish_reason": "tool_calls", **message}]})
             return JSONResponse({"object": "chat.completion", "usage": USAGE,
                                  "choices": [{"index": 0, "finish_reason": "stop", **message}]})
         return StreamingResponse(self.events(body), media_type="text/event-stream")
@@ -74,6 +81,16 @@ class FakeUpstream:
                 for _ in range(400):  # bounded: 20 s at most
                     yield sse(chat_chunk("x"))
                     await asyncio.sleep(0.05)
+                return
+            if self.mode == "tool_call":  # OpenAI's pieces: the call's id and name, then its arguments
+                head = TOOL_CALL | {"index": 0, "function": {"name": "get_weather", "arguments": ""}}
+                for piece in (head, {"index": 0, "function": {"arguments": '{"city":'}},
+                              {"index": 0, "function": {"arguments": '"Paris"}'}}):
+                    yield sse({"object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
+                yield sse(chat_chunk(finish="tool_calls"))
+                yield sse({"choices": [], "usage": USAGE})
+                yield sse("[DONE]")
                 return
             for piece in ("Paris", "."):
                 yield sse({"choices": [{"index": 0, "text": piece, "finish_reason": None}]} if completions

@@ -1,8 +1,9 @@
 """The sampling fields through an OpenAI-compatible deployment, end to end: the openai SDK over
 real HTTP to the gateway, the gateway over real HTTP to a scripted upstream that records what it
-got. Penalties and logit_bias reach every dialect as sent; top_k and min_p reach vLLM and are
-refused with a 400 naming the field for a model served by Azure OpenAI (which has neither); n > 1 is
-refused for every dialect."""
+got. Penalties, logit_bias, response_format and tools reach every dialect as sent (and the
+upstream's tool calls come back); top_k and min_p reach vLLM and are refused with a 400 naming
+the field for a model served by Azure OpenAI (which has neither); n > 1 is refused for every
+dialect."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from gateway.app import create_app
 from tests.gateway.api.conftest import AUDIENCE, BETA, gateway_settings
-from tests.gateway.deployments.test_openai_upstream import FakeUpstream
+from tests.gateway.deployments.test_openai_upstream import TOOL_CALL, FakeUpstream
 from tests.utils.server import serving
 
 MODEL = "some-other-model"  # the one model Beta's policy names
@@ -89,3 +90,44 @@ def test_n_over_one_is_refused_for_an_upstream_naming_n(upstream) -> None:
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, n=2)
     assert refused.value.body["param"] == "n" and "upstream" in refused.value.body["message"]
     assert fake.received == []
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+])
+def test_response_format_reaches_the_upstream_as_sent(upstream, response_format) -> None:
+    """The upstream enforces it (vLLM, llama-server and OpenAI all take json_schema); the schema
+    travels under its own key, `schema`, as the caller wrote it."""
+    dialect, fake, client = upstream
+    fake.received.clear()
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, response_format=response_format)
+    (sent,) = [r["json"] for r in fake.received]
+    assert sent["response_format"] == response_format
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_reach_the_upstream_and_its_tool_calls_come_back(upstream, stream) -> None:
+    dialect, fake, client = upstream
+    fake.received.clear()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    fake.mode = "tool_call"
+    try:
+        reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, tools=tools,
+                                               tool_choice="auto", stream=stream)
+        if stream:
+            chunks = [c for c in reply if c.choices]
+            pieces = [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
+            assert pieces[0].id == TOOL_CALL["id"] and pieces[0].function.name == "get_weather"
+            assert "".join(p.function.arguments or "" for p in pieces) == TOOL_CALL["function"]["arguments"]
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        else:
+            (call,) = reply.choices[0].message.tool_calls
+            assert (call.id, call.function.name, call.function.arguments) == (
+                TOOL_CALL["id"], "get_weather", TOOL_CALL["function"]["arguments"])
+            assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    finally:
+        fake.mode = "ok"
+    (sent,) = [r["json"] for r in fake.received]
+    assert (sent["tools"], sent["tool_choice"]) == (tools, "auto")

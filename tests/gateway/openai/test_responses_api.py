@@ -44,10 +44,12 @@ def test_instructions_come_first_and_the_rest_maps_by_name() -> None:
 
 
 def test_chats_refusals_name_this_requests_field() -> None:
-    # tools: chat on main has no such field yet, so its 400 is reported at this request's tools.
-    with pytest.raises(RequestValidationError) as tools:
-        chat_request(ResponsesRequest(model="m", input="x", tools=[{"type": "function", "name": "f"}]))
-    assert tools.value.errors()[0]["loc"][:2] == ("body", "tools")
+    # A message chat refuses is reported at this request's input item.
+    with pytest.raises(RequestValidationError) as refused:
+        chat_request(ResponsesRequest(model="m", input=[{"role": "user", "content": "x"}], temperature=1,
+                                      instructions="i", max_output_tokens=1, top_p=1, user="u" * 10,
+                                      text={"format": {"type": "json_schema", "name": "a b", "schema": {}}}))
+    assert refused.value.errors()[0]["loc"][:2] == ("body", "text")
     origins = [("instructions",), ("input", 0), ("input", 1)]
     assert _origin(("messages", 2, "content"), origins) == ("input", 1, "content")
     assert _origin(("messages", 0, "content"), origins) == ("instructions", "content")
