@@ -39,16 +39,18 @@ def prompt_text(body: ChatCompletionRequest) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in body.template_messages())
 
 
-def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, route: str = ROUTE) -> Ask:
+def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, route: str = ROUTE,
+             format_param: str = "response_format") -> Ask:
     """The pipeline's Ask for a chat request. `route` is what the policy and the audit record see
-    (another endpoint that runs as chat names itself); deployments run it as chat completions."""
+    (another endpoint that runs as chat names itself, and names its response_format field
+    `format_param` in errors); deployments run it as chat completions."""
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
                      encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
                      max_tokens=body.requested_max_tokens, logprobs=logprobs,
                      json_schema=schema_of(body.response_format) or constrained_schema(body.active_tools,
                                                                                         body.tool_choice),
-                     schema_param="tools" if body.constrains_tool_call else "response_format")
+                     schema_param="tools" if body.constrains_tool_call else format_param)
 
 
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,

@@ -72,7 +72,7 @@ class ResponsesRequest(RequestModel):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
 
-    @field_validator("tools", "tool_choice")
+    @field_validator("tools")
     @classmethod
     def _no_tools_yet(cls, value):
         # Chat calls tools now, but a response's output has no function_call items yet: a call would
@@ -104,21 +104,11 @@ class ResponsesRequest(RequestModel):
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
                 "metadata": self.metadata}
-        if self.tools is not None:
-            body["tools"] = [chat_tool(tool) for tool in self.tools]
         if self.tool_choice is not None:
             body["tool_choice"] = chat_tool_choice(self.tool_choice)
         if self.text is not None and self.text.format is not None:
             body["response_format"] = chat_response_format(self.text.format)
         return {k: v for k, v in body.items() if v is not None}, origins
-
-
-def chat_tool(tool: dict) -> dict:
-    """A Responses function tool ({type, name, parameters, ...}, flat) in chat's shape
-    ({type, function: {...}}); other tool types go as they are, for chat to judge."""
-    if tool.get("type") != "function":
-        return tool
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
 def chat_tool_choice(choice: str | dict) -> str | dict:

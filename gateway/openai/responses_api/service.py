@@ -132,7 +132,7 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
     previous = await _previous_conversation(gateway, tenant, body)  # before admission: its tokens count
     chat = chat_request(body, previous)
     response_id = "resp_" + uuid.uuid4().hex
-    admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE))
+    admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE, format_param="text.format"))
     retention = admitted.judgement.decision.responses
     render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store)
 

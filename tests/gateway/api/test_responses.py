@@ -230,7 +230,7 @@ def test_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None
     assert structured.json()["output"][0]["content"][0]["text"] == "{}"
     bad = {"type": "json_schema", "name": "answer", "schema": {"type": "no-such-type"}}
     refused = post(gateway, {"model": "demo", "input": "x", "text": {"format": bad}}).json()["error"]
-    assert refused["code"] == "invalid_json_schema"
+    assert (refused["code"], refused["param"]) == ("invalid_json_schema", "text.format")
     assert post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 1,
                           "text": {"format": {"type": "text"}}}).status_code == 200
 

@@ -1,11 +1,12 @@
 """The Responses request as the chat request that runs it: the fields that chat has under other
-names or shapes (function tools, tool_choice, text.format's json_schema), and chat's refusals
+names or shapes (tool_choice, text.format's json_schema), and chat's refusals
 reported at this request's field."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.service import _origin, chat_request
@@ -13,13 +14,13 @@ from gateway.openai.responses_api.service import _origin, chat_request
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
-def test_function_tools_and_a_named_choice_take_chats_nested_shape() -> None:
-    request = ResponsesRequest(model="m", input="weather?", tool_choice={"type": "function", "name": "get_weather"},
-                               tools=[{"type": "function", "name": "get_weather", "description": "d",
-                                       "parameters": SCHEMA, "strict": True}])
-    body, _ = request.chat_body()
-    assert body["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "d",
-                                                               "parameters": SCHEMA, "strict": True}}]
+def test_function_tools_are_refused_and_a_named_choice_takes_chats_nested_shape() -> None:
+    # A response has no function_call output items yet, so tools are refused (chat then refuses a
+    # tool_choice without tools, at this request's field).
+    with pytest.raises(ValidationError, match="not supported on /v1/responses yet"):
+        ResponsesRequest(model="m", input="weather?", tools=[{"type": "function", "name": "get_weather",
+                                                              "parameters": SCHEMA}])
+    body, _ = ResponsesRequest(model="m", input="x", tool_choice={"type": "function", "name": "get_weather"}).chat_body()
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert ResponsesRequest(model="m", input="x", tool_choice="required").chat_body()[0]["tool_choice"] == "required"
 
