@@ -28,9 +28,9 @@ class RecordingBackend(NullBackend):
         super().__init__(**options)
         self.conversations: list[list[dict]] = []
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         self.conversations.append(messages)
-        return super().encode_chat(messages)
+        return super().encode_chat(messages, tools)
 
 
 class StoreGateway:
