@@ -108,3 +108,34 @@ def test_a_prompt_over_llama_servers_context_is_400_context_length_exceeded(llam
         sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4)
     assert caught.value.code == "context_length_exceeded"
     assert "2048" in caught.value.body["message"]  # llama-server's window, in its own words
+
+
+# Issue 15's features through a real upstream: llama-server enforces json_schema with its own
+# grammar. Tools reach it as sent, but for SmolLM2 (a chat template without a tools section) this
+# build answers in plain text even with --jinja and tool_choice required, so no tool test runs here.
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"],
+        "additionalProperties": False}
+
+
+def test_a_json_schema_answer_from_llama_server_validates(gateway, local_issuer) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    with client(gateway, ZETA, local_issuer) as sdk:
+        reply = sdk.chat.completions.create(
+            model="demo", messages=MESSAGES, max_tokens=48, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": CITY, "strict": True}})
+    answer = json.loads(reply.choices[0].message.content)
+    jsonschema.validate(answer, CITY)
+
+
+def test_a_responses_stream_through_llama_server_has_the_spec_order(gateway, local_issuer) -> None:
+    with client(gateway, ZETA, local_issuer) as sdk:
+        events = list(sdk.responses.create(model="demo", input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"],
+                                           max_output_tokens=24, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    deltas = [k for k in kinds if k == "response.output_text.delta"]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *deltas, "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", kinds[-1]] and deltas
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "Paris" in "".join(e.delta for e in events if e.type == "response.output_text.delta")
