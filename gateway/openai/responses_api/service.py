@@ -45,6 +45,8 @@ def chat_request(body: ResponsesRequest, previous: Sequence[dict] = ()) -> ChatC
 def _origin(loc: tuple, origins: list[tuple]) -> tuple:
     if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
         return origins[loc[1]] + tuple(loc[2:])
+    if len(loc) >= 3 and loc[0] == "tools" and loc[2] == "function":  # chat nests what is flat here
+        return tuple(loc[:2]) + tuple(loc[3:])
     if loc and loc[0] in _CHAT_FIELDS:
         return _CHAT_FIELDS[loc[0]] + tuple(loc[1:])
     return tuple(loc)
