@@ -141,7 +141,8 @@ class ResponseRenderer:
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": (body.text.format if body.text and body.text.format else None) or {"type": "text"}},
             "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
-            "tools": [tool.model_dump() for tool in body.tools or []], "top_p": 1.0 if body.top_p is None else body.top_p,
+            "tools": [tool.model_dump() for tool in body.tools or []],
+            "top_p": 1.0 if body.top_p is None else body.top_p,
             "truncation": "disabled", "usage": response_usage(self.admitted) if done else None,
             "user": body.user, "metadata": body.metadata or {},
         }

@@ -272,7 +272,8 @@ def test_without_a_response_store_storing_and_continuing_are_refused(gateway: Ga
     ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}]}, "invalid_value", "input"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "missing_required_parameter", "input"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 1}]}, "invalid_type", "input"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": []}]}, "invalid_type", "tools.0.parameters"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": []}]}, "invalid_type",
+     "tools.0.parameters"),
     ({"input": "x", "max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
     ({"input": "x", "temperature": 2.5}, "invalid_value", "temperature"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "unknown_parameter", "reasoning"),
@@ -294,7 +295,8 @@ def test_builtin_tools_are_refused_and_text_format_is_enforced(gateway: Gateway)
         with pytest.raises(openai.BadRequestError) as refused_tool:
             gateway.client().responses.create(model="demo", input="x", tools=[tool])
         error = refused_tool.value.body
-        assert (error["code"], error["param"]) == ("invalid_value", "tools") and "only function tools" in error["message"]
+        assert (error["code"], error["param"]) == ("invalid_value", "tools")
+        assert "only function tools" in error["message"]
     only_empty = {"type": "object", "properties": {}, "additionalProperties": False}  # one answer: {}
     schema = {"type": "json_schema", "name": "answer", "schema": only_empty, "strict": True}
     structured = post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 8, "text": {"format": schema}})

@@ -157,4 +157,5 @@ def test_a_responses_function_tool_reaches_the_upstream_and_its_call_is_a_functi
     assert (call.type, call.call_id, call.name, call.arguments) == (
         "function_call", TOOL_CALL["id"], "get_weather", TOOL_CALL["function"]["arguments"])
     (sent,) = [r["json"] for r in fake.received]
-    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather",
+                                                               "parameters": {"type": "object"}}}]

@@ -39,7 +39,8 @@ def test_function_call_items_become_tool_calls_and_tool_messages() -> None:
     assert request.conversation() == [
         {"role": "user", "content": "weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     chat = chat_request(request)  # chat accepts them as its own history
     assert [m.role for m in chat.messages] == ["user", "assistant", "tool"]
