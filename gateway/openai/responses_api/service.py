@@ -129,7 +129,7 @@ class ResponseRenderer:
     def response(self, output: list[dict] | None) -> dict:
         """The response object; output None: in progress, with no output yet."""
         body, done = self.body, output is not None
-        status = "in_progress" if not done else "incomplete" if self.incomplete else "completed"
+        status = self.status if done else "in_progress"
         return {
             "id": self.id, "object": "response", "created_at": self.admitted.created, "status": status,
             "error": None,
