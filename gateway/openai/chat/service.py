@@ -53,6 +53,22 @@ def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, 
                      schema_param="tools" if body.constrains_tool_call else format_param)
 
 
+def answer(body: ChatCompletionRequest, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """The assistant message for the engine's answer to `body`, and its finish_reason (OpenAI's:
+    tool_calls for the calls the model chose, stop for a named function's). /v1/responses reads
+    its function calls from the same message."""
+    tools = body.active_tools
+    calls = parse_calls(text, tools, body.tool_choice) if tools else None
+    message = {"role": "assistant", "content": None if calls else text, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+        if reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
+            return message, "tool_calls"
+    else:
+        message["tool_calls"] = None
+    return message, finish_reason(reason)
+
+
 async def create_chat_completion(gateway: Gateway, principal: Principal, body: ChatCompletionRequest,
                                  request: Request) -> Response:
     request_id = new_request_id("chatcmpl")
@@ -66,19 +82,6 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                 "model": body.model, "system_fingerprint": system_fingerprint(admitted)}
 
     tools = body.active_tools
-
-    def answer(text: str, reason: str | None) -> tuple[dict, str | None]:
-        """The assistant message for an answer, and its finish_reason (OpenAI's: tool_calls for the
-        calls the model chose, stop for a named function's)."""
-        calls = parse_calls(text, tools, body.tool_choice) if tools else None
-        message = {"role": "assistant", "content": None if calls else text, "refusal": None}
-        if calls:
-            message["tool_calls"] = calls
-            if reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
-                return message, "tool_calls"
-        else:
-            message["tool_calls"] = None
-        return message, finish_reason(reason)
 
     with accounted(gateway, admitted):
         if body.stream:
@@ -124,7 +127,7 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                     held.append(output.new_text)
                     if not output.finished:
                         return out
-                    message, reason = answer("".join(held), output.finish_reason)
+                    message, reason = answer(body, "".join(held), output.finish_reason)
                     delta = ({"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
                              if message["tool_calls"] else {"content": message["content"]})
                     out.append(base() | extra | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -160,7 +163,7 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                            "tool_calls": calls}
                 reason = finish_reason(reason)
             else:
-                message, reason = answer(text, reason)  # tools come with one choice only (ChatCompletionRequest)
+                message, reason = answer(body, text, reason)  # tools come with one choice only (ChatCompletionRequest)
             if not message["tool_calls"]:
                 del message["tool_calls"]
             choices.append({

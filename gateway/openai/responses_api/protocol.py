@@ -1,12 +1,12 @@
-"""POST /v1/responses: OpenAI's Responses API without its built-in tools, and its translation into
-the chat request that runs it (one conversation, one answer)."""
+"""POST /v1/responses: OpenAI's Responses API with function tools but without its built-in tools, and
+its translation into the chat request that runs it (one conversation, one answer)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from gateway.openai.chat.protocol import MAX_MESSAGES
 from gateway.openai.protocol import RequestModel
@@ -50,6 +50,53 @@ class MessageItem(RequestModel):
         return self.content
 
 
+class FunctionCallItem(RequestModel):
+    """A function call the model made (an earlier response's function_call output item)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1, max_length=256)]
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    arguments: str
+    id: Annotated[str, Field(max_length=256)] | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def chat_message(self) -> dict:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}]}
+
+
+class FunctionCallOutputItem(RequestModel):
+    """What the caller's function returned for a call, by its call_id."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1, max_length=256)]
+    output: str
+    id: Annotated[str, Field(max_length=256)] | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def chat_message(self) -> dict:
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.output}
+
+
+InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                      Discriminator(lambda item: item.get("type", "message") if isinstance(item, dict)
+                                    else getattr(item, "type", None))]
+
+
+class FunctionTool(RequestModel):
+    """The Responses API's function tool: flat, where chat nests it under `function`."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+    def chat_tool(self) -> dict:
+        return {"type": "function", "function": self.model_dump(exclude={"type"}, exclude_none=True)}
+
+
 class TextConfig(RequestModel):
     format: dict | None = None  # {"type": "text"}, "json_object" or "json_schema" (flat, as the API has it)
     verbosity: Literal["medium"] | None = None  # the one value a model without the knob honours
@@ -57,13 +104,13 @@ class TextConfig(RequestModel):
 
 class ResponsesRequest(RequestModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    input: str | Annotated[list[MessageItem], Field(min_length=1, max_length=MAX_MESSAGES)]
+    input: str | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     stream: bool = False
-    tools: list[dict] | None = None
+    tools: list[FunctionTool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -72,21 +119,25 @@ class ResponsesRequest(RequestModel):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
 
-    @field_validator("tools")
+    @field_validator("tools", mode="before")
     @classmethod
-    def _no_tools_yet(cls, value):
-        # Chat calls tools now, but a response's output has no function_call items yet: a call would
-        # come back as text. Refused until it can be answered as the Responses API answers it.
-        if value:
-            raise ValueError("function tools are not supported on /v1/responses yet; use /v1/chat/completions")
+    def _function_tools_only(cls, value):
+        # The built-in tools (web_search, file_search, ...) run on OpenAI's side; there is none here.
+        if isinstance(value, list):
+            for tool in value:
+                if isinstance(tool, dict) and tool.get("type") != "function":
+                    raise ValueError("only function tools are supported here, not the built-in tools "
+                                     "(web_search, file_search, ...)")
         return value
 
-    def input_items(self) -> list[MessageItem]:
+    def input_items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
         return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
 
     def conversation(self) -> list[dict]:
-        """The input items as chat messages (what a stored response keeps, with its answer)."""
-        return [{"role": item.role, "content": item.text()} for item in self.input_items()]
+        """The input items as chat messages (what a stored response keeps, with its answer): function
+        calls as an assistant's tool_calls, their outputs as tool messages."""
+        return [{"role": item.role, "content": item.text()} if isinstance(item, MessageItem) else item.chat_message()
+                for item in self.input_items()]
 
     def chat_body(self, previous: Sequence[dict] = ()) -> tuple[dict, list[tuple]]:
         """The chat request (wire names) that runs this one after the `previous` conversation
@@ -104,6 +155,8 @@ class ResponsesRequest(RequestModel):
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
                 "metadata": self.metadata}
+        if self.tools:
+            body["tools"] = [tool.chat_tool() for tool in self.tools]
         if self.tool_choice is not None:
             body["tool_choice"] = chat_tool_choice(self.tool_choice)
         if self.text is not None and self.text.format is not None:

@@ -14,11 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from engine.outputs import RequestOutput
 from gateway.auth.principal import Principal
+from gateway.deployments.openai import UpstreamOutput
 from gateway.deps import Gateway
 from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
-from gateway.openai.chat.service import chat_ask
+from gateway.openai.chat.service import answer, chat_ask
 from gateway.openai.responses import joined, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.stream import event_stream
@@ -45,9 +47,43 @@ def chat_request(body: ResponsesRequest, previous: Sequence[dict] = ()) -> ChatC
 def _origin(loc: tuple, origins: list[tuple]) -> tuple:
     if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
         return origins[loc[1]] + tuple(loc[2:])
+    if len(loc) >= 3 and loc[0] == "tools" and loc[2] == "function":  # chat nests what is flat here
+        return tuple(loc[:2]) + tuple(loc[3:])
     if loc and loc[0] in _CHAT_FIELDS:
         return _CHAT_FIELDS[loc[0]] + tuple(loc[1:])
     return tuple(loc)
+
+
+def _whole_calls(pieces: list[dict]) -> list[dict]:
+    """An upstream's tool calls as whole calls: streamed pieces (with an index) joined, whole ones as they are."""
+    calls: dict[object, dict] = {}
+    for piece in pieces:
+        call = calls.setdefault(piece.get("index", len(calls)),
+                                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call["id"] = piece.get("id") or call["id"]
+        function = piece.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+    return list(calls.values())
+
+
+def answer_of(chat: ChatCompletionRequest, outputs: list[RequestOutput]) -> tuple[str, list[dict]]:
+    """The answer's text and its function calls (as chat's message.tool_calls): read from the text
+    as chat reads it, or the upstream's own calls."""
+    text, _ = joined(outputs)
+    if not chat.active_tools:
+        return text, []
+    if any(isinstance(o, UpstreamOutput) for o in outputs):
+        return text, _whole_calls([c for o in outputs if isinstance(o, UpstreamOutput) for c in o.tool_calls])
+    message, _ = answer(chat, text, outputs[-1].finish_reason if outputs else None)
+    return message["content"] or "", message["tool_calls"] or []
+
+
+def assistant_message(text: str, calls: list[dict]) -> dict:
+    """The answer as the chat message a stored conversation keeps."""
+    if calls:
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
+    return {"role": "assistant", "content": text}
 
 
 def response_usage(admitted: Admitted) -> dict:
@@ -75,28 +111,38 @@ class ResponseRenderer:
     def part(self, text: str) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
+    @property
+    def status(self) -> str:
+        return "incomplete" if self.incomplete else "completed"
+
     def message(self, text: str | None) -> dict:
         """The output message; text None: still being written."""
-        status = "in_progress" if text is None else "incomplete" if self.incomplete else "completed"
-        return {"id": self.message_id, "type": "message", "status": status, "role": "assistant",
-                "content": [] if text is None else [self.part(text)]}
+        return {"id": self.message_id, "type": "message", "status": "in_progress" if text is None else self.status,
+                "role": "assistant", "content": [] if text is None else [self.part(text)]}
 
-    def response(self, text: str | None) -> dict:
-        """The response object; text None: in progress, with no output yet."""
-        body, done = self.body, text is not None
-        status = "in_progress" if not done else "incomplete" if self.incomplete else "completed"
+    def output(self, text: str, calls: list[dict]) -> list[dict]:
+        """The output items: the message (unless the answer is calls alone), then one function_call per call."""
+        return ([self.message(text)] if text or not calls else []) + [
+            {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "status": self.status, "call_id": call["id"],
+             "name": call["function"]["name"], "arguments": call["function"]["arguments"]} for call in calls]
+
+    def response(self, output: list[dict] | None) -> dict:
+        """The response object; output None: in progress, with no output yet."""
+        body, done = self.body, output is not None
+        status = self.status if done else "in_progress"
         return {
             "id": self.id, "object": "response", "created_at": self.admitted.created, "status": status,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": body.model,
-            "output": [self.message(text)] if done else [],
+            "output": output if done else [],
             "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id, "store": self.stored,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": (body.text.format if body.text and body.text.format else None) or {"type": "text"}},
             "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
-            "tools": body.tools or [], "top_p": 1.0 if body.top_p is None else body.top_p,
+            "tools": [tool.model_dump() for tool in body.tools or []],
+            "top_p": 1.0 if body.top_p is None else body.top_p,
             "truncation": "disabled", "usage": response_usage(self.admitted) if done else None,
             "user": body.user, "metadata": body.metadata or {},
         }
@@ -136,10 +182,10 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
     retention = admitted.judgement.decision.responses
     render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store)
 
-    async def keep(text: str) -> None:
+    async def keep(text: str, calls: list[dict], output: list[dict]) -> None:
         if render.stored:
-            conversation = previous + body.conversation() + [{"role": "assistant", "content": text}]
-            await gateway.responses_store.put(tenant, response_id, {"response": render.response(text),
+            conversation = previous + body.conversation() + [assistant_message(text, calls)]
+            await gateway.responses_store.put(tenant, response_id, {"response": render.response(output),
                                                                     "conversation": conversation},
                                               ttl_s=retention.retention_days * 86400)
 
@@ -148,12 +194,12 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
             raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
                                  "classification); send the conversation as input items", param=asked)
         if body.stream:
-            return await _stream(gateway, admitted, request, render, keep)
-        text, _ = joined(await collect(gateway, admitted, request))
-        answer = render.response(text)
-        await keep(text)
+            return await _stream(gateway, admitted, request, chat, render, keep)
+        text, calls = answer_of(chat, await collect(gateway, admitted, request))
+        output = render.output(text, calls)
+        await keep(text, calls, output)
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
-        return JSONResponse(answer, headers={"X-Request-Id": response_id})
+        return JSONResponse(render.response(output), headers={"X-Request-Id": response_id})
 
 
 async def retrieve_response(gateway: Gateway, principal: Principal, response_id: str) -> Response:
@@ -166,40 +212,61 @@ async def retrieve_response(gateway: Gateway, principal: Principal, response_id:
     return JSONResponse(record["response"])
 
 
-async def _stream(gateway: Gateway, admitted: Admitted, request: Request, render: ResponseRenderer,
-                  keep: Callable[[str], Awaitable[None]]) -> Response:
-    """The Responses API's events, in its order, numbered from 0."""
+async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: ChatCompletionRequest,
+                  render: ResponseRenderer, keep: Callable[[str, list[dict], list[dict]], Awaitable[None]]) -> Response:
+    """The Responses API's events, in its order, numbered from 0. With tools the answer is read
+    whole (a call or text, as chat's auto and required are): its items' events all come at the end."""
     sequence = itertools.count()
-    texts: list[str] = []
+    held: list[RequestOutput] = []  # the outputs; with tools, nothing is sent until the last
+    tools = bool(chat.active_tools)
     at = {"item_id": render.message_id, "output_index": 0, "content_index": 0}
+    answered: dict = {}  # text, calls and output items, once the outputs are done
 
     def encode(event: dict) -> bytes:
         return stream_event(event | {"sequence_number": next(sequence)})
 
+    def message_opening() -> list[dict]:
+        return [{"type": "response.output_item.added", "output_index": 0, "item": render.message(None)},
+                {"type": "response.content_part.added", **at, "part": render.part("")}]
+
+    def text_delta(text: str) -> list[dict]:
+        return [{"type": "response.output_text.delta", **at, "delta": text, "logprobs": []}] if text else []
+
     def opening() -> list[dict]:
         return [{"type": "response.created", "response": render.response(None)},
                 {"type": "response.in_progress", "response": render.response(None)},
-                {"type": "response.output_item.added", "output_index": 0, "item": render.message(None)},
-                {"type": "response.content_part.added", **at, "part": render.part("")}]
+                *([] if tools else message_opening())]
 
     def deltas(output) -> list[dict]:
-        if not output.new_text:
-            return []
-        texts.append(output.new_text)
-        return [{"type": "response.output_text.delta", **at, "delta": output.new_text, "logprobs": []}]
+        held.append(output)
+        return [] if tools else text_delta(output.new_text)
+
+    def item_events(index: int, item: dict) -> list[dict]:
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            return [*(message_opening() if tools else []), *(text_delta(text) if tools else []),
+                    {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+                    {"type": "response.content_part.done", **at, "part": render.part(text)},
+                    {"type": "response.output_item.done", "output_index": 0, "item": item}]
+        call = {"item_id": item["id"], "output_index": index}
+        return [{"type": "response.output_item.added", "output_index": index,
+                 "item": item | {"arguments": "", "status": "in_progress"}},
+                {"type": "response.function_call_arguments.delta", **call, "delta": item["arguments"]},
+                {"type": "response.function_call_arguments.done", **call, "arguments": item["arguments"]},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
 
     def closing() -> list[dict]:
-        text = "".join(texts)
-        return [{"type": "response.output_text.done", **at, "text": text, "logprobs": []},
-                {"type": "response.content_part.done", **at, "part": render.part(text)},
-                {"type": "response.output_item.done", "output_index": 0, "item": render.message(text)}]
+        text, calls = answer_of(chat, held)
+        answered.update(text=text, calls=calls, output=render.output(text, calls))
+        return [event for index, item in enumerate(answered["output"]) for event in item_events(index, item)]
 
     def done() -> bytes:
         kind = "response.incomplete" if render.incomplete else "response.completed"
-        return encode({"type": kind, "response": render.response("".join(texts))})
+        return encode({"type": kind, "response": render.response(answered["output"])})
 
     def failed(error: GatewayError) -> dict:
         return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
 
     return await event_stream(gateway, admitted, request, deltas, opening=opening, closing=closing,
-                              failed=failed, encode=encode, done=done, finishing=lambda: keep("".join(texts)))
+                              failed=failed, encode=encode, done=done,
+                              finishing=lambda: keep(answered["text"], answered["calls"], answered["output"]))

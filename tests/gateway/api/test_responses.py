@@ -1,13 +1,14 @@
 """POST /v1/responses through the whole gateway with the official openai SDK over loopback HTTP:
 on the default model (SmolLM2), answers that make sense and the Responses API's stream events in
-the spec's order; on the demo model, chat's policy, budget, audit, headers and metrics, and a
-clear 400 for what the stateless subset does not do."""
+the spec's order, function tools answered with function_call items; on the demo model, chat's
+policy, budget, audit, headers and metrics, and a clear 400 for what the stateless subset does not do."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -21,6 +22,13 @@ from tests.utils.server import serving
 QUESTION = "What is the capital of France?"
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+                "parameters": WEATHER, "strict": True}
+NAMED = {"type": "function", "name": "get_weather"}
+WEATHER_QUESTION = "What is the weather in Paris?"
 
 
 def post(gateway: Gateway, body: dict, tenant: str = ALPHA) -> httpx.Response:
@@ -133,6 +141,66 @@ def test_input_items_carry_the_conversation(default_model_gateway: Gateway) -> N
         {"role": "user", "content": "What is my name?"}], 16)
 
 
+def test_a_named_function_tool_answers_with_a_function_call_item(default_model_gateway: Gateway) -> None:
+    response = default_model_gateway.client().responses.create(
+        model=DEFAULT_MODEL, input=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice=NAMED,
+        max_output_tokens=40, temperature=0)
+    [call] = response.output  # the call alone: no message item
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert response.status == "completed" and response.output_text == ""
+    assert response.tools[0].name == "get_weather" and response.tool_choice.name == "get_weather"
+
+
+def test_a_streamed_function_call_has_the_specs_events(default_model_gateway: Gateway) -> None:
+    client = default_model_gateway.client()
+    fields = {"model": DEFAULT_MODEL, "input": WEATHER_QUESTION, "tools": [WEATHER_TOOL], "tool_choice": NAMED,
+              "max_output_tokens": 40, "temperature": 0}
+    events = list(client.responses.create(**fields, stream=True))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added, delta, done, item_done, completed = events[2:]
+    assert (added.item.type, added.item.arguments, added.item.status) == ("function_call", "", "in_progress")
+    assert added.item.id == delta.item_id == done.item_id == item_done.item.id
+    assert added.output_index == delta.output_index == done.output_index == item_done.output_index == 0
+    assert delta.delta == done.arguments == item_done.item.arguments and item_done.item.status == "completed"
+    jsonschema.validate(json.loads(done.arguments), WEATHER)
+    assert completed.response.output == [item_done.item]
+    # The SDK's stream helper builds the same call from the events.
+    with client.responses.stream(**fields) as stream:
+        [call] = stream.get_final_response().output
+    assert (call.name, call.arguments) == ("get_weather", done.arguments)
+
+
+def test_a_function_calls_output_is_answered(default_model_gateway: Gateway) -> None:
+    """The stateless round trip of the SDK's docs: the call goes back as input, with its output."""
+    client = default_model_gateway.client()
+    first = client.responses.create(model=DEFAULT_MODEL, input=WEATHER_QUESTION, tools=[WEATHER_TOOL],
+                                    tool_choice=NAMED, max_output_tokens=40, temperature=0)
+    [call] = first.output
+    weather = '{"temperature": 18, "sky": "sunny"}'
+    second = client.responses.create(model=DEFAULT_MODEL, tools=[WEATHER_TOOL], max_output_tokens=16, temperature=0,
+                                     input=[{"role": "user", "content": WEATHER_QUESTION}, *first.output,
+                                            {"type": "function_call_output", "call_id": call.call_id,
+                                             "output": weather}])
+    assert second.output and second.status in ("completed", "incomplete")
+    # It is the answer chat gives to the same history.
+    message = default_model_gateway.client().chat.completions.create(
+        model=DEFAULT_MODEL, max_tokens=16, temperature=0,
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}],
+        messages=[{"role": "user", "content": WEATHER_QUESTION},
+                  {"role": "assistant", "content": None, "tool_calls": [{"id": call.call_id, "type": "function",
+                   "function": {"name": call.name, "arguments": call.arguments}}]},
+                  {"role": "tool", "tool_call_id": call.call_id, "content": weather}]).choices[0].message
+    assert second.output_text == (message.content or "")
+    assert [(i.name, i.arguments) for i in second.output if i.type == "function_call"] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
 # -- chat's pipeline: policy, budget, audit, headers, metrics (demo model) ----------------------
 
 
@@ -202,7 +270,10 @@ def test_without_a_response_store_storing_and_continuing_are_refused(gateway: Ga
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
      "invalid_value", "input"),
     ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}]}, "invalid_value", "input"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "invalid_value", "input"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "missing_required_parameter", "input"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 1}]}, "invalid_type", "input"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": []}]}, "invalid_type",
+     "tools.0.parameters"),
     ({"input": "x", "max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
     ({"input": "x", "temperature": 2.5}, "invalid_value", "temperature"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "unknown_parameter", "reasoning"),
@@ -217,12 +288,15 @@ def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, code: str, par
     assert response.headers["x-request-id"]
 
 
-def test_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None:
-    """Function tools are refused until a response can carry function_call items; text.format runs
-    as chat's response_format, so even the random demo model answers with the schema's JSON."""
-    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
-    tools = post(gateway, {"model": "demo", "input": "x", "tools": [tool]}).json()["error"]
-    assert (tools["code"], tools["param"]) == ("invalid_value", "tools") and "chat/completions" in tools["message"]
+def test_builtin_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None:
+    """Only function tools run here: a built-in tool is a 400 at tools. text.format runs as chat's
+    response_format, so even the random demo model answers with the schema's JSON."""
+    for tool in ({"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}):
+        with pytest.raises(openai.BadRequestError) as refused_tool:
+            gateway.client().responses.create(model="demo", input="x", tools=[tool])
+        error = refused_tool.value.body
+        assert (error["code"], error["param"]) == ("invalid_value", "tools")
+        assert "only function tools" in error["message"]
     only_empty = {"type": "object", "properties": {}, "additionalProperties": False}  # one answer: {}
     schema = {"type": "json_schema", "name": "answer", "schema": only_empty, "strict": True}
     structured = post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 8, "text": {"format": schema}})
@@ -233,6 +307,19 @@ def test_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None
     assert (refused["code"], refused["param"]) == ("invalid_json_schema", "text.format")
     assert post(gateway, {"model": "demo", "input": "x", "max_output_tokens": 1,
                           "text": {"format": {"type": "text"}}}).status_code == 200
+
+
+def test_a_stream_with_tools_but_no_call_sends_the_text_at_the_end(gateway: Gateway) -> None:
+    """With tools (auto) the answer is read whole: the demo model's text (no call), then its events, in the
+    spec's order, the whole text in one delta."""
+    tool = {"type": "function", "name": "noop", "parameters": {"type": "object", "properties": {}}}
+    events = list(gateway.client().responses.create(model="demo", input="hi", tools=[tool], max_output_tokens=3,
+                                                    stream=True))
+    assert [e.type for e in events] == OPENING + ["response.output_text.delta"] + CLOSING + ["response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = events[4].delta
+    assert text and text == events[-4].text == events[-2].item.content[0].text == events[-1].response.output_text
+    assert [item.type for item in events[-1].response.output] == ["message"]
 
 
 class _FailsMidStream(NullBackend):

@@ -97,6 +97,35 @@ def test_previous_response_id_continues_the_stored_conversation(store_gateway: S
                                                                  "previous_response_id")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stored_function_call_and_its_output_are_carried_into_the_continuation(
+        store_gateway: StoreGateway, stream: bool) -> None:
+    """The stored conversation keeps the call (an assistant's tool_calls) and, from the next turn, its
+    output (a tool message): a continuation renders both, as chat renders such a history."""
+    client = store_gateway.client()
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    fields = {"model": "demo", "input": "look it up", "tools": [tool], "store": True, "max_output_tokens": 2,
+              "tool_choice": {"type": "function", "name": "lookup"}}
+    if stream:
+        first = list(client.responses.create(**fields, stream=True))[-1].response
+    else:
+        first = client.responses.create(**fields)
+    [call] = first.output  # the null engine's " ok ok", as the named function's arguments
+    assert (call.type, call.name, call.arguments) == ("function_call", "lookup", " ok ok")
+    assert client.responses.retrieve(first.id).output == first.output
+    second = client.responses.create(model="demo", previous_response_id=first.id, tools=[tool], store=True,
+                                     max_output_tokens=1, input=[{"type": "function_call_output",
+                                                                  "call_id": call.call_id, "output": "found"}])
+    client.responses.create(model="demo", previous_response_id=second.id, input="thanks", max_output_tokens=1)
+    rendered_call = {"role": "assistant", "content": '<tool_call>{"name": "lookup", "arguments":  ok ok}</tool_call>'}
+    answer = {"role": "tool", "content": "found", "tool_call_id": call.call_id}
+    assert store_gateway.backend.conversations[-2][-3:] == [{"role": "user", "content": "look it up"},
+                                                            rendered_call, answer]
+    assert store_gateway.backend.conversations[-1] == [{"role": "user", "content": "look it up"}, rendered_call,
+                                                       answer, {"role": "assistant", "content": " ok"},
+                                                       {"role": "user", "content": "thanks"}]
+
+
 def test_records_are_encrypted_bound_to_their_tenant_and_kept_for_the_policys_retention(
         store_gateway: StoreGateway) -> None:
     before = set(store_gateway.stored_keys())

@@ -131,3 +131,31 @@ def test_tools_reach_the_upstream_and_its_tool_calls_come_back(upstream, stream)
         fake.mode = "ok"
     (sent,) = [r["json"] for r in fake.received]
     assert (sent["tools"], sent["tool_choice"]) == (tools, "auto")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_function_tool_reaches_the_upstream_and_its_call_is_a_function_call_item(upstream, stream) -> None:
+    """The flat function tool reaches the upstream in chat's shape; its call (whole, or streamed in
+    pieces) comes back as one function_call output item."""
+    dialect, fake, client = upstream
+    fake.received.clear()
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    fake.mode = "tool_call"
+    try:
+        if stream:
+            events = list(client.responses.create(model=MODEL, input=CHAT, tools=[tool], max_output_tokens=5,
+                                                  stream=True))
+            assert [e.type for e in events][2:] == [
+                "response.output_item.added", "response.function_call_arguments.delta",
+                "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+            output = events[-1].response.output
+        else:
+            output = client.responses.create(model=MODEL, input=CHAT, tools=[tool], max_output_tokens=5).output
+    finally:
+        fake.mode = "ok"
+    [call] = output
+    assert (call.type, call.call_id, call.name, call.arguments) == (
+        "function_call", TOOL_CALL["id"], "get_weather", TOOL_CALL["function"]["arguments"])
+    (sent,) = [r["json"] for r in fake.received]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather",
+                                                               "parameters": {"type": "object"}}}]
