@@ -3,7 +3,7 @@
 Two parts, one run:
 
 - libraries: each candidate grammar library (llguidance, xgrammar, outlines-core) compiles
-  the twenty schemas of tests/utils/schemas.py for the GGUF's own tokenizer, then drives 1
+  the twenty schemas of devkit/schemas.py for the GGUF's own tokenizer, then drives 1
   and 32 matchers (one schema each, round robin) for --steps tokens with pseudo-random logits
   (the same seed for every library): per step it fills one bitmask for the batch, applies it
   (engine.grammar.apply_bitmask, the engine's own), picks the best allowed token and advances
@@ -44,7 +44,7 @@ from engine.model.catalog import DEFAULT_MODEL, resolve_model_path  # noqa: E402
 from engine import sampler as sampler_module  # noqa: E402 - its apply_bitmask is timed in place
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
-from tests.utils.schemas import SCHEMAS  # noqa: E402
+from devkit.schemas import SCHEMAS  # noqa: E402
 
 BATCHES = (1, 32)
 THREADS = os.cpu_count() or 1

@@ -4,7 +4,7 @@ Two stamps, as docs/deploy.md deploys them in two regions, each a real `tenantga
 demo model with its own redis-server and its own audit file, behind a local HAProxy configured
 with the Front Door origin group's health probe (path, method, interval) and its sample window
 and threshold, as read from infra/terraform/main.frontdoor.tf and infra/bicep/modules/front-door.bicep
-(tests/utils/failover.py: how sample_size / successful_samples_required map to HAProxy's
+(devkit/failover.py: how sample_size / successful_samples_required map to HAProxy's
 fall / rise). A local Entra-style issuer signs the callers' tokens.
 
 Under a steady load of short chat completions on the official openai SDK (--rate a second,
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from engine.model.demo import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
 from gateway.auth.issuer import LocalIssuer  # noqa: E402
-from tests.utils.failover import AUDIENCE, TENANT, Figures, find_haproxy, front_door_probe, run_failover  # noqa: E402
-from tests.utils.redis import find_redis_server  # noqa: E402
+from devkit.failover import AUDIENCE, TENANT, Figures, find_haproxy, front_door_probe, run_failover  # noqa: E402
+from devkit.redis import find_redis_server  # noqa: E402
 
 
 def seconds(value: float | None) -> str:

@@ -58,7 +58,7 @@ def write_random_llama(path: Path, shape: dict, device: torch.device, seed: int 
     """A Llama checkpoint of `shape` with random bfloat16 weights (std 0.02), drawn on the device."""
     from safetensors.torch import save_file
 
-    from tests.utils.checkpoints import write_tokenizer
+    from devkit.checkpoints import write_tokenizer
 
     h, inter, kv = shape["hidden_size"], shape["intermediate_size"], shape["num_key_value_heads"]
     head_dim = h // shape["num_attention_heads"]

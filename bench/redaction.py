@@ -4,7 +4,7 @@ Printed: microseconds per message and MB/s of `Redactor.scrub` for a typical 4 K
 message (ASCII, then with non-ASCII text), a 4 KB message dense with numbers, and one
 dense with findings. Target: a typical 4 KB message well under 1 ms.
 
-With `--compare`, the corpus of tests/gateway/redaction/samples.py also goes through
+With `--compare`, the corpus of devkit/redaction_samples.py also goes through
 Presidio (pattern recognizers, no NLP model) and detect-secrets, where installed: recall
 on the positives, false positives on the ordinary sentences, time per message.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.redaction import Redactor  # noqa: E402
-from tests.gateway.redaction.samples import NEGATIVES, POSITIVES  # noqa: E402
+from devkit.redaction_samples import NEGATIVES, POSITIVES  # noqa: E402
 
 TARGET_US = 1000.0
 TYPICAL = (

@@ -57,8 +57,8 @@ from engine.model.catalog import served_model_name  # noqa: E402
 from engine.model.demo import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
 from gateway.auth.issuer import LocalIssuer  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
-from tests.utils.redis import RedisServer, find_redis_server  # noqa: E402
-from tests.utils.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402
+from devkit.redis import RedisServer, find_redis_server  # noqa: E402
+from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402
 
 MAX_DURATION_S = 600
 MAX_REQUESTS = 200_000  # a second bound on the load loop, beside the clock

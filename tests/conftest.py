@@ -5,7 +5,7 @@ import pytest
 
 from gateway.policy.opa import OPA_VERSION, find_opa
 from tests.utils.otelcol import OtelCollector, find_otelcol
-from tests.utils.redis import RedisServer, find_redis_server
+from devkit.redis import RedisServer, find_redis_server
 from tests.utils.tools import missing_tool
 
 
@@ -64,7 +64,7 @@ def redis_binary() -> str:
 
 @pytest.fixture(scope="session")
 def haproxy_binary() -> str:
-    from tests.utils.failover import find_haproxy  # here: that module imports the openai SDK
+    from devkit.failover import find_haproxy  # here: that module imports the openai SDK
 
     return required_tool(find_haproxy(), "haproxy", "scripts/install-haproxy.sh")
 

@@ -6,10 +6,11 @@ to sinks (stdout, a rotating file, a Redis Stream) and anchors its head in a sec
 cut from or added to a chain's end.
 """
 
-from gateway.audit.chain import VerifyReport, canonical_json, key_id, load_public_key, verify, verify_files
+from gateway.audit.chain import VerifyReport, key_id, load_public_key, verify, verify_files
 from gateway.audit.recorder import AuditRecorder
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
+from gateway.encoding import canonical_json
 
 __all__ = [
     "AuditRecorder",

@@ -39,23 +39,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from gateway.encoding import canonical_json
+
 RECORD, CHECKPOINT, ANCHOR = "record", "checkpoint", "anchor"
 # The record a trail writes first when its file sink found the file ending in part of a
 # line (a crash or power loss mid-write) and ended that line: it names the fragment.
 TORN_LINE_ENDED = "audit.torn_line_ended"
 DEFAULT_MAX_UNSIGNED_AGE_S = 60.0
 RESERVED_FIELDS = frozenset({"type", "chain", "seq", "prev"})
-# json.dumps leaves these raw with ensure_ascii=False, and str.splitlines() and many
-# log viewers break lines at them; escaped, one entry is always one line.
-_LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
-
-
-def canonical_json(value: object) -> str:
-    """Sorted keys, no whitespace, UTF-8 text, no NaN: the exact text an entry is hashed as."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    for raw, escaped in _LINE_BREAKS.items():
-        text = text.replace(raw, escaped)
-    return text
 
 
 def line_digest(line: str) -> str:

@@ -34,8 +34,9 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED, canonical_json
+from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
 from gateway.audit.chain import genesis_digest, key_id, line_digest, sign
+from gateway.encoding import canonical_json
 
 logger = logging.getLogger("tenantgate.audit")
 

@@ -20,8 +20,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
 from gateway.auth.exceptions import AuthError, TenantsUnknownError
-from gateway.auth.jwks import KeyCache, b64url_decode
+from gateway.auth.jwks import KeyCache
 from gateway.auth.principal import Principal, canonical_guid
+from gateway.encoding import b64url_decode
 
 log = logging.getLogger("tenantgate.auth")
 

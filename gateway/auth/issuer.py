@@ -8,7 +8,6 @@ process mints tokens that the running issuer's JWKS verifies.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from gateway.auth.principal import canonical_guid
+from gateway.encoding import b64url
 
 if TYPE_CHECKING:
     import uvicorn
@@ -43,10 +43,6 @@ def dev_issuer_key_dir() -> Path:
     configured = os.environ.get(CACHE_DIR_ENV)
     root = Path(configured).expanduser() if configured else Path.home() / ".cache" / "tenantgate"
     return root / "dev-issuer"
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
 def _uint(value: int) -> str:

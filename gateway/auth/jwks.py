@@ -14,12 +14,9 @@ window, and is retried no sooner than `retry_s` later, so a new key is accepted 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import math
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +25,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey, RSAPublicNumbers
 
 from gateway.auth.exceptions import AuthError, AuthUnavailableError
+from gateway.encoding import b64url_decode
 
 log = logging.getLogger("tenantgate.auth")
 
@@ -36,19 +34,6 @@ MAX_JWKS_BYTES = 256 * 1024
 MAX_KEYS = 64
 MIN_RSA_BITS, MAX_RSA_BITS = 2048, 8192
 REFRESH_AHEAD = 0.25  # background refresh once 75% of the TTL has passed
-_B64URL = re.compile(rb"[A-Za-z0-9_-]*")
-
-
-def b64url_decode(segment: bytes | str) -> bytes:
-    """Strict unpadded base64url: any character outside the alphabet is an error, not skipped."""
-    if isinstance(segment, str):
-        segment = segment.encode("ascii")
-    if not _B64URL.fullmatch(segment) or len(segment) % 4 == 1:
-        raise ValueError("not base64url")
-    try:
-        return base64.urlsafe_b64decode(segment + b"=" * (-len(segment) % 4))
-    except binascii.Error:
-        raise ValueError("not base64url") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ file's SHA-256, computed the way OPA verifies it (JSON files hashed over their
 key-sorted structure, everything else over its bytes).
 """
 
-import base64
 import hashlib
 import io
 import json
@@ -18,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
+from gateway.encoding import b64url
 from gateway.policy.exceptions import BundleError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
 
@@ -60,10 +60,6 @@ def file_digest(name: str, content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def sign_files(files: dict[str, bytes], private_key_pem: bytes, key_id: str) -> str:
     """The compact JWS OPA expects in .signatures.json."""
     key = serialization.load_pem_private_key(private_key_pem, password=None)
@@ -82,14 +78,14 @@ def sign_files(files: dict[str, bytes], private_key_pem: bytes, key_id: str) -> 
         "keyid": key_id,
     }
     signing_input = ".".join(
-        _b64url(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
+        b64url(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
     ).encode()
     if alg == "RS256":
         signature = key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
     else:
         r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
         signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
-    return signing_input.decode() + "." + _b64url(signature)
+    return signing_input.decode() + "." + b64url(signature)
 
 
 def bundle_files(policy_dir: Path = DEFAULT_POLICY_DIR, data_dir: Path | None = None) -> tuple[dict[str, bytes], str]:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.encoding import canonical_json
 from gateway.policy.exceptions import PolicyError, PolicySyntaxError
 
 ENTRYPOINT = "data.tenantgate.decision"
@@ -116,12 +117,11 @@ def revision_of(modules: dict[str, str], data: dict, root: Path) -> str:
     for path in sorted(modules):
         digest.update(Path(path).relative_to(root).as_posix().encode() + b"\0")
         digest.update(modules[path].encode() + b"\0")
-    digest.update(canonical_json(data))
+    try:
+        digest.update(canonical_json(data).encode())
+    except ValueError:  # NaN or Infinity, which Python's json reads but JSON does not allow
+        raise PolicyError("policy data holds NaN or Infinity, which JSON does not allow") from None
     return "sha256:" + digest.hexdigest()
-
-
-def canonical_json(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def syntax_error(exc: Exception, fallback_path: str) -> PolicySyntaxError:

@@ -1,14 +1,18 @@
 """Checks that turn a pattern's candidate into a finding, or drop it.
 
 Each takes the matched text and returns how many of its leading characters to redact:
-0 drops the candidate, len(text) keeps all of it. Checksums (Luhn, IBAN mod 97) and the
-`ipaddress` module keep ordinary numbers, versions and times out of the findings.
+0 drops the candidate, len(text) keeps all of it. Checksums (Luhn, IBAN's ISO 7064 mod 97-10,
+both from python-stdnum) and the `ipaddress` module keep ordinary numbers, versions and times out
+of the findings.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+
+from stdnum import luhn
+from stdnum.iso7064 import mod_97_10
 
 # Lengths of the IBAN of each country (SWIFT IBAN registry).
 IBAN_LENGTHS = {
@@ -30,16 +34,6 @@ _NOT_DIGIT = re.compile(r"\D")
 _CONNECTION_SECRET = re.compile(r"(?i)(?:AccountKey|SharedAccessKey|SharedAccessSignature)=")
 
 
-def luhn_ok(digits: str) -> bool:
-    total = 0
-    for position, char in enumerate(reversed(digits)):
-        digit = ord(char) - 48
-        if position % 2:
-            digit = digit * 2 - 9 if digit > 4 else digit * 2
-        total += digit
-    return total % 10 == 0
-
-
 def credit_card(text: str) -> int:
     """13-19 digits in a card's grouping, a card network's first digit, Luhn-valid."""
     digits = _NOT_DIGIT.sub("", text)
@@ -47,7 +41,7 @@ def credit_card(text: str) -> int:
         return 0
     if len(set(digits)) == 1:  # 0000..., 4444...: placeholders, not cards
         return 0
-    return len(text) if luhn_ok(digits) else 0
+    return len(text) if luhn.is_valid(digits) else 0
 
 
 def iban(text: str) -> int:
@@ -61,7 +55,7 @@ def iban(text: str) -> int:
     if length is None or len(compact) < length:
         return 0
     candidate = compact[:length]
-    if int("".join(str(int(char, 36)) for char in candidate[4:] + candidate[:4])) % 97 != 1:
+    if not mod_97_10.is_valid(candidate[4:] + candidate[:4]):
         return 0
     if len(compact) == length:
         return len(text)

@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from tests.utils.checkpoints import write_checkpoint
+from devkit.checkpoints import write_checkpoint
 
 
 @pytest.fixture

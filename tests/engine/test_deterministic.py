@@ -59,7 +59,7 @@ def run_crowded(engine, rng: random.Random, prompt, params, env, companions: int
 def _mistral_with_window(path):
     import json
 
-    from tests.utils.checkpoints import write_checkpoint
+    from devkit.checkpoints import write_checkpoint
 
     write_checkpoint(path, "mistral", num_heads=8, num_kv_heads=2, seed=3)
     config = json.loads((path / "config.json").read_text())

@@ -23,7 +23,7 @@ from engine.llm_engine import LLMEngine, RequestError
 from engine.sampling_params import SamplingParams
 from tests.engine.test_deterministic import run_crowded
 from tests.utils.envelopes import envelope
-from tests.utils.schemas import SCHEMAS
+from devkit.schemas import SCHEMAS
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import json
 import pytest
 import torch
 
-from tests.utils.checkpoints import write_checkpoint
+from devkit.checkpoints import write_checkpoint
 from tests.utils.envelopes import ENV, envelope
-from tests.utils.oracle import ATOL, CHECKPOINTS, Reference, assert_matches, build_reference, greedy
+from devkit.oracle import ATOL, CHECKPOINTS, Reference, assert_matches, build_reference, greedy
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))

@@ -22,7 +22,7 @@ import httpx
 import redis
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA
-from tests.utils.server import TENANTGATE, free_port, gateway_env, wait_ready
+from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready
 
 ORDINARY = "Please summarise the quarterly report for the board by Friday"
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from gateway.settings import Settings
 from tests.gateway.api.conftest import serve_env
-from tests.utils.server import ServeProcess, tenantgate_serve
+from devkit.server import ServeProcess, tenantgate_serve
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0

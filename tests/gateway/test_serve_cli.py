@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, serve_env
-from tests.utils.server import TENANTGATE, free_port, tenantgate_serve, wait_ready
-from tests.utils.server import gateway_env as _env
+from devkit.server import TENANTGATE, free_port, tenantgate_serve, wait_ready
+from devkit.server import gateway_env as _env
 
 
 def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:

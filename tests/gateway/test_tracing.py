@@ -20,7 +20,7 @@ from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EMBEDDING_MODEL, g
 from tests.gateway.api.conftest import embedding_encoder  # noqa: F401 - the fixture, shared with the API tests
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
 from tests.utils.otelcol import Span
-from tests.utils.server import serving
+from devkit.server import serving
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-from gateway.auth.issuer import LocalIssuer, b64url, kid_of, sign_rs256
+from gateway.auth.issuer import LocalIssuer, kid_of, sign_rs256
+from gateway.encoding import b64url
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.utils.server import free_port
+from devkit.server import free_port
 
 
 def wait_http(url: str, *, timeout: float = 15.0, expect: int = 200) -> bool:

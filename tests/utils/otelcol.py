@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.utils.server import free_port
+from devkit.server import free_port
 from tests.utils.tools import find_go_binary
 
 BINARY = "otelcol-tenantgate"

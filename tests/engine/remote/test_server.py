@@ -24,7 +24,7 @@ from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected
 from gateway.deployments.tenantgate import TenantgateReplica
 from tests.utils.envelopes import envelope
-from tests.utils.server import TENANTGATE, ServeProcess, gateway_env, tenantgate_serve
+from devkit.server import TENANTGATE, ServeProcess, gateway_env, tenantgate_serve
 from tests.utils.signing import write_key_pair
 
 ENV = envelope(tenant="northwind")

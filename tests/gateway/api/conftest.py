@@ -21,7 +21,7 @@ from gateway.auth.issuer import LocalIssuer
 from gateway.inference import EncoderBackend, EngineBackend, build_encoder
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
-from tests.utils.server import free_port, gateway_env, serving
+from devkit.server import free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation, stores responses 2 days

@@ -15,7 +15,7 @@ from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA, gateway_settings
-from tests.utils.server import serving
+from devkit.server import serving
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

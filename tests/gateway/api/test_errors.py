@@ -14,7 +14,7 @@ from gateway.auth.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
 from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings
-from tests.utils.server import serving
+from devkit.server import serving
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -149,7 +149,7 @@ def test_malformed_decision_is_503(local_issuer, tmp_path: Path) -> None:
 
 
 def test_unreachable_opa_is_503(local_issuer) -> None:
-    from tests.utils.server import free_port
+    from devkit.server import free_port
 
     app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{free_port()}")
     with serving(app) as base:
@@ -162,7 +162,7 @@ def test_unreachable_opa_is_503(local_issuer) -> None:
 
 
 def test_a_gateway_started_before_opa_serves_once_opa_answers(local_issuer, opa_server_factory) -> None:
-    from tests.utils.server import free_port
+    from devkit.server import free_port
 
     port = free_port()
     app = _null_gateway(local_issuer, policy_backend="opa", opa_url=f"http://127.0.0.1:{port}",

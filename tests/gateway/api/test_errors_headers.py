@@ -17,7 +17,7 @@ from gateway.inference import NullBackend
 from gateway.limits.base import duration
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, gateway_settings
 from tests.gateway.api.test_errors import _BrokenBackend
-from tests.utils.server import serving
+from devkit.server import serving
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 LONG = "word " * 3000  # over every test tenant's 1024-token window

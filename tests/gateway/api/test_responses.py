@@ -17,7 +17,7 @@ from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, DEFAULT_MODEL, GAMMA, Gateway, gateway_settings
 from tests.gateway.api.test_errors_headers import _rate_headers, _records_with
-from tests.utils.server import serving
+from devkit.server import serving
 
 QUESTION = "What is the capital of France?"
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]

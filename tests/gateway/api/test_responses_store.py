@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.settings import Settings
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, THETA, gateway_settings
-from tests.utils.server import serving
+from devkit.server import serving
 
 SECRET_INPUT = "the launch date of project kestrel"
 

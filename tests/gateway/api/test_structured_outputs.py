@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.gateway.api.conftest import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, SMOLLM2
-from tests.utils.schemas import SCHEMAS
+from devkit.schemas import SCHEMAS
 
 MODEL = SMOLLM2
 

@@ -27,7 +27,7 @@ from gateway.audit import load_or_create_signing_key, public_key_pem
 from gateway.inference import EngineBackend
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, THETA, gateway_settings
-from tests.utils.server import TENANTGATE, gateway_env, serving
+from devkit.server import TENANTGATE, gateway_env, serving
 
 CHAT = [{"role": "user", "content": "Give me three words about the sea, and then three about the mountains."}]
 PRINCIPALS = [(ALPHA, "0a000000-0000-4000-8000-000000000001"), (ALPHA, "0a000000-0000-4000-8000-000000000002"),

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.utils.server import free_port, stop
+from devkit.server import free_port, stop
 
 
 @pytest.fixture(scope="session")

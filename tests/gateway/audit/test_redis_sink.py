@@ -9,7 +9,7 @@ from gateway.audit.chain import verify
 from gateway.audit.sinks import RedisStreamSink, read_stream
 from gateway.audit.trail import AuditTrail
 from tests.gateway.audit.chains import record
-from tests.utils.server import free_port
+from devkit.server import free_port
 
 
 def wait_for(condition, timeout=10.0) -> bool:

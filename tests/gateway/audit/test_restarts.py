@@ -22,8 +22,8 @@ import redis
 
 from engine.cli import main
 from tests.gateway.audit.chains import cut_mid_line, edit_and_relink, forge, index_of
-from tests.utils.redis import RedisServer
-from tests.utils.server import gateway_env
+from devkit.redis import RedisServer
+from devkit.server import gateway_env
 
 REPO = Path(__file__).resolve().parents[3]
 

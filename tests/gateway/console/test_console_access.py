@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.console.sessions import Sessions
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
-from tests.utils.server import serving
+from devkit.server import serving
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, gateway_settings
 from tests.utils.browser import artifacts_dir, chromium, full_page_screenshot
-from tests.utils.redis import RedisServer
-from tests.utils.server import TENANTGATE, free_port, gateway_env, serving
+from devkit.redis import RedisServer
+from devkit.server import TENANTGATE, free_port, gateway_env, serving
 
 CANARY = "console-canary-7f3a9c"  # in a prompt: must appear on no page
 TOPICS = ["harbours and lighthouses", "glaciers and fjords", "deserts at night", "old libraries", "rain forests",

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.utils.server import free_port, stop
+from devkit.server import free_port, stop
 
 
 def llama_server_binary() -> Path:

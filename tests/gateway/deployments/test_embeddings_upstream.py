@@ -21,7 +21,7 @@ from gateway.deployments.openai import compile_request
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings
-from tests.utils.server import serving
+from devkit.server import serving
 from tests.utils.upstreams import deployment, upstream_call
 
 MODEL = "all-minilm-l6-v2"

@@ -14,7 +14,7 @@ import pytest
 from gateway.app import create_app
 from gateway.openai.asks import estimate_tokens
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, GAMMA, ZETA, gateway_settings
-from tests.utils.server import serving
+from devkit.server import serving
 
 pytestmark = pytest.mark.upstream
 

@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, gateway_settings
-from tests.utils.server import free_port, serving
+from devkit.server import free_port, serving
 
 
 @pytest.fixture(scope="module")

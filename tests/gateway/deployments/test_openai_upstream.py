@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.openai import OpenAIUpstream
-from tests.utils.server import free_port, serving
+from devkit.server import free_port, serving
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 4}}

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.tenantgate import TenantgateReplica
 from tests.utils.envelopes import ENV
-from tests.utils.server import free_port, serving
+from devkit.server import free_port, serving
 
 SIGNER = EnvelopeSigner(Ed25519PrivateKey.generate())
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0)

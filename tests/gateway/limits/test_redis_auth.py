@@ -11,7 +11,7 @@ import pytest
 
 from gateway.limits import Admission, QuotaStoreUnavailable
 from gateway.limits.redis import RedisLimiter, redis_client
-from tests.utils.server import free_port
+from devkit.server import free_port
 from tests.utils.tls import write_certificates
 
 ADMISSION = Admission(tenant="auth-test", principal="p", request_id="r1", tokens=10, requests_per_minute=100,

@@ -16,7 +16,7 @@ from gateway.errors import RateLimited
 from gateway.limits import QuotaStoreUnavailable
 from gateway.limits.redis import RedisLimiter, keys, redis_client
 from tests.utils.limits import admission
-from tests.utils.redis import RedisServer
+from devkit.redis import RedisServer
 
 CONCURRENT = 8
 

@@ -9,7 +9,7 @@ import json
 import httpx
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, serve_env
-from tests.utils.server import tenantgate_serve
+from devkit.server import tenantgate_serve
 
 LONE = "\ud800"
 CHAT = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}

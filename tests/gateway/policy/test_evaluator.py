@@ -85,3 +85,13 @@ def test_evaluation_error_is_a_policy_error_and_engine_recovers(tmp_path: Path) 
     with pytest.raises(PolicyEvaluationError):
         broken.decide({**sample, "boom": True, "zero": "0"})
     assert broken.decide(sample).allow is True
+
+
+def test_policy_data_with_nan_is_refused_by_name(tmp_path: Path) -> None:
+    # Python's json reads NaN, JSON does not allow it, and the revision digest is over canonical JSON.
+    from gateway.policy.exceptions import PolicyError
+    from gateway.policy.loader import revision_of
+
+    with pytest.raises(PolicyError, match="NaN or Infinity"):
+        revision_of({}, {"tenants": {"t": {"limits": {"max_tokens": float("nan")}}}}, tmp_path)
+    assert revision_of({}, {"tenants": {}}, tmp_path).startswith("sha256:")

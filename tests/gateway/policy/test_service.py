@@ -24,7 +24,7 @@ from gateway.policy.service import EmbeddedPolicy
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
 from tests.gateway.policy.conftest import SAMPLES
 from tests.utils.issuer import FABRIKAM
-from tests.utils.server import serving
+from devkit.server import serving
 
 SAMPLE = SAMPLES["allow_standard_app_token"]["input"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.redaction import Redactor
 from tests.gateway.redaction.conftest import KEY
-from tests.gateway.redaction.samples import POSITIVES, entra_secret, jwt, private_key, storage_key
+from devkit.redaction_samples import POSITIVES, entra_secret, jwt, private_key, storage_key
 
 EMAIL_PLACEHOLDER = re.compile(r"\[EMAIL:[0-9a-f]{8}\]")
 

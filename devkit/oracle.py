@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.sampling_params import SamplingParams
-from tests.utils.checkpoints import load_reference, reference_greedy
+from devkit.checkpoints import load_reference, reference_greedy
 
 NEW_TOKENS = 32
 NUM_PROMPTS = 16

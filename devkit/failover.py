@@ -23,10 +23,10 @@ from pathlib import Path
 import openai
 
 from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
-from tests.utils.redis import RedisServer
-from tests.utils.server import TENANTGATE, free_port, gateway_env, stop, wait_ready
+from devkit.redis import RedisServer
+from devkit.server import TENANTGATE, free_port, gateway_env, stop, wait_ready
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FRONT_DOOR_TF = REPO / "infra" / "terraform" / "main.frontdoor.tf"
 FRONT_DOOR_BICEP = REPO / "infra" / "bicep" / "modules" / "front-door.bicep"
 DATA_DIR = REPO / "tests" / "gateway" / "api" / "data"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.utils.server import free_port
+from devkit.server import free_port
 
 
 def find_redis_server() -> str | None:

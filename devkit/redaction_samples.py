@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import NamedTuple
 
+from gateway.encoding import b64url
+
 
 class Positive(NamedTuple):
     kind: str  # the placeholder kind the finding must get
@@ -33,21 +35,17 @@ def _bytes(label: str, size: int) -> bytes:
     return out[:size]
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _alnum(label: str, size: int) -> str:
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     return "".join(alphabet[byte % len(alphabet)] for byte in _bytes(label, size))
 
 
 def jwt(label: str = "jwt", segments: int = 3) -> str:
-    header = _b64url(json.dumps({"alg": "RS256", "typ": "JWT", "kid": label}).encode())
-    payload = _b64url(json.dumps({"sub": label, "tid": "contoso", "exp": 1900000000}).encode())
+    header = b64url(json.dumps({"alg": "RS256", "typ": "JWT", "kid": label}).encode())
+    payload = b64url(json.dumps({"sub": label, "tid": "contoso", "exp": 1900000000}).encode())
     if segments == 3:
-        return f"{header}.{payload}.{_b64url(_bytes(label, 256))}"
-    parts = [_b64url(_bytes(f"{label}:{n}", 32)) for n in range(3)]
+        return f"{header}.{payload}.{b64url(_bytes(label, 256))}"
+    parts = [b64url(_bytes(f"{label}:{n}", 32)) for n in range(3)]
     return f"{header}.{parts[0]}.{parts[1]}.{payload}.{parts[2]}"
 
 
