@@ -101,3 +101,14 @@ def test_a_schema_llguidance_refuses_is_a_request_error_on_response_format(smoll
         smollm2.make_sequence("bad", [1, 2, 3], SamplingParams(json_schema=schema), envelope("grammar"))
     assert caught.value.param == "response_format" and caught.value.code == "invalid_json_schema"
     assert not smollm2.has_unfinished_requests()
+
+
+def test_each_of_n_choices_walks_the_schema_on_its_own(smollm2) -> None:
+    # The choices fork after the prompt; each has a grammar matcher of its own, so every sampled
+    # choice validates (a shared matcher would be advanced by all of them at once and break).
+    params = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=48, json_schema=json.dumps(SCHEMAS["person"]))
+    results = smollm2.generate([prompt(smollm2, "person")], params, envelope("grammar"))
+    assert len(results) == 3 and len({r.text for r in results}) > 1  # sampled apart
+    for result in results:
+        assert result.finish_reason == "stop"
+        jsonschema.validate(json.loads(result.text), SCHEMAS["person"])
