@@ -48,6 +48,7 @@ test: install-dev
 	scripts/install-haproxy.sh
 	scripts/install-chromium.sh
 	scripts/install-otelcol.sh
+	$(BIN)/lint-imports
 	TENANTGATE_REQUIRE_TOOLS=1 PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 
 # The client for OpenAI-compatible upstreams against a real llama.cpp llama-server on SmolLM2

@@ -1,4 +1,6 @@
-"""The `tenantgate` command line."""
+"""`tenantgate generate`: stream a continuation from a local model, no gateway. The product's
+command line (every other subcommand) is gateway/main.py; `python -m engine.cli generate ...`
+runs this one alone."""
 
 from __future__ import annotations
 
@@ -9,17 +11,11 @@ import uuid
 
 from engine.config import ConfigError, EngineConfig
 from engine.model.catalog import DEFAULT_MODEL
-from engine.remote.cli import add_parser as add_engine_parser
-from gateway.audit.cli import add_parser as add_audit_parser
-from gateway.auth.cli import add_parser as add_token_parser
-from gateway.cli import add_parser as add_serve_parser
-from gateway.policy.cli import add_parser as add_policy_parser
-from gateway.usage.cli import add_parser as add_usage_parser
 
 EXIT_USAGE = 2
 
 
-def _add_generate(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="stream a continuation of a prompt from a local model")
     p.add_argument(
         "--model", default=DEFAULT_MODEL,
@@ -75,24 +71,9 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tenantgate", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    add_audit_parser(sub)
-    add_engine_parser(sub)
-    add_policy_parser(sub)
-    add_serve_parser(sub)
-    add_token_parser(sub)
-    add_usage_parser(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    # Logging is configured here, once: a command's own --log-level (serve) or -v; uvicorn's loggers keep theirs.
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command: logging configured once (a command's own --log-level, as serve has, or
+    -v; uvicorn's loggers keep theirs), and input errors as one line and exit status 2."""
     level = getattr(args, "log_level", None) or ("info" if args.verbose else "warning")
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -103,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.cli", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine events to stderr")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
         overrides["dev_issuer"] = True  # refused by the settings if the environment is production
-    settings = load_settings(**overrides)  # logging is configured once, by engine/cli.py's main
+    settings = load_settings(**overrides)  # logging is configured once, by engine.cli.run
     from gateway.deployments.config import DeploymentsError, deployments_for
 
     from gateway.tracing import TracingError, traces_enabled

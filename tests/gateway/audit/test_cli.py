@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from engine.cli import main
+from gateway.main import main
 from gateway.audit.chain import key_id, load_public_key
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink
 from gateway.audit.trail import AuditTrail, load_or_create_signing_key, public_key_pem

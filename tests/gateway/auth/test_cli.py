@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from engine.cli import build_parser
+from gateway.main import build_parser
 from gateway.auth.cli import add_parser, cmd_token
 from gateway.auth.entra import EntraVerifier
 from gateway.auth.issuer import LocalIssuer

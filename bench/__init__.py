@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run from the repository root (a package only so import contracts can name it)."""
