@@ -1,1 +1,1 @@
-"""The tenantgate gateway (FastAPI, Entra ID auth, Rego policy). Built by the gateway issue."""
+"""The tenantgate gateway (FastAPI, Entra ID auth, Rego policy, quotas, audit), and the `tenantgate` command (main.py)."""

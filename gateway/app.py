@@ -181,6 +181,16 @@ class _GatewayApp(FastAPI):
         return UnexpectedErrors(ResponseHeaders(super().build_middleware_stack()))
 
 
+SETTLE_AT_SHUTDOWN_S = 5.0
+
+
+async def _settle_pending(gateway: Gateway) -> None:
+    """The budget settlements still running when the server stops finish first (each is a task of
+    its own, so a request that ended just now is still charged), at most SETTLE_AT_SHUTDOWN_S."""
+    if gateway.background:
+        await asyncio.wait(set(gateway.background), timeout=SETTLE_AT_SHUTDOWN_S)
+
+
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
                limiter: Limiter | None = None, encoder: EncoderBackend | None = None,
@@ -254,6 +264,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 limiter=app_limiter, audit=app_audit, models=models, router=router, responses_store=responses_store,
                 metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
             )
+            stack.push_async_callback(_settle_pending, app.state.gateway)  # before the quota store closes
             if settings.metrics_port:
                 from gateway.operator import OperatorListener, operator_app
 

@@ -28,8 +28,9 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
     # Ready when every model has a target that can take requests (remote ones fail over among themselves).
     engines = all(any(t.ready() for t in served.targets) for served in gateway.models.values())
     checks = {"engine": engines, "policy": gateway.policy.ready()}
-    if hasattr(gateway.limiter, "ping"):
-        checks["quota_store"] = await gateway.limiter.ping()
+    quota_store = await gateway.limiter.ping()
+    if quota_store is not None:  # an in-process limiter has no store
+        checks["quota_store"] = quota_store
     _record(gateway, checks)
     ready = all(checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503)

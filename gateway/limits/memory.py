@@ -61,5 +61,8 @@ class InProcessLimiter:
     def ready(self) -> bool:
         return True
 
+    async def ping(self) -> None:
+        return None  # no quota store: nothing to ask
+
     async def aclose(self) -> None:
         pass

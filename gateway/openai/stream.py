@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from engine.outputs import RequestOutput
 from gateway.deps import Gateway
 from gateway.errors import GatewayError
-from gateway.openai.responses import DONE, sse, usage
+from gateway.openai.answers import DONE, sse, usage
 from gateway.pipeline.accounting import finish, recorded
 from gateway.pipeline.admission import Admitted
 from gateway.pipeline.execution import stream_outputs, until_disconnect

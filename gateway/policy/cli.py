@@ -21,7 +21,7 @@ def _syntax_exit(exc: PolicySyntaxError) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from gateway.policy.testing import run_tests
+    from gateway.policy.regotest import run_tests
 
     try:
         report = run_tests(Path(args.dir), coverage=args.coverage or args.min_coverage is not None)

@@ -1,4 +1,4 @@
-"""The decision document (DESIGN.md, "The decision contract") as a strict pydantic model.
+"""The decision document (docs/policy-reference.md, "Decision document") as a strict pydantic model.
 
 Anything missing, unknown or out of range is a policy error, and policy errors deny.
 """

@@ -4,7 +4,7 @@ from fastapi.responses import Response
 from gateway.deps import GatewayDep, PrincipalDep
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import create_chat_completion
-from gateway.openai.routes import ERROR_RESPONSES
+from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
 

@@ -4,7 +4,7 @@ from fastapi.responses import Response
 from gateway.deps import GatewayDep, PrincipalDep
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.openai.embeddings.service import create_embeddings
-from gateway.openai.routes import ERROR_RESPONSES
+from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
 

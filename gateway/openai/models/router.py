@@ -6,7 +6,7 @@ from gateway.auth.principal import Principal
 from gateway.deps import Gateway, GatewayDep, PrincipalDep
 from gateway.errors import ModelNotFound, PolicyDenied
 from gateway.openai.protocol import Model, ModelList
-from gateway.openai.routes import ERROR_RESPONSES
+from gateway.openai.openapi import ERROR_RESPONSES
 from gateway.pipeline.admission import judge, policy_input
 
 router = APIRouter()

@@ -4,7 +4,7 @@ from fastapi.responses import Response
 from gateway.deps import GatewayDep, PrincipalDep
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.service import create_response, retrieve_response
-from gateway.openai.routes import ERROR_RESPONSES
+from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
 

@@ -21,7 +21,7 @@ from gateway.deps import Gateway
 from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import answer, chat_ask
-from gateway.openai.responses import joined, usage
+from gateway.openai.answers import joined, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.stream import event_stream
 from gateway.pipeline.accounting import accounted, finish, recorded
