@@ -52,17 +52,18 @@ class Grammars:
                 self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
             return self._ll_tokenizer
 
-    def matcher(self, json_schema: str) -> llguidance.LLMatcher:
-        """A fresh matcher for one request's output; GrammarError if the schema cannot be compiled."""
+    def matchers(self, json_schema: str, count: int) -> list[llguidance.LLMatcher]:
+        """Fresh matchers for a request's outputs (one per choice: each walks the grammar on its own),
+        from one compilation of the schema; GrammarError if it cannot be compiled."""
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_DEFAULTS)
         tokenizer = self._ll()
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise GrammarError(error[:MAX_ERROR_CHARS])
-        matcher = llguidance.LLMatcher(tokenizer, grammar)
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error()[:MAX_ERROR_CHARS])
-        return matcher
+        matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(count)]
+        if matchers[0].is_error():
+            raise GrammarError(matchers[0].get_error()[:MAX_ERROR_CHARS])
+        return matchers
 
     def bitmask_async(self, matchers: Sequence[llguidance.LLMatcher]) -> Future[torch.Tensor]:
         """bitmask(matchers), computed on a thread of its own, so it overlaps the step's forward pass."""

@@ -167,18 +167,20 @@ class LLMEngine:
         for choice in range(1, params.n):
             seq.choices.append(Sequence(request_id, token_ids, params.for_choice(choice), self.max_model_len,
                                         arrival, envelope, choice=choice))
-        for choice in seq.choices:
+        grammars = [None] * len(seq.choices)
+        if params.json_schema is not None:
+            try:
+                grammars = self.grammars.matchers(params.json_schema, len(seq.choices))
+            except GrammarError as exc:
+                raise RequestError(f"response_format: the JSON schema cannot be enforced: {exc}",
+                                   param="response_format", code="invalid_json_schema") from None
+        for choice, grammar in zip(seq.choices, grammars):
             choice.choices = seq.choices
             choice.fork_at = fork_at
             choice.raw_prompt_digest = raw_digest
             choice.detokenizer = IncrementalDetokenizer(self.tokenizer, choice.params.stop,
                                                         choice.params.skip_special_tokens)
-            if params.json_schema is not None:  # each choice walks the grammar on its own
-                try:
-                    choice.grammar = self.grammars.matcher(params.json_schema)
-                except GrammarError as exc:
-                    raise RequestError(f"response_format: the JSON schema cannot be enforced: {exc}",
-                                       param="response_format", code="invalid_json_schema") from None
+            choice.grammar = grammar
         return seq
 
     def enqueue(self, seq: Sequence) -> None:
