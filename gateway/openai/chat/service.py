@@ -155,15 +155,17 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
 
         outputs = await collect(gateway, admitted, request)
         choices = []
+        # With tools there is one choice (ChatCompletionRequest), and an upstream calls them itself.
+        upstream_called = bool(tools) and any(isinstance(o, UpstreamOutput) for o in outputs)
         for index, (text, token_logprobs) in enumerate(joined_by_choice(outputs, body.n)):
-            reason = admitted.finish_reasons.get(index, admitted.finish_reason if index == 0 else None)
-            if tools and any(isinstance(o, UpstreamOutput) for o in outputs):  # the upstream called the tools itself
+            reason = admitted.finish_reasons.get(index)
+            if upstream_called:
                 calls = [c for o in outputs if isinstance(o, UpstreamOutput) for c in o.tool_calls]
                 message = {"role": "assistant", "content": text or None if calls else text, "refusal": None,
                            "tool_calls": calls}
                 reason = finish_reason(reason)
             else:
-                message, reason = answer(body, text, reason)  # tools come with one choice only (ChatCompletionRequest)
+                message, reason = answer(body, text, reason)
             if not message["tool_calls"]:
                 del message["tool_calls"]
             choices.append({
