@@ -4,6 +4,7 @@ of the process: its memory and its open sockets)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -27,27 +28,66 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ServerStartError(RuntimeError):
+    """The server exited during start-up; the message carries what uvicorn logged, traceback included."""
+
+    @property
+    def address_in_use(self) -> bool:
+        return "[Errno 98]" in str(self) or "address already in use" in str(self).lower()
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 @contextmanager
 def serving(app, *, startup_timeout_s: float = 120.0) -> Iterator[str]:
-    """Yields the base URL (http://127.0.0.1:PORT) while uvicorn serves `app`."""
-    port = free_port()
+    """Yields the base URL (http://127.0.0.1:PORT) while uvicorn serves `app`. The listening
+    socket is bound here and handed to uvicorn, so no other process can take the port between
+    choosing it and serving on it. A start-up failure raises ServerStartError with uvicorn's log
+    of it (a session fixture's error is all that the tests after it show)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    records = _Records()
+    uvicorn_log = logging.getLogger("uvicorn.error")  # after Config: its dictConfig resets this logger
+    uvicorn_log.addHandler(records)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's way out of a failed start-up; the log says why
+            pass
+
+    thread = threading.Thread(target=run, name="uvicorn-test", daemon=True)
     thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server exited during start-up (see the log above)")
-        if time.monotonic() > deadline:
-            server.should_exit = True
-            raise TimeoutError("the server did not start in time")
-        time.sleep(0.02)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive():
+                sock.close()
+                raise ServerStartError("the server exited during start-up:\n" + "\n".join(records.lines))
+            if time.monotonic() > deadline:
+                server.should_exit = True
+                raise TimeoutError("the server did not start in time:\n" + "\n".join(records.lines))
+            time.sleep(0.02)
+    finally:
+        uvicorn_log.removeHandler(records)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(30)
+        sock.close()
 
 
 def gateway_env(**settings: str) -> dict[str, str]:

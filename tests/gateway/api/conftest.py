@@ -4,7 +4,7 @@ encoder, the repository's policies with test tenants, and a local Entra-style is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from gateway.auth.issuer import LocalIssuer
 from gateway.inference import EncoderBackend, EngineBackend, build_encoder
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
-from devkit.server import free_port, gateway_env, serving
+from devkit.server import ServerStartError, free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
 ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation, stores responses 2 days
@@ -107,15 +107,25 @@ def serve_env(issuer: LocalIssuer, **settings: str) -> dict[str, str]:
 @contextmanager
 def running_gateway(issuer: LocalIssuer, engine: LLMEngine, sink: ListSink, audit_dir: Path, model_name: str,
                     encoder: EncoderBackend | None) -> Iterator[Gateway]:
-    settings = gateway_settings(issuer, served_model_name=model_name, audit_file=audit_dir / "audit.jsonl",
-                                audit_signing_key=audit_dir / "audit-signing.pem")
-    metrics = GatewayMetrics()
-    engine_metrics = PrometheusSink(metrics.registry)
-    engine_metrics.watch(engine)
-    engine.sinks.append(engine_metrics)
-    app = create_app(settings, backend=EngineBackend(engine, model_name=model_name), metrics=metrics,
-                     encoder=encoder)
-    with serving(app) as base_url:
+    with ExitStack() as stack:
+        for attempt in range(3):
+            # The metrics port is chosen before the gateway listens on it, and another process may
+            # take it in between: then the gateway starts again on another.
+            settings = gateway_settings(issuer, served_model_name=model_name, audit_file=audit_dir / "audit.jsonl",
+                                        audit_signing_key=audit_dir / "audit-signing.pem")
+            metrics = GatewayMetrics()
+            backend = EngineBackend(engine, model_name=model_name)
+            app = create_app(settings, backend=backend, metrics=metrics, encoder=encoder)
+            try:
+                base_url = stack.enter_context(serving(app))
+                break
+            except ServerStartError as exc:
+                backend.async_engine.shutdown()  # the app leaves a backend it was given running
+                if not exc.address_in_use or attempt == 2:
+                    raise
+        engine_metrics = PrometheusSink(metrics.registry)
+        engine_metrics.watch(engine)
+        engine.sinks.append(engine_metrics)
         running = Gateway(base_url, f"http://127.0.0.1:{settings.metrics_port}/metrics", issuer, engine,
                           sink, app, [], settings.audit_file)
         yield running
