@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.model.catalog import served_model_name  # noqa: E402
-from engine.model.demo import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
+from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
 from gateway.auth.issuer import LocalIssuer  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
 from devkit.redis import RedisServer, find_redis_server  # noqa: E402

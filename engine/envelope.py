@@ -34,6 +34,7 @@ class CacheScope(str, enum.Enum):
 
 
 DIGEST_SIZE = 32
+TENANT_TAG_CHARS = 32  # 128 bits: no two tenants' digests meet, in records or in keys built from them
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,19 @@ class ExecutionEnvelope:
         return tenant_tag(self.isolation_key)
 
 
-def tenant_tag(isolation_key: bytes) -> str:
-    """A short, non-reversible tag for logs and records (never a label: unbounded cardinality)."""
-    return isolation_key.hex()[:12]
+def tenant_tag(key: bytes) -> str:
+    """The tenant's digest wherever a tenant is shown: the engine's step records, the audit
+    trail's records and quota keys, and (its first 12 characters) metric labels and spans, so they
+    all join. Keyed (see isolation_key), so a tenant id cannot be found by hashing candidates."""
+    return key.hex()[:TENANT_TAG_CHARS]
+
+
+def isolation_key(secret: bytes, tenant_id: str) -> bytes:
+    """The engine's key for a tenant (fairness, KV quota, isolation), whose tenant_tag is the
+    tenant's digest everywhere. The "audit:" prefix is the one the audit trail's tenant digests
+    always had, so trails, dashboards and stored keys written before the digests were one still
+    name the same tenant."""
+    return keyed_digest(secret, "audit:tenant:" + tenant_id)
 
 
 def keyed_digest(secret: bytes, value: str) -> bytes:
@@ -85,5 +96,5 @@ def local_envelope(secret: bytes = b"tenantgate-local") -> ExecutionEnvelope:
         cache_namespace=keyed_digest(secret, "namespace:local"),
         cache_scope=CacheScope.TENANT,
         isolation=Isolation.SHARED,
-        isolation_key=keyed_digest(secret, "tenant:local"),
+        isolation_key=isolation_key(secret, "local"),
     )

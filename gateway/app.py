@@ -10,11 +10,11 @@ import asyncio
 import logging
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from engine.paths import default_cache_dir
 from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
 from gateway.audit import boot_chain_id, load_or_create_signing_key
 from gateway.deployments.config import deployments_for, embedded_only
@@ -33,12 +33,6 @@ from gateway.settings import Settings
 from gateway.tracing import TRACER_NAME, RequestTracing, tracer_provider
 
 logger = logging.getLogger("tenantgate.gateway")
-
-
-def cache_dir() -> Path:
-    from engine.model.demo import default_cache_dir
-
-    return default_cache_dir()
 
 
 def build_policy(settings: Settings) -> PolicyEngine:
@@ -164,7 +158,7 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     if settings.audit_anchor_file is not None:
         anchors.append(RotatingFileSink(settings.audit_anchor_file, settings.audit_file_max_bytes,
                                         settings.audit_file_backups))
-    key_path = settings.audit_signing_key or cache_dir() / "audit-signing.pem"
+    key_path = settings.audit_signing_key or default_cache_dir() / "audit-signing.pem"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     trail = AuditTrail(sinks, load_or_create_signing_key(key_path),
                        checkpoint_every=settings.audit_checkpoint_every,
@@ -220,7 +214,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             if settings.dev_issuer:
                 from gateway.auth import LocalIssuer
 
-                issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=cache_dir() / "dev-issuer")
+                issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=default_cache_dir() / "dev-issuer")
                 await asyncio.to_thread(issuer.start)
                 stack.callback(issuer.stop)
                 authority = v1_host = issuer.base_url

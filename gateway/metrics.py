@@ -9,8 +9,13 @@ conventions' explicit bucket boundaries.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+
+if TYPE_CHECKING:
+    from gateway.policy.service import PolicyEngine
 
 # gen_ai.operation.name for each route that runs a model (the conventions' well-known values).
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings",
@@ -103,22 +108,21 @@ class GatewayMetrics:
             Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
                   registry=self.registry).set_function(lambda: redis_sink.dropped)
 
-    def watch_policy(self, policy) -> None:
+    def watch_policy(self, policy: PolicyEngine) -> None:
         """Read at scrape time: the revision serving (the embedded policy's, or the bundles' that OPA
         last decided with) and the reloads refused (the embedded policy reloads; OPA's sidecar does its own)."""
-        if hasattr(policy, "revision"):
-            self.registry.register(_PolicyCollector(policy))
+        self.registry.register(_PolicyCollector(policy))
 
 
 class _PolicyCollector:
-    def __init__(self, policy) -> None:
+    def __init__(self, policy: PolicyEngine) -> None:
         self._policy = policy
 
     def collect(self):
         if self._policy.revision is not None:
             yield InfoMetricFamily("tenantgate_policy", "The policy revision that decides requests (its content "
                                    "digest, or OPA's bundle revisions).", value={"revision": self._policy.revision})
-        if not hasattr(self._policy, "reload_failures"):
+        if self._policy.reload_failures is None:
             return
         yield CounterMetricFamily("tenantgate_policy_reload_failures", "Policy reloads refused (a file that does "
                                   "not parse, or a sample that gets no valid decision); the last good revision "

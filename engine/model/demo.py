@@ -15,10 +15,11 @@ from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from tqdm import tqdm
 
+from engine.paths import default_cache_dir
+
 DEMO_MODEL_NAME = "demo"
 # Bump whenever anything below changes the built files, so stale caches are never reused.
 DEMO_MODEL_VERSION = "demo-v1"
-CACHE_DIR_ENV = "TENANTGATE_CACHE_DIR"
 CORPUS_PATH = Path(__file__).with_name("demo_corpus.txt")
 
 BOS_TOKEN = "<|begin_of_text|>"
@@ -68,13 +69,6 @@ class DemoArchitecture:
 
 
 DEMO_ARCHITECTURE = DemoArchitecture()
-
-
-def default_cache_dir() -> Path:
-    configured = os.environ.get(CACHE_DIR_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "tenantgate"
 
 
 def ensure_demo_model(cache_dir: Path | None = None, progress: bool = True) -> Path:

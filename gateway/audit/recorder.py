@@ -16,6 +16,7 @@ import hmac
 import time
 import uuid
 
+from engine.envelope import isolation_key, tenant_tag
 from gateway.audit.trail import AuditTrail
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the
@@ -34,7 +35,8 @@ class AuditRecorder:
         return hmac.new(self._key, b"audit:" + value.encode(), hashlib.sha256).hexdigest()[:32]
 
     def tenant_digest(self, tenant_id: str) -> str:
-        return self.digest("tenant:" + tenant_id)
+        """The engine's tag of the tenant (its step records show the same), under this recorder's key."""
+        return tenant_tag(isolation_key(self._key, tenant_id))
 
     def principal_digests(self, principal) -> dict:
         """The tenant's and the principal's digest: audit records, quota keys and metric labels use these."""

@@ -23,13 +23,13 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from engine.paths import default_cache_dir
 from gateway.auth.principal import canonical_guid
 from gateway.encoding import b64url
 
 if TYPE_CHECKING:
     import uvicorn
 
-CACHE_DIR_ENV = "TENANTGATE_CACHE_DIR"
 DEV_ISSUER_URL_ENV = "TENANTGATE_DEV_ISSUER_URL"
 DEFAULT_DEV_ISSUER_URL = "http://127.0.0.1:8401"
 DEFAULT_AUDIENCE = "api://tenantgate"
@@ -40,9 +40,7 @@ _MULTI_TENANT = ("common", "organizations", "consumers")
 
 def dev_issuer_key_dir() -> Path:
     """`$TENANTGATE_CACHE_DIR/dev-issuer`, else `~/.cache/tenantgate/dev-issuer`."""
-    configured = os.environ.get(CACHE_DIR_ENV)
-    root = Path(configured).expanduser() if configured else Path.home() / ".cache" / "tenantgate"
-    return root / "dev-issuer"
+    return default_cache_dir() / "dev-issuer"
 
 
 def _uint(value: int) -> str:

@@ -13,10 +13,8 @@ from collections import defaultdict
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from engine.envelope import tenant_tag
 from gateway.audit import rotated_files, verify_files
 from gateway.deps import Gateway
-from gateway.pipeline.knobs import isolation_key
 
 SERIES = {
     "requests": "tenantgate_requests_total",  # route, status, decision, tenant
@@ -57,21 +55,6 @@ class Samples:
         return sum(value for _, value in self(key))
 
 
-class TenantTags:
-    """A registered tenant's digest as metrics and the trail show it (the first 12 hex of its audit
-    digest), found from the engine's own tag (a digest under another key) for the tenants the
-    policy registers. A tag of a tenant no longer registered shows as the engine's, marked."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        ids = gateway.policy.tenant_ids() or frozenset()
-        key = gateway.settings.namespace_key
-        self._by_engine_tag = {tenant_tag(isolation_key(key, tid)): gateway.audit.tenant_digest(tid)[:12]
-                               for tid in ids}
-
-    def from_engine(self, tag: str) -> str:
-        return self._by_engine_tag.get(tag, "engine:" + tag)
-
-
 def tenants_view(samples: Samples) -> dict:
     """Requests per tenant digest by outcome: allowed (served), denied (by policy), throttled (429),
     other (errors, bad requests, client aborts)."""
@@ -109,7 +92,9 @@ def _engine_steps(gateway: Gateway):
     return None if steps is None else steps.snapshot()
 
 
-def kv_view(gateway: Gateway, samples: Samples, tags: TenantTags) -> dict:
+def kv_view(gateway: Gateway, samples: Samples) -> dict:
+    """The KV pool, and each tenant's blocks: its step records' tag is the trail's tenant digest, shown
+    by its first 12 characters as in /metrics."""
     pool = {labels.get("state", ""): int(value) for labels, value in samples("kv_blocks")}
     snapshot = _engine_steps(gateway)
     if snapshot is None:
@@ -118,9 +103,9 @@ def kv_view(gateway: Gateway, samples: Samples, tags: TenantTags) -> dict:
     last = steps[-1][1] if steps else None
     rows = {}
     for tag, held, cached, share in (last.kv_tenants if last else ()):
-        rows[tag] = {"tenant": tags.from_engine(tag), "held": held, "cached": cached, "share": share, "evicted": 0}
+        rows[tag] = {"tenant": tag[:12], "held": held, "cached": cached, "share": share, "evicted": 0}
     for tag, blocks in evicted.items():
-        rows.setdefault(tag, {"tenant": tags.from_engine(tag), "held": 0, "cached": 0, "share": 0, "evicted": 0})
+        rows.setdefault(tag, {"tenant": tag[:12], "held": 0, "cached": 0, "share": 0, "evicted": 0})
         rows[tag]["evicted"] = blocks
     return {"engine": True, "pool": pool, "rows": sorted(rows.values(), key=lambda r: r["tenant"]),
             "step": last.step if last else None}
@@ -205,7 +190,7 @@ async def console_views(gateway: Gateway, names: tuple[str, ...] = VIEWS) -> dic
     build = {
         "tenants": lambda: tenants_view(samples),
         "quotas": lambda: quotas_view(gateway, now),
-        "kv": lambda: kv_view(gateway, samples, TenantTags(gateway)),
+        "kv": lambda: kv_view(gateway, samples),
         "prefix": lambda: prefix_view(samples),
         "regimes": lambda: regimes_view(gateway, samples),
         "audit": lambda: audit_view(verified, samples),

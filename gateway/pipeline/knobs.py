@@ -6,13 +6,8 @@ the namespace digest, isolation and priority mean the same on every kind of depl
 
 from __future__ import annotations
 
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest
+from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, isolation_key, keyed_digest
 from gateway.policy.schema import Decision
-
-
-def isolation_key(namespace_key: bytes, tenant_id: str) -> bytes:
-    """The engine's key for a tenant: fairness, KV quota and isolation (its records show a tag of it)."""
-    return keyed_digest(namespace_key, "tenant:" + tenant_id)
 
 
 def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decision) -> ExecutionEnvelope:

@@ -40,6 +40,12 @@ class PolicyEngine(Protocol):
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
 
+    @property
+    def revision(self) -> str | None: ...  # the revision serving (None: none has decided yet)
+
+    @property
+    def reload_failures(self) -> int | None: ...  # reloads refused (None: the gateway does not reload this one)
+
 
 class EmbeddedPolicy:
     """regorus in-process; reloads when a policy or data file changes.
@@ -188,6 +194,10 @@ class OpaPolicy:
 
     def ready(self) -> bool:
         return self._watch.healthy and self._watch.tenants is not None
+
+    @property
+    def reload_failures(self) -> None:
+        return None  # OPA's sidecar loads its bundles itself; a bundle it refuses is in its own status
 
     async def start(self) -> None:
         await self._watch.start()

@@ -65,3 +65,13 @@ def test_a_success_is_answered_only_once_its_record_is_in_the_trail(gateway) -> 
         assert ids <= {r["request_id"] for r in gateway.audit_records()}
         text = client.completions.create(model="demo", prompt="a gateway", max_tokens=2)
         assert text.id in {r["request_id"] for r in gateway.audit_records()}
+
+
+def test_a_requests_step_records_name_its_tenant_by_the_audit_records_digest(gateway) -> None:
+    # One digest, so an engine step record joins the trail: whose KV a step held, whose requests ran together.
+    already = len(gateway.sink.steps)
+    completion = gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=3)
+    record = _record(gateway, completion.id)
+    steps = gateway.sink.steps[already:]
+    assert steps and {tag for step in steps for _, tag in step.members} == {record["tenant"]}
+    assert all(record["tenant"] in {tag for tag, *_ in step.kv_tenants} for step in steps)  # others' cache may be charged too

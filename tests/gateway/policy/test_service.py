@@ -20,7 +20,7 @@ from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.metrics import GatewayMetrics
 from gateway.policy.exceptions import PolicyError
-from gateway.policy.service import EmbeddedPolicy
+from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
 from tests.gateway.policy.conftest import SAMPLES
 from tests.utils.issuer import FABRIKAM
@@ -83,6 +83,19 @@ async def test_the_active_revision_and_refused_reloads_are_metrics(policy_copy) 
     text = scrape()
     assert policy.revision != first and f'tenantgate_policy_info{{revision="{policy.revision}"}} 1.0' in text
     assert first not in text
+
+
+async def test_both_policy_backends_have_every_member_the_protocol_declares(policy_copy) -> None:
+    # The gateway reads them directly (metrics, health): a backend missing one would fail at scrape time.
+    declared = {name for name in vars(PolicyEngine) if not name.startswith("_")}
+    assert {"revision", "reload_failures"} <= declared
+    opa = OpaPolicy("http://127.0.0.1:9")  # never asked: the members are read, not called
+    try:
+        for backend in (EmbeddedPolicy(policy_copy), opa):
+            assert all(hasattr(backend, name) for name in declared), type(backend).__name__
+        assert opa.revision is None and opa.reload_failures is None  # OPA's sidecar reloads its own bundles
+    finally:
+        await opa.aclose()
 
 
 def test_a_gateway_keeps_serving_through_a_reload_that_cannot_decide(local_issuer, policy_copy) -> None:
