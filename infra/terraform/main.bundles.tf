@@ -73,7 +73,7 @@ resource "azurerm_storage_account" "bundles" {
 }
 
 resource "azurerm_storage_container" "bundles" {
-  #checkov:skip=CKV2_AZURE_21:blob read logs go to Log Analytics through the diagnostic setting on blobServices/default (azurerm_monitor_diagnostic_setting.bundles), not the classic storage insights this check looks for
+  #checkov:skip=CKV2_AZURE_21:blob read logs go to Log Analytics through the diagnostic setting on blobServices/default (local.diagnostic_targets.bundles, main.monitoring.tf), not the classic storage insights this check looks for
   name                  = "bundles"
   storage_account_id    = azurerm_storage_account.bundles.id
   container_access_type = "private"
@@ -103,18 +103,5 @@ resource "azurerm_private_endpoint" "bundles" {
     name = "default"
     # The stamp's own blob zone: each spoke resolves the account to its own endpoint.
     private_dns_zone_ids = [azurerm_private_dns_zone.stamp["${each.key}-blob"].id]
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "bundles" {
-  name                       = "to-log-analytics"
-  target_resource_id         = "${azurerm_storage_account.bundles.id}/blobServices/default"
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "Transaction"
   }
 }

@@ -231,6 +231,23 @@ def _only_with(count: Any, collection: Any) -> bool:
     return bool(match) and f"${{{match.group(1)}}}" == collection
 
 
+def _terraform_diagnostics(tf: Terraform) -> list | None:
+    """[kind, log category groups, metrics] for each local.diagnostic_targets entry (what is not
+    set comes from local.diagnostic_defaults, as the module call says); None unless the
+    diagnostic-setting module is called once per entry."""
+    call = tf.modules.get("diagnostic_setting", {})
+    if call.get("for_each") != "${local.diagnostic_targets}":
+        return None
+    defaults = tf.locals.get("diagnostic_defaults") or {}
+    settings = []
+    for target in (tf.locals.get("diagnostic_targets") or {}).values():
+        kind = re.search(r"(azurerm_[a-z_]+)\.", json.dumps(target.get("ids")))
+        logs = target.get("log_groups", defaults.get("log_groups"))
+        metrics = target.get("metrics", defaults.get("metrics"))
+        settings.append([TERRAFORM_KINDS.get(kind.group(1)) if kind else None, sorted(logs), sorted(metrics)])
+    return sorted(settings, key=json.dumps)
+
+
 def extract_terraform(root: Path) -> dict[str, Any]:
     tf = Terraform(root)
 
@@ -262,14 +279,6 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     for assignment in tf.all("azurerm_subscription_policy_assignment"):
         definition = tf.resolve(assignment.get("policy_definition_id"))
         assigned.extend(GUID.findall(str(definition)))
-
-    diagnostics = []
-    for setting in tf.all("azurerm_monitor_diagnostic_setting"):
-        target = re.search(r"(azurerm_[a-z_]+)\.", str(setting.get("target_resource_id")))
-        logs = [log.get("category_group") for log in setting.get("enabled_log", [])]
-        metrics = [metric.get("category") for metric in setting.get("enabled_metric", [])]
-        kind = TERRAFORM_KINDS.get(target.group(1)) if target else None
-        diagnostics.append([kind, sorted(logs), sorted(metrics)])
 
     endpoint_groups = []
     for endpoint in tf.all("azurerm_private_endpoint"):
@@ -413,7 +422,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         },
         "private_endpoint_groups": sorted(endpoint_groups),
         "private_dns_zones": sorted(set(zones)),
-        "diagnostic_settings": sorted(diagnostics, key=json.dumps),
+        "diagnostic_settings": _terraform_diagnostics(tf),
         "policy_assignments": sorted(assigned),
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(tf.locals.get("required_tags", [])),
