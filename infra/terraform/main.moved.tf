@@ -1,7 +1,7 @@
 # ---------------------------------------------------------------------------------------------
-# Addresses that changed when the diagnostic settings became one entry per kind
-# (local.diagnostic_targets, main.monitoring.tf): a landing zone applied before keeps its
-# settings, moved in state, instead of destroying and recreating them.
+# Addresses that changed when the diagnostic settings and private endpoints became one entry per
+# kind (local.diagnostic_targets, local.private_endpoints): a landing zone applied before keeps
+# its settings and endpoints, moved in state, instead of destroying and recreating them.
 # A per-stamp resource moves whole, so its stamp keys carry over whatever they are; one made once
 # becomes the `platform` instance. Keep these until every deployment has applied once since.
 # ---------------------------------------------------------------------------------------------
@@ -69,4 +69,29 @@ moved {
 moved {
   from = azurerm_monitor_diagnostic_setting.cmk[0]
   to   = module.diagnostic_setting["cmk"].azurerm_monitor_diagnostic_setting.this["platform"]
+}
+
+moved {
+  from = azurerm_private_endpoint.key_vault
+  to   = module.private_endpoint["key_vault"].azurerm_private_endpoint.this
+}
+
+moved {
+  from = azurerm_private_endpoint.redis
+  to   = module.private_endpoint["redis"].azurerm_private_endpoint.this
+}
+
+moved {
+  from = azurerm_private_endpoint.registry
+  to   = module.private_endpoint["registry"].azurerm_private_endpoint.this
+}
+
+moved {
+  from = azurerm_private_endpoint.bundles
+  to   = module.private_endpoint["bundles"].azurerm_private_endpoint.this
+}
+
+moved {
+  from = azurerm_private_endpoint.grafana
+  to   = module.private_endpoint["grafana"].azurerm_private_endpoint.this
 }
