@@ -597,14 +597,14 @@ def _in_loop(bicep: Bicep, file_name: str, value: Any, item_name: str | None, it
     return value
 
 
-def _resolve(bicep: Bicep, file_name: str, value: Any) -> tuple[str, dict] | None:
-    """The resource (its file name, the resource) an ID in `file_name` names: `symbol.id`, a
+def _resolve(bicep: Bicep, file_name: str, value: Any) -> tuple[str, str] | None:
+    """The resource (its file name, its type) an ID in `file_name` names: `symbol.id`, a
     module's output, or a parameter that the file's callers pass in."""
     document = bicep.files.get(file_name, {})
     operands = _dig(value, "operator", "operands") or {}
     symbol, member = operands.get("operand_1"), operands.get("operand_2")
     if member == "id" and symbol in document.get("resources", {}):
-        return file_name, document["resources"][symbol]
+        return file_name, document["resources"][symbol].get("type")
     output = _dig(member, "operator", "operands") or {}
     if symbol in document.get("modules", {}) and output.get("operand_1") == "outputs":
         child = Path(_dig(document["modules"][symbol], "detail", "path") or "").name
@@ -619,7 +619,7 @@ def _resolve(bicep: Bicep, file_name: str, value: Any) -> tuple[str, dict] | Non
     return None
 
 
-def _bicep_endpoints(bicep: Bicep) -> list[tuple[str, Any, tuple[str, str | None] | None]]:
+def _bicep_endpoints(bicep: Bicep) -> list[tuple[str, Any, tuple[str, str] | None]]:
     """(file, private link group, (file, type) of what it connects to) for every private
     endpoint, once per item of a loop over a variable."""
     found = []
@@ -629,8 +629,8 @@ def _bicep_endpoints(bicep: Bicep) -> list[tuple[str, Any, tuple[str, str | None
         connection = _dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties") or {}
         for item in items or []:
             group = _in_loop(bicep, file_name, _dig(connection, "groupIds", 0), loop.get("item_name"), item)
-            target = _resolve(bicep, file_name, _in_loop(bicep, file_name, connection.get("privateLinkServiceId"), loop.get("item_name"), item))
-            found.append((file_name, group, (target[0], target[1].get("type")) if target else None))
+            target = _in_loop(bicep, file_name, connection.get("privateLinkServiceId"), loop.get("item_name"), item)
+            found.append((file_name, group, _resolve(bicep, file_name, target)))
     return found
 
 
