@@ -7,13 +7,15 @@ the project's environment):
     .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
     .venv-infra/bin/python tests/infra/extract_settings.py examples infra/terraform
     .venv-infra/bin/python tests/infra/extract_settings.py grafana infra/terraform
+    .venv-infra/bin/python tests/infra/extract_settings.py moved infra/terraform
 
 It prints one JSON document with the same keys for both languages, so a test can compare them
 setting by setting. Each extractor knows its language's attribute names and nothing else; a
 setting that cannot be found comes out as null, which never equals the other side's value.
 `examples` lists each Terraform example's stamps and the resources made once per stamp;
 `grafana` the dashboard the Terraform writes into Managed Grafana (the Bicep cannot: see
-docs/deploy.md), so it is not part of the comparison.
+docs/deploy.md), so it is not part of the comparison; `moved` each moved block and whether it
+lands on an instance the configuration makes.
 Exit status 2 on a parse error (the message names the file).
 """
 
@@ -111,6 +113,7 @@ class Terraform:
         self.modules: dict[str, dict] = {}
         self.providers: dict[str, dict] = {}
         self.required_providers: dict[str, dict] = {}
+        self.moved: list[dict] = []
         for path in sorted(root.glob("*.tf")):
             try:
                 with path.open(encoding="utf-8") as handle:
@@ -128,6 +131,7 @@ class Terraform:
                 self.modules.update(block)
             for block in document.get("provider", []):
                 self.providers.update(block)
+            self.moved += document.get("moved", [])
             for block in document.get("terraform", []):
                 for required in block.get("required_providers", []):
                     self.required_providers.update(required)
@@ -488,6 +492,41 @@ def extract_examples(root: Path) -> dict[str, Any]:
     for example in sorted(path for path in (root / "examples").iterdir() if path.is_dir()):
         examples[example.name] = sorted(Terraform(example).modules.get("tenantgate", {}).get("stamps", {}))
     return {"per_stamp_resources": sorted(per_stamp), "single_resources": sorted(once), "examples": examples}
+
+
+MOVED_INTO_MODULE = re.compile(r'module\.(\w+)\["(\w+)"\]\.\w+\.this(\["(\w+)"\])?')
+
+
+def _keyed_like(tf: Terraform, ids: Any, key: str | None) -> bool:
+    """An entry's instances (`ids`) have instance key `key`, or with none, the stamp keys: a
+    per-stamp resource's, or one entry per stamp."""
+    if key:
+        return key in ids if isinstance(ids, dict) else f'"{key}" =>' in str(ids)
+    per_stamp = re.fullmatch(r"\$\{\{for key, (\w+) in (\w+)\.(\w+) : key => \1\.id\}\}", str(ids))
+    if per_stamp:
+        return tf.one(per_stamp.group(2), per_stamp.group(3)).get("for_each") == "${var.stamps}"
+    return str(ids).startswith("${{for key in keys(var.stamps) : key => ")
+
+
+def extract_moved(root: Path) -> dict[str, Any]:
+    """Each moved block (main.moved.tf) with whether its `from` is gone from the configuration and
+    its `to` is an instance the configuration makes: a module call's entry, keyed as the block
+    says. A `to` that is not would have the moved object destroyed on the next apply."""
+    tf = Terraform(root)
+    declared = {f"{kind}.{name}" for kind, named in tf.resources.items() for name in named}
+    blocks = []
+    for block in tf.moved:
+        source, target = str(block.get("from")).strip("${}"), str(block.get("to")).strip("${}")
+        into = MOVED_INTO_MODULE.fullmatch(target)
+        entries = tf.resolve(tf.modules.get(into.group(1), {}).get("for_each")) if into else None
+        entry = entries.get(into.group(2)) if isinstance(entries, dict) else None
+        blocks.append({
+            "from": source,
+            "to": target,
+            "from_gone": re.sub(r"\[.*", "", source) not in declared,
+            "to_made": isinstance(entry, dict) and _keyed_like(tf, entry.get("ids"), into.group(4)),
+        })
+    return {"moved": blocks}
 
 
 TERRAFORM_FILE = re.compile(r'\$\{file\("\$\{path\.module\}/([^"]+)"\)\}')
@@ -940,9 +979,15 @@ def extract_bicep(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples, "grafana": extract_grafana}
+    extractors = {
+        "terraform": extract_terraform,
+        "bicep": extract_bicep,
+        "examples": extract_examples,
+        "grafana": extract_grafana,
+        "moved": extract_moved,
+    }
     if len(argv) != 3 or argv[1] not in extractors:
-        print("usage: extract_settings.py terraform|bicep|examples|grafana DIR", file=sys.stderr)
+        print("usage: extract_settings.py terraform|bicep|examples|grafana|moved DIR", file=sys.stderr)
         return 2
     extract = extractors[argv[1]]
     try:
