@@ -92,18 +92,3 @@ resource "azurerm_role_assignment" "bundles_cmk" {
   role_definition_name = "Key Vault Crypto Service Encryption User"
   principal_id         = azurerm_user_assigned_identity.bundles[0].principal_id
 }
-
-resource "azurerm_monitor_diagnostic_setting" "cmk" {
-  count = local.cmk ? 1 : 0
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_key_vault.cmk[0].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}

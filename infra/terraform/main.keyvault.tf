@@ -1,11 +1,11 @@
 # ---------------------------------------------------------------------------------------------
 # Key Vault (one per stamp): Azure RBAC, purge protection, soft delete, no public access,
-# reached over a private endpoint. Holds the gateway's namespace secret (read by the Secrets
-# Store CSI driver with the gateway's workload identity).
+# reached over a private endpoint (main.endpoints.tf). Holds the gateway's namespace secret
+# (read by the Secrets Store CSI driver with the gateway's workload identity).
 # ---------------------------------------------------------------------------------------------
 
 resource "azurerm_key_vault" "this" {
-  #checkov:skip=CKV2_AZURE_32:each vault has its private endpoint (azurerm_private_endpoint.key_vault, same stamp key; tests/infra/test_parity.py checks it), but checkov 3.3.30 links the for_each references of every endpoint to the first stamp's vault only
+  #checkov:skip=CKV2_AZURE_32:each vault has its private endpoint (local.private_endpoints.key_vault, main.endpoints.tf, same stamp key; tests/infra/test_parity.py checks it), but checkov 3.3.30 links the for_each references of every endpoint to the first stamp's vault only
   for_each = var.stamps
 
   name                          = "kv-${var.name}-${each.key}"
@@ -22,27 +22,5 @@ resource "azurerm_key_vault" "this" {
   network_acls {
     default_action = "Deny"
     bypass         = "None"
-  }
-}
-
-resource "azurerm_private_endpoint" "key_vault" {
-  for_each = var.stamps
-
-  name                = "pe-${var.name}-${each.key}-kv"
-  location            = each.value.location
-  resource_group_name = azurerm_resource_group.stamp[each.key].name
-  subnet_id           = azurerm_subnet.endpoints[each.key].id
-  tags                = var.tags
-
-  private_service_connection {
-    name                           = "key-vault"
-    private_connection_resource_id = azurerm_key_vault.this[each.key].id
-    subresource_names              = ["vault"]
-    is_manual_connection           = false
-  }
-
-  private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.this["key_vault"].id]
   }
 }

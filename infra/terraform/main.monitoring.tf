@@ -146,164 +146,78 @@ resource "azurerm_monitor_data_collection_rule_association" "config" {
 
 # ---------------------------------------------------------------------------------------------
 # Diagnostic settings: every resource here that has them sends its logs and metrics to the
-# workspace. One block per kind of resource so each reads on its own (and static checks can
-# follow the target reference).
+# workspace. One entry per kind of resource: its instances (by stamp key, or `platform` for one
+# made once) and, where it differs from diagnostic_defaults, what it sends. The Bicep sets the
+# same on each resource (tests/infra/test_parity.py compares them).
 # ---------------------------------------------------------------------------------------------
 
-resource "azurerm_monitor_diagnostic_setting" "log_analytics" {
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_log_analytics_workspace.this.id
+locals {
+  # Every log category group and every metric, to the shared AzureDiagnostics table.
+  diagnostic_defaults = {
+    log_groups = ["allLogs"]
+    metrics    = ["AllMetrics"]
+    dedicated  = false
+  }
+
+  diagnostic_targets = {
+    log_analytics = {
+      ids = { platform = azurerm_log_analytics_workspace.this.id }
+    }
+    aks = {
+      ids       = { for key, cluster in azurerm_kubernetes_cluster.this : key => cluster.id }
+      dedicated = true
+    }
+    key_vault = {
+      ids = { for key, vault in azurerm_key_vault.this : key => vault.id }
+    }
+    registry = {
+      ids = { for key, registry in azurerm_container_registry.this : key => registry.id }
+    }
+    # Azure Managed Redis has metrics only, no log categories.
+    redis = {
+      ids        = { for key, cache in azurerm_managed_redis.this : key => cache.id }
+      log_groups = []
+    }
+    firewall = {
+      ids       = { for key, firewall in azurerm_firewall.this : key => firewall.id }
+      dedicated = true
+    }
+    firewall_public_ip = {
+      ids = { for key, address in azurerm_public_ip.firewall : key => address.id }
+    }
+    hub_vnet = {
+      ids = { for key, network in azurerm_virtual_network.hub : key => network.id }
+    }
+    spoke_vnet = {
+      ids = { for key, network in azurerm_virtual_network.spoke : key => network.id }
+    }
+    # Network security groups have logs only, no metrics.
+    spoke_nsg = {
+      ids     = { for key, group in azurerm_network_security_group.spoke : key => group.id }
+      metrics = []
+    }
+    front_door = {
+      ids = { platform = azurerm_cdn_frontdoor_profile.this.id }
+    }
+    # The bundle account's blob service (main.bundles.tf): its read logs and its transactions.
+    bundles = {
+      ids     = { platform = "${azurerm_storage_account.bundles.id}/blobServices/default" }
+      metrics = ["Transaction"]
+    }
+    # The opt-in customer-managed key's vault (main.cmk.tf), when there is one.
+    cmk = {
+      ids = { for vault in azurerm_key_vault.cmk : "platform" => vault.id }
+    }
+  }
+}
+
+module "diagnostic_setting" {
+  source   = "./modules/diagnostic-setting"
+  for_each = local.diagnostic_targets
+
+  target_resource_ids        = each.value.ids
   log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "aks" {
-  for_each = var.stamps
-
-  name                           = "to-log-analytics"
-  target_resource_id             = azurerm_kubernetes_cluster.this[each.key].id
-  log_analytics_workspace_id     = azurerm_log_analytics_workspace.this.id
-  log_analytics_destination_type = "Dedicated"
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "key_vault" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_key_vault.this[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "registry" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_container_registry.this[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "redis" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_managed_redis.this[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "firewall" {
-  for_each = var.stamps
-
-  name                           = "to-log-analytics"
-  target_resource_id             = azurerm_firewall.this[each.key].id
-  log_analytics_workspace_id     = azurerm_log_analytics_workspace.this.id
-  log_analytics_destination_type = "Dedicated"
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "firewall_public_ip" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_public_ip.firewall[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "hub_vnet" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_virtual_network.hub[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "spoke_vnet" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_virtual_network.spoke[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "spoke_nsg" {
-  for_each = var.stamps
-
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_network_security_group.spoke[each.key].id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  # Network security groups have logs only, no metrics.
-  enabled_log {
-    category_group = "allLogs"
-  }
-}
-
-resource "azurerm_monitor_diagnostic_setting" "front_door" {
-  name                       = "to-log-analytics"
-  target_resource_id         = azurerm_cdn_frontdoor_profile.this.id
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-
-  enabled_log {
-    category_group = "allLogs"
-  }
-  enabled_metric {
-    category = "AllMetrics"
-  }
+  log_category_groups        = lookup(each.value, "log_groups", local.diagnostic_defaults.log_groups)
+  metric_categories          = lookup(each.value, "metrics", local.diagnostic_defaults.metrics)
+  dedicated_tables           = lookup(each.value, "dedicated", local.diagnostic_defaults.dedicated)
 }

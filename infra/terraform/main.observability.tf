@@ -130,28 +130,6 @@ resource "azurerm_dashboard_grafana_managed_private_endpoint" "monitor_workspace
   group_ids                    = ["prometheusMetrics"]
 }
 
-resource "azurerm_private_endpoint" "grafana" {
-  for_each = var.stamps
-
-  name                = "pe-${var.name}-${each.key}-grafana"
-  location            = each.value.location
-  resource_group_name = azurerm_resource_group.stamp[each.key].name
-  subnet_id           = azurerm_subnet.endpoints[each.key].id
-  tags                = var.tags
-
-  private_service_connection {
-    name                           = "grafana"
-    private_connection_resource_id = azurerm_dashboard_grafana.this.id
-    subresource_names              = ["grafana"]
-    is_manual_connection           = false
-  }
-
-  private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.stamp["${each.key}-grafana"].id]
-  }
-}
-
 # -- The dashboard ----------------------------------------------------------------------------
 
 # The chart's dashboard, the file Grafana's sidecar loads in a cluster: one file, so Managed
@@ -164,7 +142,7 @@ resource "grafana_folder" "tenantgate" {
   uid   = "tenantgate"
   title = "tenantgate"
 
-  depends_on = [azurerm_private_endpoint.grafana, azurerm_role_assignment.grafana_admins]
+  depends_on = [module.private_endpoint, azurerm_role_assignment.grafana_admins]
 }
 
 resource "grafana_dashboard" "tenantgate" {

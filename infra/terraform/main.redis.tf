@@ -1,7 +1,8 @@
 # ---------------------------------------------------------------------------------------------
 # Azure Managed Redis (one per stamp) for quotas and shared counters: TLS only, access keys
-# disabled so Entra ID is the only way in, no public access, reached over a private endpoint.
-# The cache is disposable: each region keeps its own budgets (see docs/deploy.md, failover).
+# disabled so Entra ID is the only way in, no public access, reached over a private endpoint
+# (main.endpoints.tf). The cache is disposable: each region keeps its own budgets (see
+# docs/deploy.md, failover).
 # ---------------------------------------------------------------------------------------------
 
 resource "azurerm_managed_redis" "this" {
@@ -31,26 +32,4 @@ resource "azurerm_managed_redis_access_policy_assignment" "gateway" {
 
   managed_redis_id = azurerm_managed_redis.this[each.key].id
   object_id        = azurerm_user_assigned_identity.gateway[each.key].principal_id
-}
-
-resource "azurerm_private_endpoint" "redis" {
-  for_each = var.stamps
-
-  name                = "pe-${var.name}-${each.key}-redis"
-  location            = each.value.location
-  resource_group_name = azurerm_resource_group.stamp[each.key].name
-  subnet_id           = azurerm_subnet.endpoints[each.key].id
-  tags                = var.tags
-
-  private_service_connection {
-    name                           = "redis"
-    private_connection_resource_id = azurerm_managed_redis.this[each.key].id
-    subresource_names              = ["redisEnterprise"]
-    is_manual_connection           = false
-  }
-
-  private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.this["redis"].id]
-  }
 }

@@ -31,29 +31,6 @@ resource "azurerm_container_registry" "this" {
   tags                     = var.tags
 }
 
-resource "azurerm_private_endpoint" "registry" {
-  for_each = var.stamps
-
-  name                = "pe-${var.name}-${each.key}-acr"
-  location            = each.value.location
-  resource_group_name = azurerm_resource_group.stamp[each.key].name
-  subnet_id           = azurerm_subnet.endpoints[each.key].id
-  tags                = var.tags
-
-  private_service_connection {
-    name                           = "registry"
-    private_connection_resource_id = azurerm_container_registry.this[each.key].id
-    subresource_names              = ["registry"]
-    is_manual_connection           = false
-  }
-
-  # The zone group writes both the login server and the regional data endpoint records.
-  private_dns_zone_group {
-    name                 = "default"
-    private_dns_zone_ids = [azurerm_private_dns_zone.this["registry"].id]
-  }
-}
-
 # The kubelet identity pulls images for every node of the cluster.
 resource "azurerm_role_assignment" "kubelet_acr_pull" {
   for_each = var.stamps

@@ -7,13 +7,15 @@ the project's environment):
     .venv-infra/bin/python tests/infra/extract_settings.py bicep infra/bicep
     .venv-infra/bin/python tests/infra/extract_settings.py examples infra/terraform
     .venv-infra/bin/python tests/infra/extract_settings.py grafana infra/terraform
+    .venv-infra/bin/python tests/infra/extract_settings.py moved infra/terraform
 
 It prints one JSON document with the same keys for both languages, so a test can compare them
 setting by setting. Each extractor knows its language's attribute names and nothing else; a
 setting that cannot be found comes out as null, which never equals the other side's value.
 `examples` lists each Terraform example's stamps and the resources made once per stamp;
 `grafana` the dashboard the Terraform writes into Managed Grafana (the Bicep cannot: see
-docs/deploy.md), so it is not part of the comparison.
+docs/deploy.md), so it is not part of the comparison; `moved` each moved block and whether it
+lands on an instance the configuration makes.
 Exit status 2 on a parse error (the message names the file).
 """
 
@@ -111,6 +113,7 @@ class Terraform:
         self.modules: dict[str, dict] = {}
         self.providers: dict[str, dict] = {}
         self.required_providers: dict[str, dict] = {}
+        self.moved: list[dict] = []
         for path in sorted(root.glob("*.tf")):
             try:
                 with path.open(encoding="utf-8") as handle:
@@ -128,6 +131,7 @@ class Terraform:
                 self.modules.update(block)
             for block in document.get("provider", []):
                 self.providers.update(block)
+            self.moved += document.get("moved", [])
             for block in document.get("terraform", []):
                 for required in block.get("required_providers", []):
                     self.required_providers.update(required)
@@ -210,8 +214,8 @@ def _optional_default(type_expression: str, attribute: str) -> str | None:
 
 
 def _waits_for(tf: Terraform, address: str, kind: str) -> bool:
-    """`address` is created after every `kind` resource: through depends_on, its own or that of
-    what it depends on, or a reference to one in its arguments."""
+    """`address` is created after every `kind` resource (or after module `kind`): through
+    depends_on, its own or that of what it depends on, or a reference to one in its arguments."""
     seen, pending = set(), [address]
     while pending:
         current = pending.pop()
@@ -222,7 +226,7 @@ def _waits_for(tf: Terraform, address: str, kind: str) -> bool:
         if f"{kind}." in json.dumps({key: value for key, value in body.items() if key != "depends_on"}):
             return True
         pending += [str(dependency).strip("${}") for dependency in body.get("depends_on", [])]
-    return any(current.split(".", 1)[0] == kind for current in seen)
+    return any(kind in (current, current.split(".", 1)[0]) for current in seen)
 
 
 def _only_with(count: Any, collection: Any) -> bool:
@@ -231,11 +235,47 @@ def _only_with(count: Any, collection: Any) -> bool:
     return bool(match) and f"${{{match.group(1)}}}" == collection
 
 
+def _terraform_diagnostics(tf: Terraform) -> list | None:
+    """[kind, log category groups, metrics] for each local.diagnostic_targets entry (what is not
+    set comes from local.diagnostic_defaults, as the module call says); None unless the
+    diagnostic-setting module is called once per entry."""
+    call = tf.modules.get("diagnostic_setting", {})
+    if call.get("for_each") != "${local.diagnostic_targets}":
+        return None
+    defaults = tf.locals.get("diagnostic_defaults") or {}
+    settings = []
+    for target in (tf.locals.get("diagnostic_targets") or {}).values():
+        kind = re.search(r"(azurerm_[a-z_]+)\.", json.dumps(target.get("ids")))
+        logs = target.get("log_groups", defaults.get("log_groups"))
+        metrics = target.get("metrics", defaults.get("metrics"))
+        settings.append([TERRAFORM_KINDS.get(kind.group(1)) if kind else None, sorted(logs), sorted(metrics)])
+    return sorted(settings, key=json.dumps)
+
+
+def _terraform_endpoints(tf: Terraform) -> set[str]:
+    """The resources (`kind.name`) that local.private_endpoints gives an endpoint in every stamp:
+    a per-stamp resource's instance of the same key, or a resource made once, and the
+    private-endpoint module is called once per entry with an endpoint per stamp."""
+    call = tf.modules.get("private_endpoint", {})
+    endpoints = str(call.get("endpoints"))
+    if call.get("for_each") != "${local.private_endpoints}" or not (
+        endpoints.startswith("${{for key, stamp in var.stamps : key => {") and "resource_id = each.value.ids[key]" in endpoints
+    ):
+        return set()
+    per_stamp = re.compile(r"\$\{\{for key, (\w+) in (azurerm_\w+\.\w+) : key => \1\.id\}\}")
+    shared = re.compile(r"\$\{\{for key in keys\(var\.stamps\) : key => (azurerm_\w+\.\w+)\.id\}\}")
+    found = set()
+    for service in (tf.locals.get("private_endpoints") or {}).values():
+        match = per_stamp.fullmatch(str(service.get("ids"))) or shared.fullmatch(str(service.get("ids")))
+        if match:
+            found.add(match.group(match.lastindex))
+    return found
+
+
 def extract_terraform(root: Path) -> dict[str, Any]:
     tf = Terraform(root)
 
     vault = tf.one("azurerm_key_vault")
-    vault_endpoint = tf.one("azurerm_private_endpoint", "key_vault")
     redis = tf.one("azurerm_managed_redis")
     database = _block(redis, "default_database")
     aks = tf.one("azurerm_kubernetes_cluster")
@@ -263,15 +303,8 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         definition = tf.resolve(assignment.get("policy_definition_id"))
         assigned.extend(GUID.findall(str(definition)))
 
-    diagnostics = []
-    for setting in tf.all("azurerm_monitor_diagnostic_setting"):
-        target = re.search(r"(azurerm_[a-z_]+)\.", str(setting.get("target_resource_id")))
-        logs = [log.get("category_group") for log in setting.get("enabled_log", [])]
-        metrics = [metric.get("category") for metric in setting.get("enabled_metric", [])]
-        kind = TERRAFORM_KINDS.get(target.group(1)) if target else None
-        diagnostics.append([kind, sorted(logs), sorted(metrics)])
-
-    endpoint_groups = []
+    endpoints = _terraform_endpoints(tf)
+    endpoint_groups = [service["subresource"] for service in (tf.locals.get("private_endpoints") or {}).values()]
     for endpoint in tf.all("azurerm_private_endpoint"):
         endpoint_groups.extend(_block(endpoint, "private_service_connection").get("subresource_names", []))
 
@@ -300,9 +333,7 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "network_default_action": _block(vault, "network_acls").get("default_action"),
             "network_bypass": _block(vault, "network_acls").get("bypass"),
             "sku": vault.get("sku_name"),
-            "private_endpoint_per_vault": vault.get("for_each") == vault_endpoint.get("for_each")
-            and _block(vault_endpoint, "private_service_connection").get("private_connection_resource_id")
-            == "${azurerm_key_vault.this[each.key].id}",
+            "private_endpoint_per_vault": vault.get("for_each") == "${var.stamps}" and "azurerm_key_vault.this" in endpoints,
         },
         "redis": {
             "access_keys_authentication": database.get("access_keys_authentication_enabled"),
@@ -407,13 +438,14 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "min_tls": storage.get("min_tls_version"),
             "replication": storage.get("account_replication_type"),
             "infrastructure_encryption": storage.get("infrastructure_encryption_enabled"),
+            "private_endpoint_per_spoke": "azurerm_storage_account.bundles" in endpoints,
         },
         "log_analytics": {
             "local_auth": workspace.get("local_authentication_enabled"),
         },
         "private_endpoint_groups": sorted(endpoint_groups),
         "private_dns_zones": sorted(set(zones)),
-        "diagnostic_settings": sorted(diagnostics, key=json.dumps),
+        "diagnostic_settings": _terraform_diagnostics(tf),
         "policy_assignments": sorted(assigned),
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(tf.locals.get("required_tags", [])),
@@ -462,6 +494,41 @@ def extract_examples(root: Path) -> dict[str, Any]:
     return {"per_stamp_resources": sorted(per_stamp), "single_resources": sorted(once), "examples": examples}
 
 
+MOVED_INTO_MODULE = re.compile(r'module\.(\w+)\["(\w+)"\]\.\w+\.this(\["(\w+)"\])?')
+
+
+def _keyed_like(tf: Terraform, ids: Any, key: str | None) -> bool:
+    """An entry's instances (`ids`) have instance key `key`, or with none, the stamp keys: a
+    per-stamp resource's, or one entry per stamp."""
+    if key:
+        return key in ids if isinstance(ids, dict) else f'"{key}" =>' in str(ids)
+    per_stamp = re.fullmatch(r"\$\{\{for key, (\w+) in (\w+)\.(\w+) : key => \1\.id\}\}", str(ids))
+    if per_stamp:
+        return tf.one(per_stamp.group(2), per_stamp.group(3)).get("for_each") == "${var.stamps}"
+    return str(ids).startswith("${{for key in keys(var.stamps) : key => ")
+
+
+def extract_moved(root: Path) -> dict[str, Any]:
+    """Each moved block (main.moved.tf) with whether its `from` is gone from the configuration and
+    its `to` is an instance the configuration makes: a module call's entry, keyed as the block
+    says. A `to` that is not would have the moved object destroyed on the next apply."""
+    tf = Terraform(root)
+    declared = {f"{kind}.{name}" for kind, named in tf.resources.items() for name in named}
+    blocks = []
+    for block in tf.moved:
+        source, target = str(block.get("from")).strip("${}"), str(block.get("to")).strip("${}")
+        into = MOVED_INTO_MODULE.fullmatch(target)
+        entries = tf.resolve(tf.modules.get(into.group(1), {}).get("for_each")) if into else None
+        entry = entries.get(into.group(2)) if isinstance(entries, dict) else None
+        blocks.append({
+            "from": source,
+            "to": target,
+            "from_gone": re.sub(r"\[.*", "", source) not in declared,
+            "to_made": isinstance(entry, dict) and _keyed_like(tf, entry.get("ids"), into.group(4)),
+        })
+    return {"moved": blocks}
+
+
 TERRAFORM_FILE = re.compile(r'\$\{file\("\$\{path\.module\}/([^"]+)"\)\}')
 
 
@@ -492,7 +559,8 @@ def extract_grafana(root: Path) -> dict[str, Any]:
         "overwrite": dashboard.get("overwrite"),
         "only_when_enabled": folder.get("count") == dashboard.get("count") == enabled,
         "enabled_by_default": tf.variables.get("grafana_dashboard_enabled", {}).get("default"),
-        "waits_for_private_endpoints": _waits_for(tf, "grafana_folder.tenantgate", "azurerm_private_endpoint"),
+        "waits_for_private_endpoints": _waits_for(tf, "grafana_folder.tenantgate", "module.private_endpoint")
+        and "azurerm_dashboard_grafana.this" in _terraform_endpoints(tf),
         "provider": tf.required_providers.get("grafana"),
         "examples": examples,
     }
@@ -555,21 +623,54 @@ class Bicep:
         return _dig(self.files.get("main.bicep", {}), "parameters", name, "default")
 
 
-def _has_private_endpoint(bicep: Bicep, kind: str, file_name: str | None = None) -> bool:
-    """Every `kind` (in `file_name`, when given) has a private endpoint beside it, in its own file,
-    pointing at its `.id`."""
-    found = [entry for entry in bicep.resources(kind) if file_name in (None, entry[0])]
-    for file_name, symbols, _ in found:
-        targets = [symbol for symbol, resource in symbols.items() if resource.get("type") == kind]
-        endpoints = [
-            _dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties", "privateLinkServiceId")
-            for name, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints")
-            if name == file_name
-        ]
-        accessors = [_dig(target, "operator", "operands") for target in endpoints]
-        if not any({"operand_1": symbol, "operand_2": "id"} in accessors for symbol in targets):
-            return False
-    return bool(found)
+def _in_loop(bicep: Bicep, file_name: str, value: Any, item_name: str | None, item: Any) -> Any:
+    """`value` for one item of a loop: `item.field` is the item's field, `V[item.field]` that
+    entry of the file's variable V; anything else as it is."""
+    operator = _dig(value, "operator") or {}
+    operands = operator.get("operands") or {}
+    if operator.get("type") == "property_accessor" and item_name and operands.get("operand_1") == item_name:
+        return item.get(operands.get("operand_2")) if isinstance(item, dict) else None
+    if operator.get("type") == "index_accessor":
+        key = _in_loop(bicep, file_name, operands.get("operand_2"), item_name, item)
+        return _dig(bicep.variable(file_name, operands.get("operand_1")), key) if isinstance(key, str) else None
+    return value
+
+
+def _resolve(bicep: Bicep, file_name: str, value: Any) -> tuple[str, str] | None:
+    """The resource (its file name, its type) an ID in `file_name` names: `symbol.id`, a
+    module's output, or a parameter that the file's callers pass in."""
+    document = bicep.files.get(file_name, {})
+    operands = _dig(value, "operator", "operands") or {}
+    symbol, member = operands.get("operand_1"), operands.get("operand_2")
+    if member == "id" and symbol in document.get("resources", {}):
+        return file_name, document["resources"][symbol].get("type")
+    output = _dig(member, "operator", "operands") or {}
+    if symbol in document.get("modules", {}) and output.get("operand_1") == "outputs":
+        child = Path(_dig(document["modules"][symbol], "detail", "path") or "").name
+        return _resolve(bicep, child, _dig(bicep.files.get(child, {}), "outputs", output.get("operand_2"), "value"))
+    if isinstance(value, str) and value in document.get("parameters", {}):
+        for parent, caller in bicep.files.items():
+            for module in caller.get("modules", {}).values():
+                if Path(_dig(module, "detail", "path") or "").name == file_name:
+                    found = _resolve(bicep, parent, (_body(module).get("params") or {}).get(value))
+                    if found:
+                        return found
+    return None
+
+
+def _bicep_endpoints(bicep: Bicep) -> list[tuple[str, Any, tuple[str, str] | None]]:
+    """(file, private link group, (file, type) of what it connects to) for every private
+    endpoint, once per item of a loop over a variable."""
+    found = []
+    for file_name, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints"):
+        loop = _dig(endpoint, "config", "loop_type", "detail") or {}
+        items = bicep.variable(file_name, loop["array_name"]) if loop.get("array_name") else [None]
+        connection = _dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties") or {}
+        for item in items or []:
+            group = _in_loop(bicep, file_name, _dig(connection, "groupIds", 0), loop.get("item_name"), item)
+            target = _in_loop(bicep, file_name, connection.get("privateLinkServiceId"), loop.get("item_name"), item)
+            found.append((file_name, group, _resolve(bicep, file_name, target)))
+    return found
 
 
 def _deploys(bicep: Bicep, file_name: str, kind: str) -> bool:
@@ -681,9 +782,10 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         metrics = [metric.get("category") for metric in _dig(body, "properties", "metrics") or []]
         diagnostics.append([BICEP_KINDS.get(target.get("type")), sorted(logs), sorted(metrics)])
 
-    endpoint_groups = []
-    for _, _, endpoint in bicep.resources("Microsoft.Network/privateEndpoints"):
-        endpoint_groups.extend(_dig(_body(endpoint), "properties", "privateLinkServiceConnections", 0, "properties", "groupIds") or [])
+    endpoints = _bicep_endpoints(bicep)
+    endpoint_groups = [group for _, group, _ in endpoints]
+    # What each stamp (stamp.bicep, deployed once per stamp) has an endpoint to.
+    stamp_endpoints = {target for file_name, _, target in endpoints if file_name == "stamp.bicep"}
 
     zone_sources = json.dumps(
         [bicep.variable("main.bicep", "sharedPrivateDnsZoneNames"), bicep.variable("main.bicep", "aksPrivateDnsZoneNames")]
@@ -723,9 +825,8 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "network_default_action": _dig(vault, "properties", "networkAcls", "defaultAction"),
             "network_bypass": _dig(vault, "properties", "networkAcls", "bypass"),
             "sku": _dig(vault, "properties", "sku", "name"),
-            # The stamps' vaults, as the Terraform reads azurerm_key_vault.this (the opt-in CMK vault's
-            # endpoint is the stamp's, pointing at an ID it is given).
-            "private_endpoint_per_vault": _has_private_endpoint(bicep, "Microsoft.KeyVault/vaults", "key-vault.bicep"),
+            # The stamps' vaults, as the Terraform reads azurerm_key_vault.this (not the opt-in CMK vault).
+            "private_endpoint_per_vault": ("key-vault.bicep", "Microsoft.KeyVault/vaults") in stamp_endpoints,
         },
         "redis": {
             "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
@@ -832,6 +933,7 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "min_tls": _dig(storage, "properties", "minimumTlsVersion"),
             "replication": str(_dig(storage, "sku", "name")).removeprefix("Standard_"),
             "infrastructure_encryption": _dig(storage, "properties", "encryption", "requireInfrastructureEncryption"),
+            "private_endpoint_per_spoke": ("bundles.bicep", "Microsoft.Storage/storageAccounts") in stamp_endpoints,
         },
         "log_analytics": {
             "local_auth": not _dig(workspace, "properties", "features", "disableLocalAuth"),
@@ -877,9 +979,15 @@ def extract_bicep(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    extractors = {"terraform": extract_terraform, "bicep": extract_bicep, "examples": extract_examples, "grafana": extract_grafana}
+    extractors = {
+        "terraform": extract_terraform,
+        "bicep": extract_bicep,
+        "examples": extract_examples,
+        "grafana": extract_grafana,
+        "moved": extract_moved,
+    }
     if len(argv) != 3 or argv[1] not in extractors:
-        print("usage: extract_settings.py terraform|bicep|examples|grafana DIR", file=sys.stderr)
+        print("usage: extract_settings.py terraform|bicep|examples|grafana|moved DIR", file=sys.stderr)
         return 2
     extract = extractors[argv[1]]
     try:

@@ -27,6 +27,7 @@ REVIEWED_SKIPS = {
         "CKV_AZURE_182": "azurerm_virtual_network",  # one DNS server on purpose: the firewall's proxy
         "CKV_AZURE_183": "azurerm_virtual_network",  # same
         "CKV2_AZURE_32": "azurerm_key_vault",  # checkov links for_each endpoints to one vault only
+        "CKV2_AZURE_33": "azurerm_storage_account",  # checkov does not expand the endpoints' module for_each
         "CKV_AZURE_164": "azurerm_container_registry",  # Docker Content Trust is deprecated by the service
         "CKV_AZURE_165": "azurerm_container_registry",  # one registry per stamp, no geo-replication
         "CKV_AZURE_166": "azurerm_container_registry",  # quarantine would block every pull

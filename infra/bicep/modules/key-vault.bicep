@@ -1,6 +1,6 @@
 // Key Vault: Azure RBAC, purge protection, soft delete, no public access, reached over a private
-// endpoint. Holds the gateway's namespace secret (read by the Secrets Store CSI driver with the
-// gateway's workload identity).
+// endpoint (stamp.bicep). Holds the gateway's namespace secret (read by the Secrets Store CSI
+// driver with the gateway's workload identity).
 
 // ============== //
 //   Parameters   //
@@ -11,12 +11,6 @@ param name string
 
 @description('Required. Region of the vault.')
 param location string
-
-@description('Required. The private endpoint subnet.')
-param privateEndpointSubnetId string
-
-@description('Required. The privatelink.vaultcore.azure.net zone.')
-param privateDnsZoneId string
 
 @description('Required. The principal that reads secrets (the gateway identity).')
 param secretReaderPrincipalId string
@@ -84,43 +78,6 @@ resource ingressCertificateReader 'Microsoft.Authorization/roleAssignments@2022-
   }
 }
 
-resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
-  name: 'pe-${name}-kv'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: 'key-vault'
-        properties: {
-          privateLinkServiceId: vault.id
-          groupIds: [
-            'vault'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource endpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
-  parent: endpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'vault'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
-  }
-}
-
 resource vaultDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   name: 'to-log-analytics'
   scope: vault
@@ -147,3 +104,6 @@ resource vaultDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
 
 @description('The vault name (the chart\'s SecretProviderClass reads from it).')
 output name string = vault.name
+
+@description('The vault ID, for its private endpoint (stamp.bicep).')
+output id string = vault.id

@@ -1,6 +1,6 @@
 // Azure Managed Redis for quotas and shared counters: TLS only, access keys disabled so Entra ID
-// is the only way in, no public access, reached over a private endpoint. The cache is disposable:
-// each region keeps its own budgets (see docs/deploy.md, failover).
+// is the only way in, no public access, reached over a private endpoint (stamp.bicep). The cache
+// is disposable: each region keeps its own budgets (see docs/deploy.md, failover).
 
 // ============== //
 //   Parameters   //
@@ -11,12 +11,6 @@ param name string
 
 @description('Required. Region of the cache.')
 param location string
-
-@description('Required. The private endpoint subnet.')
-param privateEndpointSubnetId string
-
-@description('Required. The privatelink.redis.azure.net zone.')
-param privateDnsZoneId string
 
 @description('Required. The Entra ID object that gets the default data access policy (the gateway identity).')
 param userObjectId string
@@ -71,43 +65,6 @@ resource gatewayAccess 'Microsoft.Cache/redisEnterprise/databases/accessPolicyAs
   }
 }
 
-resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
-  name: 'pe-${name}-redis'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: 'redis'
-        properties: {
-          privateLinkServiceId: cache.id
-          groupIds: [
-            'redisEnterprise'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource endpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
-  parent: endpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'redis'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
-  }
-}
-
 resource cacheDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   name: 'to-log-analytics'
   scope: cache
@@ -128,3 +85,6 @@ resource cacheDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
 
 @description('The cache host name (port 10000, TLS).')
 output hostName string = cache.properties.hostName
+
+@description('The cache ID, for its private endpoint (stamp.bicep).')
+output id string = cache.id

@@ -1,8 +1,8 @@
 // The stamp's container registry: Premium, Entra ID only (no admin user, no anonymous pull), no
-// public access, reached over a private endpoint in the spoke. Every image the workloads run
-// (gateway, OPA, the NVIDIA device plugin) is imported into it (docs/deploy.md), so nodes pull
-// only from here and the hub firewall needs no rule for any outside registry (MCR, for AKS's own
-// images, is part of the AzureKubernetesService FQDN tag). The kubelet identity pulls.
+// public access, reached over a private endpoint in the spoke (stamp.bicep). Every image the
+// workloads run (gateway, OPA, the NVIDIA device plugin) is imported into it (docs/deploy.md), so
+// nodes pull only from here and the hub firewall needs no rule for any outside registry (MCR, for
+// AKS's own images, is part of the AzureKubernetesService FQDN tag). The kubelet identity pulls.
 
 // ============== //
 //   Parameters   //
@@ -13,12 +13,6 @@ param name string
 
 @description('Required. Region of the registry.')
 param location string
-
-@description('Required. The private endpoint subnet.')
-param privateEndpointSubnetId string
-
-@description('Required. The privatelink.azurecr.io zone.')
-param privateDnsZoneId string
 
 @description('Required. The kubelet identity\'s principal ID (AcrPull).')
 param pullerPrincipalId string
@@ -79,44 +73,6 @@ resource puller 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
-resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
-  name: 'pe-${name}-acr'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: 'registry'
-        properties: {
-          privateLinkServiceId: registry.id
-          groupIds: [
-            'registry'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-// Writes both the login server and the regional data endpoint records.
-resource endpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
-  parent: endpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'registry'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
-  }
-}
-
 resource registryDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   name: 'to-log-analytics'
   scope: registry
@@ -143,3 +99,6 @@ resource registryDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-p
 
 @description('The registry\'s login server (the chart\'s image repositories start with it).')
 output loginServer string = registry.properties.loginServer
+
+@description('The registry ID, for its private endpoint (stamp.bicep).')
+output id string = registry.id

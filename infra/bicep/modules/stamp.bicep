@@ -1,5 +1,6 @@
 // One deployment stamp (one region): hub and spoke network, AKS, the gateway's workload identity,
-// Key Vault, Azure Managed Redis and the container registry, each in a module of its own.
+// Key Vault, Azure Managed Redis and the container registry, each in a module of its own, and the
+// spoke's private endpoints to them and to the shared services.
 
 // ============== //
 //   Parameters   //
@@ -223,8 +224,6 @@ module keyVault 'key-vault.bicep' = {
   params: {
     name: '${name}-${stampKey}'
     location: location
-    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
-    privateDnsZoneId: privateDnsZoneIds.keyVault
     secretReaderPrincipalId: gatewayIdentity.outputs.principalId
     ingressCertificateReaderPrincipalId: aks.outputs.webAppRoutingPrincipalId
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
@@ -237,8 +236,6 @@ module registry 'registry.bicep' = {
   params: {
     name: '${name}-${stampKey}'
     location: location
-    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
-    privateDnsZoneId: privateDnsZoneIds.registry
     pullerPrincipalId: aks.outputs.kubeletPrincipalId
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     tags: tags
@@ -250,8 +247,6 @@ module redis 'redis.bicep' = {
   params: {
     name: '${name}-${stampKey}'
     location: location
-    privateEndpointSubnetId: network.outputs.privateEndpointSubnetId
-    privateDnsZoneId: privateDnsZoneIds.redis
     userObjectId: gatewayIdentity.outputs.principalId
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     tags: tags
@@ -262,46 +257,103 @@ module redis 'redis.bicep' = {
 //   Resources   //
 // ============= //
 
-resource bundlesEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
-  name: 'pe-${name}-${stampKey}-bundles'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: network.outputs.privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: 'bundles'
-        properties: {
-          privateLinkServiceId: bundleStorageAccountId
-          groupIds: [
-            'blob'
-          ]
-        }
-      }
-    ]
+// Every service this spoke reaches over an endpoint of its own, registered in a private DNS zone
+// (the Terraform's local.private_endpoints, main.endpoints.tf): the name's suffix, the
+// connection, the private link group, the zone config and the zone. The Private Link Scope's
+// endpoint (five zones) and the opt-in customer-managed key's are declared below on their own.
+var privateEndpoints = [
+  {
+    suffix: 'kv'
+    connection: 'key-vault'
+    groupId: 'vault'
+    zoneConfig: 'vault'
+    zoneId: privateDnsZoneIds.keyVault
   }
+  {
+    suffix: 'redis'
+    connection: 'redis'
+    groupId: 'redisEnterprise'
+    zoneConfig: 'redis'
+    zoneId: privateDnsZoneIds.redis
+  }
+  {
+    // The zone group writes both the login server and the regional data endpoint records.
+    suffix: 'acr'
+    connection: 'registry'
+    groupId: 'registry'
+    zoneConfig: 'registry'
+    zoneId: privateDnsZoneIds.registry
+  }
+  {
+    // The stamp's own blob zone: each spoke resolves the account to its own endpoint.
+    suffix: 'bundles'
+    connection: 'bundles'
+    groupId: 'blob'
+    zoneConfig: 'blob'
+    zoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
+  }
+  {
+    suffix: 'grafana'
+    connection: 'grafana'
+    groupId: 'grafana'
+    zoneConfig: 'grafana'
+    zoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.grafana.azure.com')
+  }
+]
+
+// What each endpoint connects to, by suffix. Module outputs are known only during the
+// deployment, and a loop's array must be known at its start, so they are looked up here.
+var privateEndpointTargets = {
+  kv: keyVault.outputs.id
+  redis: redis.outputs.id
+  acr: registry.outputs.id
+  bundles: bundleStorageAccountId
+  grafana: grafanaId
 }
 
-// The stamp's own blob zone: each spoke resolves the account to its own endpoint.
-resource bundlesEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
-  parent: bundlesEndpoint
-  name: 'default'
-  dependsOn: [
-    stampPrivateDns
-  ]
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'blob'
-        properties: {
-          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.blob.core.windows.net')
-        }
+resource endpoints 'Microsoft.Network/privateEndpoints@2024-05-01' = [
+  for endpoint in privateEndpoints: {
+    name: 'pe-${name}-${stampKey}-${endpoint.suffix}'
+    location: location
+    tags: tags
+    properties: {
+      subnet: {
+        id: network.outputs.privateEndpointSubnetId
       }
-    ]
+      privateLinkServiceConnections: [
+        {
+          name: endpoint.connection
+          properties: {
+            privateLinkServiceId: privateEndpointTargets[endpoint.suffix]
+            groupIds: [
+              endpoint.groupId
+            ]
+          }
+        }
+      ]
+    }
   }
-}
+]
+
+resource endpointsDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = [
+  for (endpoint, i) in privateEndpoints: {
+    parent: endpoints[i]
+    name: 'default'
+    dependsOn: [
+      stampPrivateDns
+    ]
+    properties: {
+      privateDnsZoneConfigs: [
+        {
+          name: endpoint.zoneConfig
+          properties: {
+            privateDnsZoneId: endpoint.zoneId
+          }
+        }
+      ]
+    }
+  }
+]
 
 // The customer-managed key's vault (opt-in), reached from the platform region's spoke.
 resource customerManagedKeyEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = if (!empty(customerManagedKeyVaultId)) {
@@ -380,46 +432,6 @@ resource monitorEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGr
         name: replace(zoneName, '.', '-')
         properties: {
           privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', zoneName)
-        }
-      }
-    ]
-  }
-}
-
-resource grafanaEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
-  name: 'pe-${name}-${stampKey}-grafana'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: network.outputs.privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: 'grafana'
-        properties: {
-          privateLinkServiceId: grafanaId
-          groupIds: [
-            'grafana'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource grafanaEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
-  parent: grafanaEndpoint
-  name: 'default'
-  dependsOn: [
-    stampPrivateDns
-  ]
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'grafana'
-        properties: {
-          privateDnsZoneId: resourceId('Microsoft.Network/privateDnsZones', 'privatelink.grafana.azure.com')
         }
       }
     ]
