@@ -88,7 +88,7 @@ def quotas_view(gateway: Gateway, now: float) -> dict:
 
 
 def _engine_steps(gateway: Gateway):
-    steps = getattr(gateway.backend, "steps", None)
+    steps = gateway.backend.steps if gateway.backend is not None else None
     return None if steps is None else steps.snapshot()
 
 
