@@ -172,7 +172,7 @@ class LLMEngine:
             try:
                 grammars = self.grammars.matchers(params.json_schema, len(seq.choices))
             except GrammarError as exc:
-                raise RequestError(f"response_format: the JSON schema cannot be enforced: {exc}",
+                raise RequestError(f"the JSON schema cannot be enforced: {exc}",
                                    param="response_format", code="invalid_json_schema") from None
         for choice, grammar in zip(seq.choices, grammars):
             choice.choices = seq.choices

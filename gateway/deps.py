@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from gateway.audit import digest_label
 from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.principal import Principal
 from gateway.errors import MissingCredentials, Unauthenticated, Unavailable
@@ -85,7 +86,7 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
         # Metrics and spans carry a short keyed digest of the tenant: stable for dashboards, not
         # reversible (metrics carry the tenant's name instead, once a decision allows it:
         # pipeline/admission.judge).
-        request.state.tenant_tag = gateway.audit.tenant_digest(principal.tenant_id)[:12]
+        request.state.tenant_tag = digest_label(gateway.audit.tenant_digest(principal.tenant_id))
         span.set_attribute("tenantgate.principal.type", principal.idtyp)
     trace.set({"tenantgate.tenant": request.state.tenant_tag})
     return principal

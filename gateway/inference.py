@@ -21,6 +21,7 @@ class InferenceBackend(Protocol):
     fingerprint: str
     max_model_len: int
     expects_records: bool  # whether engine_record() will see an x-record for each request
+    steps: StepHistory | None  # the engine's recent steps, for the operator console (None: no engine runs)
 
     # parse_special: read special-token strings in text as those tokens (only when the decision allows it).
     def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]: ...
@@ -128,6 +129,7 @@ class NullBackend:
         self.fingerprint = "null"
         self.max_model_len = max_model_len
         self.expects_records = False
+        self.steps = None  # no engine, no steps
         self._running = False
 
     def engine_record(self, request_id: str):

@@ -7,7 +7,7 @@ cut from or added to a chain's end.
 """
 
 from gateway.audit.chain import VerifyReport, key_id, load_public_key, verify, verify_files
-from gateway.audit.recorder import AuditRecorder
+from gateway.audit.recorder import AuditRecorder, digest_label
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
 from gateway.encoding import canonical_json
@@ -22,6 +22,7 @@ __all__ = [
     "VerifyReport",
     "boot_chain_id",
     "canonical_json",
+    "digest_label",
     "key_id",
     "load_or_create_signing_key",
     "load_public_key",

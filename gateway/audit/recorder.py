@@ -23,6 +23,14 @@ from gateway.audit.trail import AuditTrail
 # engine thread a moment after the caller has gone).
 ENGINE_RECORD_WAIT_S = 2.0
 
+DIGEST_LABEL_CHARS = 12  # enough to tell tenants apart on a dashboard, short enough for a label
+
+
+def digest_label(digest: str) -> str:
+    """A tenant's (or principal's) digest as metric labels, spans and the operator console show it:
+    the first characters of the full digest that audit records and quota keys carry, so they join."""
+    return digest[:DIGEST_LABEL_CHARS]
+
 
 class AuditRecorder:
     def __init__(self, trail: AuditTrail | None, key: bytes, redactor=None) -> None:

@@ -25,6 +25,8 @@ logger = logging.getLogger("tenantgate.audit")
 class StreamSink:
     """JSON lines on a text stream (stdout by default), for a log collector to pick up."""
 
+    repairs = ()  # a stream has no last line to find torn
+
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout  # looked up now, so a redirect counts
 
@@ -132,6 +134,8 @@ class RedisStreamSink:
     them). `healthy` says whether the last attempt reached Redis. Give the client socket
     timeouts: a hung connection otherwise holds the sender thread forever.
     """
+
+    repairs = ()  # XADD writes whole entries: none is ever torn
 
     def __init__(
         self,

@@ -42,6 +42,8 @@ logger = logging.getLogger("tenantgate.audit")
 
 
 class AuditSink(Protocol):
+    repairs: Sequence[dict]  # torn lines this sink ended on opening, for the trail to record (empty: none)
+
     def write(self, line: str) -> None: ...  # one entry, without the newline
     def flush(self) -> None: ...  # called after each checkpoint: make the entries so far durable
     def close(self) -> None: ...
@@ -122,7 +124,7 @@ class AuditTrail:
         with self._lock:
             self._anchor()  # the chain exists from here: a chain no anchor announced is not ours
             for sink in self.sinks:  # a file sink that found a torn last line ended it; say so
-                for repair in getattr(sink, "repairs", ()):
+                for repair in sink.repairs:
                     self._append({"event": TORN_LINE_ENDED, **repair})
         if signer is not None:
             # Signs a quiet trail's last records within the interval, not at the next request.

@@ -20,6 +20,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from gateway.audit import digest_label
 from gateway.auth.principal import Principal
 from gateway.console.sessions import Sessions
 from gateway.console.views import VIEWS, console_views
@@ -172,7 +173,7 @@ async def one_view(request: Request, view: str) -> HTMLResponse:
 
 
 def _who(request: Request, operator: Principal) -> str:
-    return request.app.state.gateway.audit.principal_digests(operator)["principal"][:12]
+    return digest_label(request.app.state.gateway.audit.principal_digests(operator)["principal"])
 
 
 @api.get("/console")

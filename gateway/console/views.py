@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from gateway.audit import rotated_files, verify_files
+from gateway.audit import digest_label, rotated_files, verify_files
 from gateway.deps import Gateway
 
 SERIES = {
@@ -83,12 +83,12 @@ def tenants_view(samples: Samples) -> dict:
 def quotas_view(gateway: Gateway, now: float) -> dict:
     rows = []
     for tenant, h in sorted(gateway.headroom.snapshot().items()):
-        rows.append({"tenant": tenant[:12], **asdict(h), "answered": _utc(h.time), "age_s": round(now - h.time)})
+        rows.append({"tenant": digest_label(tenant), **asdict(h), "answered": _utc(h.time), "age_s": round(now - h.time)})
     return {"rows": rows, "limiter": "redis" if gateway.settings.redis_url.get_secret_value() else "in-process"}
 
 
 def _engine_steps(gateway: Gateway):
-    steps = getattr(gateway.backend, "steps", None)
+    steps = gateway.backend.steps if gateway.backend is not None else None
     return None if steps is None else steps.snapshot()
 
 
@@ -103,9 +103,9 @@ def kv_view(gateway: Gateway, samples: Samples) -> dict:
     last = steps[-1][1] if steps else None
     rows = {}
     for tag, held, cached, share in (last.kv_tenants if last else ()):
-        rows[tag] = {"tenant": tag[:12], "held": held, "cached": cached, "share": share, "evicted": 0}
+        rows[tag] = {"tenant": digest_label(tag), "held": held, "cached": cached, "share": share, "evicted": 0}
     for tag, blocks in evicted.items():
-        rows.setdefault(tag, {"tenant": tag[:12], "held": 0, "cached": 0, "share": 0, "evicted": 0})
+        rows.setdefault(tag, {"tenant": digest_label(tag), "held": 0, "cached": 0, "share": 0, "evicted": 0})
         rows[tag]["evicted"] = blocks
     return {"engine": True, "pool": pool, "rows": sorted(rows.values(), key=lambda r: r["tenant"]),
             "step": last.step if last else None}

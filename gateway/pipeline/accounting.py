@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gateway.audit import digest_label
 from gateway.deps import Gateway
 from gateway.errors import GatewayError
 from gateway.pipeline.admission import Admitted, decision_summary
@@ -37,7 +38,7 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
     ended = time.perf_counter()
     gateway.metrics.served(
         admitted.route, admitted.ask.model,
-        admitted.judgement.decision.logging.metrics_name or admitted.ticket.admission.tenant[:12],
+        admitted.judgement.decision.logging.metrics_name or digest_label(admitted.ticket.admission.tenant),
         input_tokens=admitted.prompt_tokens, output_tokens=admitted.output_tokens, duration_s=ended - admitted.started,
         first_token_s=None if admitted.first_token_at is None else admitted.first_token_at - admitted.started,
         error_type=None if outcome == "completed" else error_code or outcome,

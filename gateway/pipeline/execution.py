@@ -71,16 +71,8 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                            "mid-stream" if sent else "before its first output", exc)
             if sent:
                 raise Unavailable("the deployment failed while answering; the response is incomplete") from None
-        except UpstreamRejected as exc:
-            failed(span, exc, error=False)
-            admitted.deployment = target
-            raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
-        except RequestError as exc:
-            failed(span, exc, error=False)
-            # The engine names a schema it cannot enforce response_format; it may have come from tools.
-            param = admitted.ask.schema_param if exc.param == "response_format" else exc.param
-            raise InvalidRequest(str(exc).replace("response_format:", f"{param}:", 1), param=param,
-                                 code=exc.code) from None
+        except (UpstreamRejected, RequestError) as exc:
+            raise refusal(admitted, target, span, exc) from None
         except EngineDeadError as exc:
             failed(span, exc)
             raise Unavailable("the inference engine is not running") from None
@@ -94,6 +86,18 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
             span.end()
     raise Unavailable("no deployment of this model could take the request; retry shortly",
                       headers={"Retry-After": "1"})
+
+
+def refusal(admitted: Admitted, target, span, exc: UpstreamRejected | RequestError) -> InvalidRequest:
+    """The caller's 400 for a request its deployment (or this engine) refused as it was asked."""
+    failed(span, exc, error=False)
+    if isinstance(exc, UpstreamRejected):
+        admitted.deployment = target
+        return InvalidRequest(exc.message, param=exc.param, code=exc.code)
+    if exc.param == "response_format":  # the engine's name for the schema; it may have come from tools
+        param = admitted.ask.schema_param
+        return InvalidRequest(f"{param}: {exc}", param=param, code=exc.code)
+    return InvalidRequest(str(exc), param=exc.param, code=exc.code)
 
 
 def deployment_span(admitted: Admitted, target):
@@ -119,13 +123,8 @@ async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embed
                 gateway.router.failed(target, after_output=False)
                 logger.warning("deployment %s failed before its answer: %s", target.name, exc)
                 continue
-            except UpstreamRejected as exc:
-                failed(span, exc, error=False)
-                admitted.deployment = target
-                raise InvalidRequest(exc.message, param=exc.param, code=exc.code) from None
-            except RequestError as exc:
-                failed(span, exc, error=False)
-                raise InvalidRequest(str(exc), param=exc.param, code=exc.code) from None
+            except (UpstreamRejected, RequestError) as exc:
+                raise refusal(admitted, target, span, exc) from None
             except BaseException as exc:
                 failed(span, exc)
                 raise

@@ -100,6 +100,7 @@ def test_a_schema_llguidance_refuses_is_a_request_error_on_response_format(smoll
     with pytest.raises(RequestError) as caught:
         smollm2.make_sequence("bad", [1, 2, 3], SamplingParams(json_schema=schema), envelope("grammar"))
     assert caught.value.param == "response_format" and caught.value.code == "invalid_json_schema"
+    assert str(caught.value).startswith("the JSON schema cannot be enforced: ")  # the caller's field goes first
     assert not smollm2.has_unfinished_requests()
 
 

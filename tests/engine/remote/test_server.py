@@ -172,6 +172,24 @@ def test_the_client_maps_a_403_to_envelope_refused_and_a_400_to_upstream_rejecte
     asyncio.run(run())
 
 
+def test_a_schema_the_replica_cannot_enforce_is_refused_naming_response_format(server, signer) -> None:
+    """The engine gives the reason alone; the replica's answer reads as the embedded engine's does."""
+    bogus = SamplingParams(max_tokens=2, json_schema='{"type": "bogus"}')
+
+    async def run():
+        replica = TenantgateReplica(server.base_url, signer)
+        try:
+            with pytest.raises(UpstreamRejected) as rejected:
+                await anext(replica.generate(PROMPT, bogus, ENV, "bogus-schema"))
+        finally:
+            await replica.aclose()
+        return rejected.value
+
+    rejected = asyncio.run(run())
+    assert (rejected.status, rejected.param, rejected.code) == (400, "response_format", "invalid_json_schema")
+    assert rejected.message.startswith("response_format: the JSON schema cannot be enforced: ")
+
+
 def test_closing_the_clients_stream_early_aborts_the_request_on_the_server(server, signer) -> None:
     long = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
     aborted = 'tenantgate_engine_requests_total{finish_reason="abort"}'

@@ -13,6 +13,8 @@ from gateway.audit.trail import AuditTrail
 
 
 class ListSink:
+    repairs = ()
+
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.flushes = 0

@@ -7,9 +7,10 @@ import stat
 import pytest
 
 from gateway.audit.chain import verify, verify_files
-from gateway.audit.sinks import RotatingFileSink, StreamSink, rotated_files
-from gateway.audit.trail import AuditTrail
+from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, rotated_files
+from gateway.audit.trail import AuditSink, AuditTrail
 from tests.gateway.audit.chains import cut_mid_line, forge, record
+from tests.utils.protocols import protocol_members
 
 
 def write_rotating(tmp_path, key, records, *, max_bytes=20_000, backup_count=50, every=25):
@@ -18,6 +19,22 @@ def write_rotating(tmp_path, key, records, *, max_bytes=20_000, backup_count=50,
         for i in range(records):
             trail.append(record(i))
     return rotated_files(tmp_path / "audit.jsonl")
+
+
+def test_every_sink_has_every_member_the_protocol_declares(tmp_path, redis_server):
+    # The trail reads them directly (a file sink's repairs at start): a sink missing one fails here.
+    declared = protocol_members(AuditSink)
+    assert {"repairs", "write", "flush", "close"} <= declared
+    client = redis_server.client()
+    sinks = [StreamSink(io.StringIO()), RotatingFileSink(tmp_path / "audit.jsonl"), RedisStreamSink(client)]
+    try:
+        for sink in sinks:
+            assert all(hasattr(sink, name) for name in declared), type(sink).__name__
+            assert list(sink.repairs) == []  # nothing torn to end in a new stream, file or Redis stream
+    finally:
+        for sink in sinks:
+            sink.close()
+        client.close()
 
 
 def test_stream_sink_writes_json_lines():
