@@ -153,12 +153,15 @@ def test_sigterm_lets_requests_finish_then_aborts_the_rest_within_the_shutdown_t
     assert aborted["engine"]["finish_reason"] == "abort"  # the engine request was aborted, its KV freed
 
 
-def test_serve_dev_without_the_development_helpers_says_so(capsys) -> None:
+def test_serve_dev_without_the_development_helpers_says_so(capsys, monkeypatch) -> None:
     """The product image has no devkit: gateway.main then registers no dev app, and --dev is refused."""
     import argparse
 
+    import uvicorn
+
     from gateway.cli import add_parser
 
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *args, **kwargs: pytest.fail("it served"))
     parser = argparse.ArgumentParser(prog="tenantgate")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["serve", "--dev"])
