@@ -8,11 +8,9 @@ them. Without an OPA binary no bundle is built: a signer of our own would have t
 hashing, and a bundle no OPA ever read is one whose release never checked it.
 """
 
-import io
 import json
 import os
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -94,23 +92,3 @@ def build_bundle(
         reason = next((line.strip() for line in result.stderr.splitlines() if line.strip()), "no output")
         raise BundleError(f"opa build refused the bundle: {reason}")
     return revision
-
-
-def write_tarball(out: Path, files: dict[str, bytes]) -> None:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, content in sorted(files.items()):
-            info = tarfile.TarInfo("/" + name)
-            info.size = len(content)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(content))
-    Path(out).write_bytes(buffer.getvalue())
-
-
-def read_tarball(path: Path) -> dict[str, bytes]:
-    with tarfile.open(path, mode="r:gz") as tar:
-        return {
-            member.name.lstrip("/"): tar.extractfile(member).read()
-            for member in tar.getmembers()
-            if member.isfile()
-        }
