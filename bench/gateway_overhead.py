@@ -41,7 +41,7 @@ from fastapi import Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.auth.issuer import LocalIssuer  # noqa: E402
+from devkit.issuer import LocalIssuer  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
 from devkit.server import free_port  # noqa: E402
 

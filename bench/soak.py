@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.model.catalog import served_model_name  # noqa: E402
 from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
-from gateway.auth.issuer import LocalIssuer  # noqa: E402
+from devkit.issuer import LocalIssuer  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
 from devkit.redis import RedisServer, find_redis_server  # noqa: E402
 from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402

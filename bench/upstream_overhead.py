@@ -33,7 +33,7 @@ from gateway_overhead import (  # noqa: E402
 )
 from real_model import LlamaCpp, cpu_seconds, llamacpp_bin_dir  # noqa: E402
 
-from gateway.auth.issuer import LocalIssuer  # noqa: E402
+from devkit.issuer import LocalIssuer  # noqa: E402
 from devkit.server import free_port  # noqa: E402
 
 TARGET_ADDED_P50_MS = 1.0

@@ -21,7 +21,7 @@ from gateway.deployments.config import deployments_for, embedded_only
 from gateway.deployments.registry import ServedModel, served_model_for
 from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
-from gateway.deps import Gateway
+from gateway.deps import DevIssuer, Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder
 from gateway.limits import InProcessLimiter, Limiter
@@ -188,10 +188,15 @@ async def _settle_pending(gateway: Gateway) -> None:
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
                limiter: Limiter | None = None, encoder: EncoderBackend | None = None,
-               tracing=None) -> FastAPI:
+               tracing=None, issuer: DevIssuer | None = None) -> FastAPI:
     """`tracing`: an OpenTelemetry TracerProvider of the caller's (kept open); by default one from
-    the OTEL_* environment, or none (tracing off) without an OTLP endpoint."""
+    the OTEL_* environment, or none (tracing off) without an OTLP endpoint. `issuer`: the development
+    issuer that settings.dev_issuer asks for (`serve --dev` builds it, devkit.cli.create_dev_app); the
+    app starts it, trusts only it and stops it. The product never builds one."""
     settings = settings or Settings()
+    if (issuer is not None) != settings.dev_issuer:
+        raise ValueError("a development issuer is passed in exactly when settings.dev_issuer is set "
+                         "(`tenantgate serve --dev` does both)")
     app_metrics = metrics or GatewayMetrics()
 
     @asynccontextmanager
@@ -209,12 +214,8 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             await app_policy.start()
             app_metrics.watch_policy(app_policy)
 
-            issuer = None
             authority, v1_host = settings.authority, settings.v1_issuer_host
-            if settings.dev_issuer:
-                from gateway.auth import LocalIssuer
-
-                issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=default_cache_dir() / "dev-issuer")
+            if issuer is not None:
                 await asyncio.to_thread(issuer.start)
                 stack.callback(issuer.stop)
                 authority = v1_host = issuer.base_url

@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 EXIT_CONFIG = 2
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction, dev_app: Callable | None = None) -> None:
+    """dev_app(settings) builds the app of `serve --dev` (with its local issuer); None where the
+    development helpers are not installed (the product image), and then `--dev` is refused."""
     serve = subparsers.add_parser("serve", help="serve the OpenAI-compatible gateway")
     serve.add_argument("--host", help="listen address (default: TENANTGATE_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: TENANTGATE_PORT or 8000)")
     serve.add_argument("--dev", action="store_true",
                        help="development: run a local Entra-style token issuer (`tenantgate token` mints for it)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=_serve, dev_app=dev_app)
 
 
 def load_settings(**overrides):
@@ -54,11 +57,16 @@ def _serve(args: argparse.Namespace) -> int:
     except (DeploymentsError, TracingError) as exc:
         print(f"tenantgate: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if settings.dev_issuer and args.dev_app is None:
+        print("tenantgate: error: the development issuer needs the development helpers (devkit), "
+              "which this installation does not have", file=sys.stderr)
+        return EXIT_CONFIG
     if settings.dev_issuer:
         _print_dev_instructions(settings)
     limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes,
                         header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, http=edge_protocol(limits),
+    app = args.dev_app(settings) if settings.dev_issuer else create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, http=edge_protocol(limits),
                             log_level=args.log_level, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s)
     uvicorn.Server(config).run()

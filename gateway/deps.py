@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -18,13 +18,25 @@ if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
     from gateway.deployments.registry import ServedModel
     from gateway.deployments.routing import Router
-    from gateway.auth import EntraVerifier, LocalIssuer
+    from gateway.auth import EntraVerifier
     from gateway.inference import InferenceBackend
     from gateway.limits import Limiter
     from gateway.metrics import GatewayMetrics
     from gateway.openai.responses_api.store import ResponseStore
     from gateway.policy.service import PolicyEngine
     from gateway.settings import Settings
+
+
+class DevIssuer(Protocol):
+    """A token issuer on loopback for development (devkit.issuer.LocalIssuer, which `serve --dev`
+    passes in): the app starts it before its verifier and trusts only it, and stops it last."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -41,7 +53,7 @@ class Gateway:
     models: dict[str, ServedModel] = field(default_factory=dict)  # by the name callers use
     router: Router | None = None
     responses_store: ResponseStore | None = None  # where /v1/responses stores (Redis); None: nothing is stored
-    issuer: LocalIssuer | None = None
+    issuer: DevIssuer | None = None  # development only (settings.dev_issuer): tests mint tokens with it
     extras: dict = field(default_factory=dict)
     headroom: QuotaHeadroom = field(default_factory=QuotaHeadroom)  # the quota store's last answer per tenant
     background: set = field(default_factory=set)  # tasks that must outlive their request

@@ -3,7 +3,7 @@
 from gateway.auth.exceptions import AuthError, AuthUnavailableError, TenantsUnknownError
 from gateway.auth.principal import Principal
 
-__all__ = ["AuthError", "AuthUnavailableError", "EntraVerifier", "LocalIssuer", "Principal", "TenantsUnknownError"]
+__all__ = ["AuthError", "AuthUnavailableError", "EntraVerifier", "Principal", "TenantsUnknownError"]
 
 
 def __getattr__(name: str) -> object:
@@ -12,8 +12,4 @@ def __getattr__(name: str) -> object:
         from gateway.auth.entra import EntraVerifier
 
         return EntraVerifier
-    if name == "LocalIssuer":
-        from gateway.auth.issuer import LocalIssuer
-
-        return LocalIssuer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

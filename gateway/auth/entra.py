@@ -3,6 +3,13 @@
 Everything about a token that can be checked without keys is checked first, on the
 unverified claims, so a token for a tenant policy does not know never makes the gateway
 fetch anything. After the signature is verified the signed claims are checked again.
+
+The generic JWS part is joserfc's: splitting the compact token and decoding its base64url
+parts, the registered header members' types, the algorithm (pinned to RS256: `none`, HS*
+and every other name are refused by the registry), and the RSASSA-PKCS1-v1_5 verification.
+The rest is ours: the size cap, strict JSON (joserfc's json.loads keeps the last of duplicate
+members and reads NaN), the header members that are never honoured, the kid, and every
+Entra rule about the claims.
 """
 
 from __future__ import annotations
@@ -15,9 +22,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 import httpx
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding
+from joserfc import jws
+from joserfc.errors import JoseError
 
 from gateway.auth.exceptions import AuthError, TenantsUnknownError
 from gateway.auth.jwks import KeyCache
@@ -66,6 +72,16 @@ def _json_object(segment: bytes) -> dict:
     return value
 
 
+def _jws_registry(max_token_bytes: int) -> jws.JWSRegistry:
+    """joserfc's JWS rules with RS256 the only algorithm. Header members it has no entry for
+    are allowed (Entra's own, such as x5t or nonce); the ones we refuse are refused by name."""
+    registry = jws.JWSRegistry(algorithms=["RS256"], strict_check_header=False)
+    # max_token_bytes bounds the whole token; joserfc's own per-part defaults (a 512-byte header,
+    # a 1024-byte signature) would refuse the signature of an 8192-bit key, which JWKS may publish.
+    registry.max_header_length = registry.max_payload_length = registry.max_signature_length = max_token_bytes
+    return registry
+
+
 def _numeric_date(claims: dict, name: str, *, required: bool) -> float | None:
     if name not in claims:
         if required:
@@ -106,6 +122,7 @@ class EntraVerifier:
         self._tenant_allowed = tenant_allowed
         self._leeway_s = leeway_s
         self._max_token_bytes = max_token_bytes
+        self._jws = _jws_registry(max_token_bytes)
         self._owns_client = http_client is None
         timeout = httpx.Timeout(http_timeout_s, connect=min(http_connect_timeout_s, http_timeout_s))
         self._client = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False)
@@ -200,15 +217,15 @@ class EntraVerifier:
             raw = token.encode("ascii")
         except UnicodeEncodeError:
             raise AuthError("malformed_token") from None
-        segments = raw.split(b".")
-        if len(segments) != 3:
-            raise AuthError("malformed_token")
-        header, claims = _json_object(segments[0]), _json_object(segments[1])
+        # The header is checked before joserfc reads the token: a member such as b64 would change how
+        # it reads the payload, and a header we refuse is refused with its own code.
+        kid = self._check_header(_json_object(raw.split(b".", 1)[0]))
+        token_jws = self._extract(raw)
+        claims = _json_object(token_jws.segments["payload"])
         try:
-            signature = b64url_decode(segments[2])
+            signature = b64url_decode(token_jws.segments["signature"])
         except ValueError:
             raise AuthError("malformed_token") from None
-        kid = self._check_header(header)
         unverified = self._check_claims(claims)
         if not signature:
             raise AuthError("invalid_signature")
@@ -219,24 +236,34 @@ class EntraVerifier:
             raise AuthError("invalid_issuer")
         if key.issuer is not None and not self._key_issuer_matches(key.issuer, tenant_id, version, issuer):
             raise AuthError("invalid_issuer")
-        # Verified here rather than with jwt.decode, so the bytes checked are exactly the bytes parsed
-        # and no library default (other algorithms, header-supplied keys, b64=false) can apply.
-        try:
-            key.public_key.verify(signature, segments[0] + b"." + segments[1], padding.PKCS1v15(), hashes.SHA256())
-        except InvalidSignature:
-            raise AuthError("invalid_signature") from None
-        verified = _json_object(segments[1])
-        return self._check_claims(verified), float(verified["exp"]), kid, key
+        # The bytes verified are exactly the bytes parsed above, against the one key the tenant's
+        # JWKS names by kid: never a key the header carries or points at, never another algorithm.
+        if not jws.validate_compact(token_jws, key.public_key, registry=self._jws):
+            raise AuthError("invalid_signature")
+        return self._check_claims(claims), float(claims["exp"]), kid, key
 
-    @staticmethod
-    def _check_header(header: dict) -> str:
-        if header.get("alg") != "RS256":
-            raise AuthError("unsupported_algorithm")
+    def _extract(self, raw: bytes) -> jws.CompactSignature:
+        """The three parts of a compact JWS, as joserfc splits and decodes them."""
+        try:
+            return jws.extract_compact(raw, registry=self._jws)
+        except JoseError:
+            raise AuthError("malformed_token") from None
+
+    def _check_header(self, header: dict) -> str:
+        alg = header.get("alg")
+        try:
+            self._jws.get_alg(alg if isinstance(alg, str) else "")
+        except JoseError:
+            raise AuthError("unsupported_algorithm") from None
         if FORBIDDEN_HEADERS.intersection(header):
             raise AuthError("forbidden_header")
         kid = header.get("kid")
         if not isinstance(kid, str) or not 0 < len(kid) <= 256:
             raise AuthError("missing_kid")
+        try:
+            self._jws.check_header(header)  # the registered members' types (typ, cty, x5t, ...)
+        except JoseError:
+            raise AuthError("malformed_token") from None
         return kid
 
     def _check_claims(self, claims: dict) -> Principal:

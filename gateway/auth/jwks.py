@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
-from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey, RSAPublicNumbers
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicNumbers
+from joserfc.jwk import RSAKey
 
 from gateway.auth.exceptions import AuthError, AuthUnavailableError
 from gateway.encoding import b64url_decode
@@ -39,7 +40,7 @@ REFRESH_AHEAD = 0.25  # background refresh once 75% of the TTL has passed
 @dataclass(frozen=True, slots=True)
 class SigningKey:
     kid: str
-    public_key: RSAPublicKey
+    public_key: RSAKey  # joserfc's, which its RS256 verifies with
     issuer: str | None  # the JWK's "issuer" member, possibly a {tenantid} template
 
 
@@ -84,7 +85,8 @@ def parse_jwk(jwk: object) -> SigningKey | None:
         exponent = int.from_bytes(b64url_decode(e), "big")
         if not MIN_RSA_BITS <= modulus.bit_length() <= MAX_RSA_BITS or not 3 <= exponent < 2**32:
             return None
-        return SigningKey(kid, RSAPublicNumbers(exponent, modulus).public_key(), issuer)
+        # Bounded here, before joserfc sees it: it only warns about a key under 2048 bits.
+        return SigningKey(kid, RSAKey.import_key(RSAPublicNumbers(exponent, modulus).public_key()), issuer)
     except (ValueError, UnicodeEncodeError):
         return None
 

@@ -1,91 +1,41 @@
-"""Builds and signs OPA bundles in OPA's own format.
+"""Builds OPA bundles and has OPA sign them.
 
-A bundle is a tar.gz holding the policy modules (tests left out), the tenant data as
-`tenants/data.json`, a `.manifest` (revision = content digest, roots) and a
-`.signatures.json`: one compact JWS (RS256 or ES256) whose `files` claim lists every
-file's SHA-256, computed the way OPA verifies it (JSON files hashed over their
-key-sorted structure, everything else over its bytes).
+A bundle is a tar.gz holding the policy modules (tests left out), the tenant data under
+`tenants`, a `.manifest` (revision = content digest, roots) and a `.signatures.json`. The
+signature is `opa build --signing-key`'s: OPA is what verifies the bundle, so OPA computes the
+file hashes it checks (JSON over its key-sorted structure, the rest over its bytes) and signs
+them. Without an OPA binary no bundle is built: a signer of our own would have to mirror OPA's
+hashing, and a bundle no OPA ever read is one whose release never checked it.
 """
 
-import hashlib
-import io
 import json
-import tarfile
+import os
+import subprocess
+import tempfile
 from pathlib import Path
 
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gateway.encoding import b64url
 from gateway.policy.exceptions import BundleError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
+from gateway.policy.opa import OPA_VERSION, find_opa
 
 ROOTS = ["tenantgate", "tenants", "system/log"]
+OPA_BUILD_TIMEOUT_S = 120.0
 
 
-def _go_json(value: object) -> str:
-    """A JSON primitive as Go's encoder writes it with HTML escaping off."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-
-
-def _walk(value: object, out: list[str]) -> None:
-    # Mirrors OPA's bundle hash walk: objects by sorted key, arrays in order.
-    if isinstance(value, dict):
-        out.append("{")
-        for i, key in enumerate(sorted(value)):
-            if i:
-                out.append(",")
-            out.append(_go_json(key) + ":")
-            _walk(value[key], out)
-        out.append("}")
-    elif isinstance(value, list):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _walk(item, out)
-        out.append("]")
-    else:
-        out.append(_go_json(value))
-
-
-def file_digest(name: str, content: bytes) -> str:
-    base = name.rsplit("/", 1)[-1]
-    if base in ("data.json", ".manifest"):
-        parts: list[str] = []
-        _walk(json.loads(content), parts)
-        content = "".join(parts).encode()
-    return hashlib.sha256(content).hexdigest()
-
-
-def sign_files(files: dict[str, bytes], private_key_pem: bytes, key_id: str) -> str:
-    """The compact JWS OPA expects in .signatures.json."""
-    key = serialization.load_pem_private_key(private_key_pem, password=None)
+def signing_alg(private_key_pem: bytes) -> str:
+    """RS256 for an RSA key, ES256 for an EC P-256 key; BundleError for anything else."""
+    try:
+        key = serialization.load_pem_private_key(private_key_pem, password=None)
+    except (ValueError, TypeError):
+        raise BundleError("the signing key is not an unencrypted PEM private key") from None
     if isinstance(key, rsa.RSAPrivateKey):
-        alg = "RS256"
-    elif isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1":
-        alg = "ES256"
-    else:
-        raise BundleError("the signing key must be RSA (RS256) or EC P-256 (ES256)")
-    header = {"alg": alg, "kid": key_id, "typ": "JWT"}
-    claims = {
-        "files": [
-            {"name": name, "hash": file_digest(name, content), "algorithm": "SHA-256"}
-            for name, content in sorted(files.items())
-        ],
-        "keyid": key_id,
-    }
-    signing_input = ".".join(
-        b64url(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
-    ).encode()
-    if alg == "RS256":
-        signature = key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
-    else:
-        r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-        signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
-    return signing_input.decode() + "." + b64url(signature)
+        return "RS256"
+    if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1":
+        return "ES256"
+    raise BundleError("the signing key must be RSA (RS256) or EC P-256 (ES256)")
 
 
 def bundle_files(policy_dir: Path = DEFAULT_POLICY_DIR, data_dir: Path | None = None) -> tuple[dict[str, bytes], str]:
@@ -112,31 +62,33 @@ def build_bundle(
     key_id: str = "tenantgate",
     policy_dir: Path = DEFAULT_POLICY_DIR,
     data_dir: Path | None = None,
+    opa: str | None = None,
 ) -> str:
-    """Writes a signed bundle to out; returns its revision."""
+    """Writes a bundle signed by `opa build` to out; returns its revision. BundleError when no
+    OPA binary is found (opa on PATH or in $(go env GOPATH)/bin) or OPA refuses the bundle."""
+    opa = opa or find_opa()
+    if opa is None:
+        raise BundleError(f"signing a bundle needs OPA {OPA_VERSION} (opa build); run scripts/install-opa.sh first")
+    alg = signing_alg(private_key_pem)
     policy_dir = Path(policy_dir)
     files, revision = bundle_files(policy_dir, data_dir)
-    signatures = {"signatures": [sign_files(files, private_key_pem, key_id)]}
-    files[".signatures.json"] = json.dumps(signatures).encode()
-    write_tarball(out, files)
+    with tempfile.TemporaryDirectory(prefix="tenantgate-bundle-") as work:  # mode 0700: it holds the key
+        root, key, claims = Path(work) / "bundle", Path(work) / "signing-key.pem", Path(work) / "claims.json"
+        for name, content in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(content)
+        with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as sink:
+            sink.write(private_key_pem)
+        # The payload names the key, so OPA picks the configured key of that id to verify it.
+        claims.write_text(json.dumps({"keyid": key_id}))
+        command = [opa, "build", "--bundle", ".", "--output", str(Path(out).resolve()),
+                   "--signing-key", str(key), "--signing-alg", alg, "--claims-file", str(claims)]
+        try:
+            result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=OPA_BUILD_TIMEOUT_S,
+                                    check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BundleError(f"opa build did not run: {type(exc).__name__}") from None
+    if result.returncode != 0:
+        reason = next((line.strip() for line in result.stderr.splitlines() if line.strip()), "no output")
+        raise BundleError(f"opa build refused the bundle: {reason}")
     return revision
-
-
-def write_tarball(out: Path, files: dict[str, bytes]) -> None:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, content in sorted(files.items()):
-            info = tarfile.TarInfo("/" + name)
-            info.size = len(content)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(content))
-    Path(out).write_bytes(buffer.getvalue())
-
-
-def read_tarball(path: Path) -> dict[str, bytes]:
-    with tarfile.open(path, mode="r:gz") as tar:
-        return {
-            member.name.lstrip("/"): tar.extractfile(member).read()
-            for member in tar.getmembers()
-            if member.isfile()
-        }

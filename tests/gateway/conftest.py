@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from tests.utils.issuer import FaultyIssuer
 from tests.utils.opa import OpaServer, start_opa, stop_opa
 

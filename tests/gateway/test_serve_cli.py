@@ -151,3 +151,27 @@ def test_sigterm_lets_requests_finish_then_aborts_the_rest_within_the_shutdown_t
     assert len(records) == 2 and by_tokens[8]["engine"]["finish_reason"] == "length"
     aborted = next(r for r in records if r["usage"]["completion_tokens"] != 8)
     assert aborted["engine"]["finish_reason"] == "abort"  # the engine request was aborted, its KV freed
+
+
+def test_serve_dev_without_the_development_helpers_says_so(capsys, monkeypatch) -> None:
+    """The product image has no devkit: gateway.main then registers no dev app, and --dev is refused."""
+    import argparse
+
+    import uvicorn
+
+    from gateway.cli import add_parser
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *args, **kwargs: pytest.fail("it served"))
+    parser = argparse.ArgumentParser(prog="tenantgate")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", "--dev"])
+    assert args.func(args) == 2
+    assert "development helpers (devkit)" in capsys.readouterr().err
+
+
+def test_the_app_factory_builds_no_issuer_of_its_own() -> None:
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    with pytest.raises(ValueError, match="settings.dev_issuer"):
+        create_app(Settings(dev_issuer=True))

@@ -29,10 +29,9 @@ import openai
 import pytest
 import yaml
 
-from gateway.policy.bundle import read_tarball
 from tests.infra.conftest import CHART, KUBERNETES_VERSION, REPO, find_go_binary, run
 from tests.utils.issuer import NORTHWIND, WorkloadIdentityIssuer
-from tests.utils.opa import BundleServer, OpaServer, start_opa, stop_opa, wait_http
+from tests.utils.opa import BundleServer, OpaServer, read_tarball, start_opa, stop_opa, wait_http
 from devkit.redis import RedisServer
 from devkit.server import TENANTGATE, ServeProcess, free_port, gateway_env, tenantgate_serve
 from tests.utils.tls import write_certificates

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from devkit.failover import AUDIENCE, TENANT, OriginProbe, front_door_probe, run_failover
 
 PROBE_SCALE = 0.05  # Front Door's 30 s interval becomes 1.5 s

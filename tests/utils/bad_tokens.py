@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-from gateway.auth.issuer import LocalIssuer, kid_of, sign_rs256
+from devkit.issuer import LocalIssuer, kid_of, sign_rs256
 from gateway.encoding import b64url
 
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from gateway.auth.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID, LocalIssuer
+from devkit.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID, LocalIssuer
 
 # Tenants of policies/data/tenants.example.json.
 CONTOSO = "2f6c1a7e-5b3d-4e8a-9c0f-1a2b3c4d5e6f"

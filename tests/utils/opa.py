@@ -1,10 +1,13 @@
-"""A real OPA server for tests: `opa run --server` on a free loopback port; and a bundle service."""
+"""A real OPA server for tests: `opa run --server` on a free loopback port; a bundle service; and
+reading and rewriting a bundle tarball (to tamper with one OPA built)."""
 
 from __future__ import annotations
 
 import http.server
+import io
 import ssl
 import subprocess
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -12,6 +15,26 @@ from pathlib import Path
 import httpx
 
 from devkit.server import free_port
+
+
+def write_tarball(out: Path, files: dict[str, bytes]) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, content in sorted(files.items()):
+            info = tarfile.TarInfo("/" + name)
+            info.size = len(content)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(content))
+    Path(out).write_bytes(buffer.getvalue())
+
+
+def read_tarball(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path, mode="r:gz") as tar:
+        return {
+            member.name.lstrip("/"): tar.extractfile(member).read()
+            for member in tar.getmembers()
+            if member.isfile()
+        }
 
 
 def wait_http(url: str, *, timeout: float = 15.0, expect: int = 200) -> bool:

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.telemetry import ListSink, PrometheusSink
 from gateway.app import create_app
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from gateway.inference import EncoderBackend, EngineBackend, build_encoder
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
 from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings

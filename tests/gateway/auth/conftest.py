@@ -3,7 +3,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from gateway.auth.entra import EntraVerifier
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from tests.utils.issuer import running_issuer, verifier_options
 
 

@@ -8,9 +8,9 @@ import types
 import pytest
 
 from gateway.main import build_parser
-from gateway.auth.cli import add_parser, cmd_token
+from devkit.cli import add_parser, cmd_token
 from gateway.auth.entra import EntraVerifier
-from gateway.auth.issuer import LocalIssuer
+from devkit.issuer import LocalIssuer
 from tests.utils.issuer import CONTOSO, NORTHWIND, running_issuer, verifier_options
 
 

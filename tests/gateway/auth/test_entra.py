@@ -8,7 +8,7 @@ import pytest
 
 from gateway.auth import AuthError, EntraVerifier, Principal, TenantsUnknownError
 from gateway.auth.exceptions import MESSAGES
-from gateway.auth.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID
+from devkit.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID
 from tests.utils.bad_tokens import CASE_IDS, bad_token_cases
 from tests.utils.issuer import CONTOSO, FABRIKAM, TAILSPIN, verifier_options
 

@@ -5,7 +5,7 @@ import stat
 import httpx
 import pytest
 
-from gateway.auth.issuer import KEY_FILE, LocalIssuer, load_or_create_key
+from devkit.issuer import KEY_FILE, LocalIssuer, load_or_create_key
 from tests.utils.issuer import CONTOSO
 
 

@@ -5,7 +5,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.auth import AuthError, AuthUnavailableError, EntraVerifier
-from gateway.auth.issuer import LocalIssuer, sign_rs256
+from devkit.issuer import LocalIssuer, sign_rs256
 from gateway.encoding import b64url
 from tests.utils.issuer import CONTOSO, FABRIKAM, verifier_options
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.telemetry import ListSink, PrometheusSink
-from gateway.app import create_app
+from devkit.cli import create_dev_app as create_app
 from gateway.audit import load_or_create_signing_key, verify_files
 from gateway.console import VIEWS
 from gateway.inference import EngineBackend

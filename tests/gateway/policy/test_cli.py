@@ -124,3 +124,29 @@ def test_fmt_without_opa_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.setattr("gateway.policy.opa.find_opa", lambda: None)
     assert run_cli(["policy", "fmt", "--check"]) == 2
     assert "install-opa.sh" in capsys.readouterr().err
+
+
+def test_bundle_without_opa_says_so_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, rsa_key_pem, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("gateway.policy.bundle.find_opa", lambda: None)
+    key = tmp_path / "bundle.key"
+    key.write_bytes(rsa_key_pem[0])
+    assert run_cli(["policy", "bundle", "--out", str(tmp_path / "b.tar.gz"), "--signing-key", str(key)]) == 2
+    err = capsys.readouterr().err
+    assert "needs OPA" in err and "install-opa.sh" in err
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_bundle_refuses_a_key_opa_would_sign_with_another_algorithm(
+    opa_bin: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = tmp_path / "p384.key"
+    key.write_bytes(ec.generate_private_key(ec.SECP384R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    assert run_cli(["policy", "bundle", "--out", str(tmp_path / "b.tar.gz"), "--signing-key", str(key)]) == 2
+    assert "RSA (RS256) or EC P-256 (ES256)" in capsys.readouterr().err
+    assert not (tmp_path / "b.tar.gz").exists()

@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from gateway.metrics import GatewayMetrics
-from gateway.policy.bundle import build_bundle, read_tarball, write_tarball
+from gateway.policy.bundle import build_bundle
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.loader import rego_files
 from gateway.policy.opa import OpaClient
 from gateway.policy.service import OpaPolicy
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
-from tests.utils.opa import BundleServer, wait_http
+from tests.utils.opa import BundleServer, read_tarball, wait_http, write_tarball
 
 
 def test_opa_check_strict(opa_bin: str) -> None:

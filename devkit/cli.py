@@ -1,4 +1,6 @@
-"""`tenantgate token`: print an access token for calling the gateway.
+"""The development commands: `tenantgate token`, and the app `tenantgate serve --dev` serves.
+
+`tenantgate token` prints an access token for calling the gateway.
 
 By default the token is minted for the development issuer with its key from the dev
 issuer key directory, so a gateway running in development mode accepts it. With
@@ -6,6 +8,9 @@ issuer key directory, so a gateway running in development mode accepts it. With
 Only the token goes to stdout: `curl -H "Authorization: Bearer $(tenantgate token ...)"`.
 
 Exit codes: 0 a token was printed, 1 Azure gave no token, 2 unusable arguments or refused.
+
+`serve --dev` builds its app with create_dev_app: the gateway's own app factory, given the
+local issuer to start and trust. gateway.main is the one product module that imports this one.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gateway.auth.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer
-from gateway.auth.issuer import dev_issuer_key_dir
+from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer
+from devkit.issuer import dev_issuer_key_dir
 from gateway.auth.principal import canonical_guid
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
@@ -29,6 +34,15 @@ AUDIENCE_ENV = "TENANTGATE_AUDIENCE"
 
 class _UsageError(Exception):
     pass
+
+
+def create_dev_app(settings, **parts):
+    """gateway.app.create_app with the local issuer settings.dev_issuer asks for. Its key is kept in
+    the dev issuer key directory, so `tenantgate token` in another shell mints tokens it verifies."""
+    from gateway.app import create_app
+
+    issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=dev_issuer_key_dir()) if settings.dev_issuer else None
+    return create_app(settings, issuer=issuer, **parts)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,6 @@ process mints tokens that the running issuer's JWKS verifies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -20,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from joserfc import jws
+from joserfc.jwk import RSAKey
 
 from engine.paths import default_cache_dir
 from gateway.auth.principal import canonical_guid
@@ -43,22 +44,26 @@ def dev_issuer_key_dir() -> Path:
     return default_cache_dir() / "dev-issuer"
 
 
-def _uint(value: int) -> str:
-    return b64url(value.to_bytes((value.bit_length() + 7) // 8, "big"))
+def _public_jwk(key: rsa.RSAPrivateKey) -> RSAKey:
+    return RSAKey.import_key(key.public_key())
 
 
 def kid_of(key: rsa.RSAPrivateKey) -> str:
     """The RFC 7638 thumbprint of the public key: every process derives the same kid."""
-    numbers = key.public_key().public_numbers()
-    canonical = json.dumps({"e": _uint(numbers.e), "kty": "RSA", "n": _uint(numbers.n)}, separators=(",", ":"))
-    return b64url(hashlib.sha256(canonical.encode()).digest())
+    return _public_jwk(key).thumbprint()
 
 
 def sign_rs256(header: dict, claims: dict, key: rsa.RSAPrivateKey) -> str:
-    """A JWS compact token of exactly this header and these claims, signed with RS256."""
+    """A JWS compact token of exactly this header and these claims, signed with joserfc's RS256.
+
+    The header is signed as it is, also one a verifier must refuse (no alg, crit, b64, a kid
+    that is no string: the bad-token corpus signs those), which jws.serialize_compact would check
+    and reinterpret; so the compact form is put together here. The one JWS signer in the tree:
+    OPA signs the policy bundles."""
     header_json, claims_json = (json.dumps(part, separators=(",", ":")).encode() for part in (header, claims))
     signing_input = f"{b64url(header_json)}.{b64url(claims_json)}"
-    signature = key.sign(signing_input.encode("ascii"), padding.PKCS1v15(), hashes.SHA256())
+    # Built directly, not with RSAKey.import_key, which warns about the small keys tests sign with.
+    signature = jws.JWSRegistry.algorithms["RS256"].sign(signing_input.encode("ascii"), RSAKey(key, key))
     return f"{signing_input}.{b64url(signature)}"
 
 
@@ -318,8 +323,7 @@ class LocalIssuer:
             keys = list(self._keys.items())
         jwks = []
         for kid, key in keys:
-            numbers = key.public_key().public_numbers()
-            jwk = {"kty": "RSA", "use": "sig", "kid": kid, "x5t": kid, "n": _uint(numbers.n), "e": _uint(numbers.e)}
+            jwk = {**_public_jwk(key).as_dict(private=False), "use": "sig", "kid": kid, "x5t": kid}
             # Entra tags its keys with the v2 issuer template; its v1 endpoint does not.
             if version == "2.0":
                 jwk["issuer"] = self.issuer_for("{tenantid}", "2.0")
