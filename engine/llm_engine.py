@@ -91,11 +91,8 @@ class LLMEngine:
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, self.fingerprint)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
         self._arrivals = itertools.count()
-        self._peak_used_blocks = 0
-        self._peak_stats: KVStats = self.block_manager.stats()
         logger.info(
             "engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s",
             mc.architecture, self.runner.device, num_blocks, config.block_size, self.fingerprint[:16],
@@ -233,28 +230,12 @@ class LLMEngine:
         if not batch:
             return []
         start = time.monotonic()
-        for seq in batch.seqs:
-            seq.charge_kv(start)  # until now at the old count; from now with the blocks this step allocated
         results = self.runner.run(batch)
         end = time.monotonic()
-        step_ms = (end - start) * 1000
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            seq.charge_kv(end)
-            seq.engine_ms += step_ms
-            seq.num_computed_tokens += num_new
-            self.block_manager.register_full_blocks(seq)
-            if seq.num_pending_forks and seq.num_computed_tokens >= seq.fork_at:
-                self.scheduler.fork(seq)
-        self._track_kv()  # the peak, before finished sequences give their blocks back
+        self.scheduler.advance(batch, start, end)
         outputs = self._postprocess(batch, results)
-        self._record_step(batch, step_ms, self.block_manager.stats())  # the pool as the step leaves it
+        self._record_step(batch, (end - start) * 1000, self.scheduler.kv_stats())  # the pool as the step leaves it
         return outputs
-
-    def _track_kv(self) -> None:
-        stats = self.block_manager.stats()
-        if stats.num_used_blocks >= self._peak_used_blocks:
-            self._peak_used_blocks = stats.num_used_blocks
-            self._peak_stats = stats
 
     def _postprocess(self, batch: ScheduledBatch, results: list[SampleResult | None]) -> list[RequestOutput]:
         outputs = []
@@ -348,9 +329,9 @@ class LLMEngine:
             num_waiting=len(waiting),
             regime=regime,
             kv_tenants=tuple(
-                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in self.block_manager.tenant_usage().items())
+                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in self.scheduler.tenant_kv_usage().items())
             ),
-            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in self.block_manager.take_evictions().items())),
+            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in self.scheduler.take_evictions().items())),
         )
         for sink in self.sinks:
             sink.step(record)
@@ -447,17 +428,15 @@ class LLMEngine:
                 for choice in range(seq.params.n)]
 
     def kv_stats(self) -> KVStats:
-        return self.block_manager.stats()
+        return self.scheduler.kv_stats()
 
     def kv_usage(self) -> float:
-        """The share of KV blocks held by requests (free and evictable cached blocks are not). Safe to
-        read from another thread while the engine steps: lengths only, each read atomic."""
-        blocks = self.block_manager
-        return max(0.0, 1 - (blocks.num_free_blocks + blocks.num_cached_blocks) / blocks.num_blocks)
+        """The share of KV blocks held by requests; safe to read while the engine steps."""
+        return self.scheduler.kv_usage()
 
     def peak_kv_stats(self) -> KVStats:
         """Usage at the step that held the most blocks so far."""
-        return self._peak_stats
+        return self.scheduler.peak_kv_stats()
 
     def check_invariants(self) -> None:
-        self.block_manager.check_invariants(self.scheduler.live_sequences())
+        self.scheduler.check_invariants()
