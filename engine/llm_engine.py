@@ -28,6 +28,7 @@ from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
+
 class RequestError(ValueError):
     """A request the engine refuses; the message is safe to show to the caller."""
 
