@@ -3,9 +3,9 @@
 Every request leaves an x-record and every step an s-record. Records hold keyed digests
 and numbers only, never text or token ids: digests use a per-deployment key, so a
 record cannot be used to confirm a guessed prompt. The engine's Recorder builds them and
-hands them to sinks; the gateway
-routes them to its audit trail, PrometheusSink turns them into metrics whose labels
-are bounded enums (scope class, regime, lane), never tenant ids.
+hands them to sinks; the gateway routes them to its audit trail, PrometheusSink turns
+them into metrics whose labels are bounded enums (scope class, regime, lane), never
+tenant ids.
 """
 
 from __future__ import annotations
