@@ -105,7 +105,6 @@ class BlockManager:
         self._evictable_by_owner: dict[bytes, OrderedDict[int, None]] = {}
         self.charged: Counter[bytes] = Counter()
         self.quotas: dict[bytes, int] = {}
-        self.num_prefix_hit_tokens = 0
         self.evicted: Counter[bytes] = Counter()  # cached blocks evicted per owner, since take_evictions()
         # Sequences that hold blocks, by request id, to report usage and check invariants.
         self._holders: dict[str, Sequence] = {}
@@ -171,6 +170,9 @@ class BlockManager:
 
     def quota(self, tenant: bytes) -> int:
         return min(self.quotas.get(tenant, self.num_blocks), self.num_blocks)
+
+    def below_quota(self, tenant: bytes) -> bool:
+        return self.charged[tenant] < self.quota(tenant)
 
     def shares(self, requester: bytes | None = None) -> dict[bytes, int]:
         """Each active tenant's guaranteed share: its quota, scaled down if the quotas oversubscribe the pool.

@@ -1,4 +1,4 @@
-"""LLMEngine: add requests, step, abort. One step = schedule -> run -> postprocess."""
+"""LLMEngine: add requests, step, abort. One step = schedule -> run (forward, sample) -> postprocess -> record."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import itertools
 import logging
 import os
 import time
-from array import array
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence as Seq
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import ConfigError, EngineConfig, ModelConfig
-from engine.envelope import ExecutionEnvelope, tenant_tag
+from engine.envelope import ExecutionEnvelope
 from engine.fingerprint import model_fingerprint
 from engine.grammar import GrammarError, Grammars
 from engine.model.catalog import resolve_model_path
@@ -24,13 +23,10 @@ from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import FinishReason, Sequence
-from engine.telemetry import NUM_MARGIN_STEPS, RecordSink, RequestRecord, StepRecord, record_digest, token_digest
+from engine.telemetry import NUM_MARGIN_STEPS, Recorder, RecordSink
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
-
-# A request waiting longer than this marks the step's regime as queue_degraded.
-QUEUE_DEGRADED_SECONDS = 2.0
 
 
 class RequestError(ValueError):
@@ -45,9 +41,7 @@ class RequestError(ValueError):
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = False, sinks: Seq[RecordSink] = ()) -> None:
         self.config = config
-        self.sinks = list(sinks)
-        self._record_key = config.record_key or os.urandom(32)
-        self._step_index = 0
+        self.sinks = list(sinks)  # the recorder's: a sink appended here gets the records that follow
         self.model_path: Path = resolve_model_path(config.model, progress=progress)
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
@@ -91,11 +85,9 @@ class LLMEngine:
         self.fingerprint = model_fingerprint(
             weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, self.fingerprint)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
+        self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint)
         self._arrivals = itertools.count()
-        self._peak_used_blocks = 0
-        self._peak_stats: KVStats = self.block_manager.stats()
         logger.info(
             "engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s",
             mc.architecture, self.runner.device, num_blocks, config.block_size, self.fingerprint[:16],
@@ -161,8 +153,7 @@ class LLMEngine:
                 param="max_tokens",
             )
         arrival = next(self._arrivals)
-        raw = prompt.encode() if isinstance(prompt, str) else array("q", token_ids).tobytes()
-        raw_digest = record_digest(self._record_key, raw)
+        raw_digest = self.recorder.prompt_digest(prompt if isinstance(prompt, str) else token_ids)
         seq = Sequence(request_id, token_ids, params, self.max_model_len, arrival, envelope)
         for choice in range(1, params.n):
             seq.choices.append(Sequence(request_id, token_ids, params.for_choice(choice), self.max_model_len,
@@ -220,7 +211,7 @@ class LLMEngine:
                 finish_reason=FinishReason.ABORT.value,
                 index=choice.choice,
             ))
-        self._record_request(seq)
+        self.recorder.request(seq)
         return finals
 
     def has_unfinished_requests(self) -> bool:
@@ -233,28 +224,12 @@ class LLMEngine:
         if not batch:
             return []
         start = time.monotonic()
-        for seq in batch.seqs:
-            seq.charge_kv(start)  # until now at the old count; from now with the blocks this step allocated
-        results = self.runner.run(batch)
+        results = self.runner.run(batch)  # the forward pass, then the sampler
         end = time.monotonic()
-        step_ms = (end - start) * 1000
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            seq.charge_kv(end)
-            seq.engine_ms += step_ms
-            seq.num_computed_tokens += num_new
-            self.block_manager.register_full_blocks(seq)
-            if seq.num_pending_forks and seq.num_computed_tokens >= seq.fork_at:
-                self.scheduler.fork(seq)
-        self._track_kv()  # the peak, before finished sequences give their blocks back
+        self.scheduler.advance(batch, start, end)
         outputs = self._postprocess(batch, results)
-        self._record_step(batch, step_ms, self.block_manager.stats())  # the pool as the step leaves it
+        self.recorder.step(batch, (end - start) * 1000, self.scheduler)
         return outputs
-
-    def _track_kv(self) -> None:
-        stats = self.block_manager.stats()
-        if stats.num_used_blocks >= self._peak_used_blocks:
-            self._peak_used_blocks = stats.num_used_blocks
-            self._peak_stats = stats
 
     def _postprocess(self, batch: ScheduledBatch, results: list[SampleResult | None]) -> list[RequestOutput]:
         outputs = []
@@ -276,7 +251,7 @@ class LLMEngine:
                     text += seq.detokenizer.flush()
                 self.scheduler.finish(seq, reason)
                 self.runner.release(seq.seq_id)
-                self._record_request(seq)
+                self.recorder.request(seq)
             outputs.append(
                 RequestOutput(
                     request_id=seq.request_id,
@@ -307,112 +282,6 @@ class LLMEngine:
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
             return FinishReason.LENGTH
         return None
-
-    # -- records ----------------------------------------------------------------------
-
-    def _record_step(self, batch: ScheduledBatch, step_ms: float, stats: KVStats) -> None:
-        self._step_index += 1
-        if not self.sinks:
-            return
-        now = time.monotonic()
-        envelopes = [seq.envelope for seq in batch.seqs]
-        deterministic = batch.deterministic
-        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
-        waiting = self.scheduler.waiting
-        oldest_wait = now - min((s.arrival_time for s in waiting), default=now)
-        if batch.preempted or stats.num_free_blocks + stats.num_cached_blocks < 0.05 * stats.num_blocks:
-            regime = "memory_pressured"
-        elif len(waiting) > self.config.max_num_seqs or oldest_wait > QUEUE_DEGRADED_SECONDS:
-            regime = "queue_degraded"
-        elif batch.lane[0] != "shared" or deterministic:
-            regime = "isolation_strict"
-        else:
-            regime = "normal"
-        ids = "\0".join(sorted(seq.request_id for seq in batch.seqs)).encode()
-        record = StepRecord(
-            step=self._step_index,
-            batch_fingerprint=record_digest(self._record_key, ids),
-            lane=batch.lane[0],
-            isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
-            members=tuple((e.isolation.value, e.tenant_tag) for e in envelopes),
-            deterministic=deterministic,
-            num_seqs=len(batch.seqs),
-            num_tokens=batch.num_tokens,
-            queue_ms=sum(waits) / len(waits) if waits else 0.0,
-            step_ms=step_ms,
-            free_kv_blocks=stats.num_free_blocks,
-            cached_kv_blocks=stats.num_cached_blocks,
-            used_kv_blocks=stats.num_used_blocks,
-            kv_waste=stats.waste,
-            num_preempted=len(batch.preempted),
-            num_waiting=len(waiting),
-            regime=regime,
-            kv_tenants=tuple(
-                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in self.block_manager.tenant_usage().items())
-            ),
-            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in self.block_manager.take_evictions().items())),
-        )
-        for sink in self.sinks:
-            sink.step(record)
-
-    def _record_request(self, seq: Sequence) -> None:
-        """One x-record per request, once its last choice has ended."""
-        choices = seq.choices
-        if not self.sinks or not all(c.is_finished for c in choices):
-            return
-        seq = choices[0]
-        now = time.monotonic()
-        p = seq.params
-        scheduled = seq.first_scheduled_time or now
-        first_tokens = [c.first_token_time for c in choices if c.first_token_time]
-        if len(choices) == 1:
-            output_digest = token_digest(self._record_key, seq.output_token_ids)
-        else:  # the choices in order, each ended by -1 (never a token id)
-            output_digest = token_digest(self._record_key, [t for c in choices for t in (*c.output_token_ids, -1)])
-        reasons = [c.finish_reason.value if c.finish_reason else "abort" for c in choices]
-        record = RequestRecord(
-            request_id=seq.request_id,
-            raw_prompt_digest=seq.raw_prompt_digest,
-            effective_prompt_digest=token_digest(self._record_key, seq.token_ids[: seq.num_prompt_tokens]),
-            output_digest=output_digest,
-            prompt_tokens=seq.num_prompt_tokens,
-            output_tokens=sum(c.num_output_tokens for c in choices),
-            truncated=False,  # the engine refuses what does not fit; it never cuts a prompt
-            truncation_reason=None,
-            decode={
-                "max_tokens": p.max_tokens,
-                "n": p.n,
-                "temperature": p.temperature,
-                "top_p": p.top_p,
-                "top_k": p.top_k,
-                "min_p": p.min_p,
-                "presence_penalty": p.presence_penalty,
-                "frequency_penalty": p.frequency_penalty,
-                "logit_bias_tokens": len(p.logit_bias),
-                "seeded": p.seed is not None,
-                "stops": len(p.stop) + len(p.stop_token_ids),
-                "logprobs": p.logprobs,
-                "json_schema": p.json_schema is not None,
-            },
-            model_fingerprint=self.fingerprint,
-            cache_scope=seq.envelope.cache_scope.value,
-            cached_tokens=seq.num_cached_tokens,
-            isolation=seq.envelope.isolation.value,
-            deterministic=seq.envelope.deterministic,
-            top_margins=tuple(seq.top_margins),
-            finish_reason="abort" if "abort" in reasons else reasons[0],
-            preemptions=sum(c.num_preemptions for c in choices),
-            queue_ms=(scheduled - seq.arrival_time) * 1000,
-            ttft_ms=(min(first_tokens) - seq.arrival_time) * 1000 if first_tokens else None,
-            e2e_ms=(now - seq.arrival_time) * 1000,
-            kv_block_seconds=round(sum(c.kv_block_seconds for c in choices), 6),
-            engine_ms=round(max(c.engine_ms for c in choices), 3),
-            choices=len(choices),
-            shared_prefix_blocks=seq.num_shared_blocks,
-            finish_reasons=tuple(reasons) if len(choices) > 1 else (),
-        )
-        for sink in self.sinks:
-            sink.request(record)
 
     # -- conveniences ---------------------------------------------------------------
 
@@ -447,17 +316,15 @@ class LLMEngine:
                 for choice in range(seq.params.n)]
 
     def kv_stats(self) -> KVStats:
-        return self.block_manager.stats()
+        return self.scheduler.kv_stats()
 
     def kv_usage(self) -> float:
-        """The share of KV blocks held by requests (free and evictable cached blocks are not). Safe to
-        read from another thread while the engine steps: lengths only, each read atomic."""
-        blocks = self.block_manager
-        return max(0.0, 1 - (blocks.num_free_blocks + blocks.num_cached_blocks) / blocks.num_blocks)
+        """The share of KV blocks held by requests; safe to read while the engine steps."""
+        return self.scheduler.kv_usage()
 
     def peak_kv_stats(self) -> KVStats:
         """Usage at the step that held the most blocks so far."""
-        return self._peak_stats
+        return self.scheduler.peak_kv_stats()
 
     def check_invariants(self) -> None:
-        self.block_manager.check_invariants(self.scheduler.live_sequences())
+        self.scheduler.check_invariants()

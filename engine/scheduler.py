@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, KVStats, TenantKV
 from engine.config import EngineConfig
 from engine.envelope import Isolation
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -79,6 +79,8 @@ class Scheduler:
         self.tenant_service: Counter[bytes] = Counter()
         self.num_preemptions = 0
         self.num_chunked_prefills = 0
+        self.num_prefix_hit_tokens = 0
+        self._peak_kv = block_manager.stats()
 
     def add(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=_arrival)
@@ -171,7 +173,7 @@ class Scheduler:
             if not self._admit(seq, num_cached + num_new, prefix, batch, last_resort):
                 break
             self.waiting.remove(seq)
-            self.block_manager.num_prefix_hit_tokens += num_cached
+            self.num_prefix_hit_tokens += num_cached
             seq.block_hashes = hashes
             seq.num_computed_tokens = num_cached
             if seq.num_preemptions == 0:
@@ -190,6 +192,23 @@ class Scheduler:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             self.tenant_service[seq.tenant] += n
         return batch
+
+    def advance(self, batch: ScheduledBatch, start: float, end: float) -> None:
+        """The batch ran from start to end: meter its KV and engine time, count its computed
+        tokens, publish the blocks they filled to the prefix cache, and fork the choices of a
+        request whose shared prompt is now computed."""
+        step_ms = (end - start) * 1000
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.charge_kv(start)  # until the step began at the old count; from then with this step's blocks
+            seq.charge_kv(end)
+            seq.engine_ms += step_ms
+            seq.num_computed_tokens += num_new
+            self.block_manager.register_full_blocks(seq)
+            if seq.num_pending_forks and seq.num_computed_tokens >= seq.fork_at:
+                self.fork(seq)
+        stats = self.block_manager.stats()  # the peak, before finished sequences give their blocks back
+        if stats.num_used_blocks >= self._peak_kv.num_used_blocks:
+            self._peak_kv = stats
 
     def _num_seats(self) -> int:
         return sum(seq.num_seats for seq in self.running)
@@ -225,7 +244,7 @@ class Scheduler:
         bm = self.block_manager
         while not bm.allocate(seq, num_tokens):
             victim = None
-            if bm.charged[seq.tenant] < bm.quota(seq.tenant):  # at its quota, others' blocks are no use to it
+            if bm.below_quota(seq.tenant):  # at its quota, others' blocks are no use to it
                 victim = self._over_share_victim(seq.tenant, 1, batch)
             if victim is None:
                 victim = max((s for s in self.running if s.tenant == seq.tenant), key=_arrival)
@@ -291,3 +310,30 @@ class Scheduler:
             if seq.request_id == request_id:
                 return seq
         return None
+
+    # -- the KV pool, as the engine reports it ------------------------------------------
+
+    def kv_stats(self) -> KVStats:
+        return self.block_manager.stats()
+
+    def peak_kv_stats(self) -> KVStats:
+        """The pool at the step that held the most blocks so far."""
+        return self._peak_kv
+
+    def kv_usage(self) -> float:
+        """The share of KV blocks held by requests (free and evictable cached blocks are not). Safe to
+        read from another thread while the engine steps: lengths only, each read atomic."""
+        bm = self.block_manager
+        return max(0.0, 1 - (bm.num_free_blocks + bm.num_cached_blocks) / bm.num_blocks)
+
+    def tenant_kv_usage(self) -> dict[bytes, TenantKV]:
+        """Every tenant charged with KV: the blocks it holds, those it keeps cached, its share."""
+        return self.block_manager.tenant_usage()
+
+    def take_evictions(self) -> Counter[bytes]:
+        """Cached blocks evicted per owner since the last call."""
+        return self.block_manager.take_evictions()
+
+    def check_invariants(self) -> None:
+        """Raise AllocatorError unless the pool's bookkeeping agrees with the live sequences."""
+        self.block_manager.check_invariants(self.live_sequences())

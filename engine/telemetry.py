@@ -2,9 +2,10 @@
 
 Every request leaves an x-record and every step an s-record. Records hold keyed digests
 and numbers only, never text or token ids: digests use a per-deployment key, so a
-record cannot be used to confirm a guessed prompt. Records go to sinks; the gateway
-routes them to its audit trail, PrometheusSink turns them into metrics whose labels
-are bounded enums (scope class, regime, lane), never tenant ids.
+record cannot be used to confirm a guessed prompt. The engine's Recorder builds them and
+hands them to sinks; the gateway routes them to its audit trail, PrometheusSink turns
+them into metrics whose labels are bounded enums (scope class, regime, lane), never
+tenant ids.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ import time
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from engine.envelope import tenant_tag
+
+if TYPE_CHECKING:
+    from engine.scheduler import ScheduledBatch, Scheduler
+    from engine.sequence import Sequence
 
 NUM_MARGIN_STEPS = 4
 
@@ -96,6 +103,133 @@ class RecordSink(Protocol):
     def request(self, record: RequestRecord) -> None: ...
 
     def step(self, record: StepRecord) -> None: ...
+
+
+# A request waiting longer than this marks the step's regime as queue_degraded.
+QUEUE_DEGRADED_SECONDS = 2.0
+
+
+class Recorder:
+    """Builds the engine's x- and s-records and hands them to its sinks. `sinks` is the engine's
+    own list, read at each record, so a sink appended to it later receives what follows."""
+
+    def __init__(self, sinks: list[RecordSink], key: bytes, fingerprint: str) -> None:
+        self.sinks = sinks
+        self._key = key
+        self._fingerprint = fingerprint
+        self._step_index = 0
+
+    def prompt_digest(self, prompt: str | Seq[int]) -> str:
+        """The prompt as the caller sent it: its text, or its token ids."""
+        raw = prompt.encode() if isinstance(prompt, str) else array("q", prompt).tobytes()
+        return record_digest(self._key, raw)
+
+    def step(self, batch: ScheduledBatch, step_ms: float, scheduler: Scheduler) -> None:
+        """The s-record of the step that just ended, with the pool as the step leaves it."""
+        self._step_index += 1
+        if not self.sinks:
+            return
+        stats = scheduler.kv_stats()
+        now = time.monotonic()
+        envelopes = [seq.envelope for seq in batch.seqs]
+        deterministic = batch.deterministic
+        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
+        waiting = scheduler.waiting
+        oldest_wait = now - min((s.arrival_time for s in waiting), default=now)
+        if batch.preempted or stats.num_free_blocks + stats.num_cached_blocks < 0.05 * stats.num_blocks:
+            regime = "memory_pressured"
+        elif len(waiting) > scheduler.max_num_seqs or oldest_wait > QUEUE_DEGRADED_SECONDS:
+            regime = "queue_degraded"
+        elif batch.lane[0] != "shared" or deterministic:
+            regime = "isolation_strict"
+        else:
+            regime = "normal"
+        ids = "\0".join(sorted(seq.request_id for seq in batch.seqs)).encode()
+        record = StepRecord(
+            step=self._step_index,
+            batch_fingerprint=record_digest(self._key, ids),
+            lane=batch.lane[0],
+            isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
+            members=tuple((e.isolation.value, e.tenant_tag) for e in envelopes),
+            deterministic=deterministic,
+            num_seqs=len(batch.seqs),
+            num_tokens=batch.num_tokens,
+            queue_ms=sum(waits) / len(waits) if waits else 0.0,
+            step_ms=step_ms,
+            free_kv_blocks=stats.num_free_blocks,
+            cached_kv_blocks=stats.num_cached_blocks,
+            used_kv_blocks=stats.num_used_blocks,
+            kv_waste=stats.waste,
+            num_preempted=len(batch.preempted),
+            num_waiting=len(waiting),
+            regime=regime,
+            kv_tenants=tuple(
+                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in scheduler.tenant_kv_usage().items())
+            ),
+            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in scheduler.take_evictions().items())),
+        )
+        for sink in self.sinks:
+            sink.step(record)
+
+    def request(self, seq: Sequence) -> None:
+        """One x-record per request, once its last choice has ended."""
+        choices = seq.choices
+        if not self.sinks or not all(c.is_finished for c in choices):
+            return
+        seq = choices[0]
+        now = time.monotonic()
+        p = seq.params
+        scheduled = seq.first_scheduled_time or now
+        first_tokens = [c.first_token_time for c in choices if c.first_token_time]
+        if len(choices) == 1:
+            output_digest = token_digest(self._key, seq.output_token_ids)
+        else:  # the choices in order, each ended by -1 (never a token id)
+            output_digest = token_digest(self._key, [t for c in choices for t in (*c.output_token_ids, -1)])
+        reasons = [c.finish_reason.value if c.finish_reason else "abort" for c in choices]
+        record = RequestRecord(
+            request_id=seq.request_id,
+            raw_prompt_digest=seq.raw_prompt_digest,
+            effective_prompt_digest=token_digest(self._key, seq.token_ids[: seq.num_prompt_tokens]),
+            output_digest=output_digest,
+            prompt_tokens=seq.num_prompt_tokens,
+            output_tokens=sum(c.num_output_tokens for c in choices),
+            truncated=False,  # the engine refuses what does not fit; it never cuts a prompt
+            truncation_reason=None,
+            decode={
+                "max_tokens": p.max_tokens,
+                "n": p.n,
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k,
+                "min_p": p.min_p,
+                "presence_penalty": p.presence_penalty,
+                "frequency_penalty": p.frequency_penalty,
+                "logit_bias_tokens": len(p.logit_bias),
+                "seeded": p.seed is not None,
+                "stops": len(p.stop) + len(p.stop_token_ids),
+                "logprobs": p.logprobs,
+                "json_schema": p.json_schema is not None,
+            },
+            model_fingerprint=self._fingerprint,
+            cache_scope=seq.envelope.cache_scope.value,
+            cached_tokens=seq.num_cached_tokens,
+            isolation=seq.envelope.isolation.value,
+            deterministic=seq.envelope.deterministic,
+            top_margins=tuple(seq.top_margins),
+            finish_reason="abort" if "abort" in reasons else reasons[0],
+            preemptions=sum(c.num_preemptions for c in choices),
+            queue_ms=(scheduled - seq.arrival_time) * 1000,
+            ttft_ms=(min(first_tokens) - seq.arrival_time) * 1000 if first_tokens else None,
+            e2e_ms=(now - seq.arrival_time) * 1000,
+            kv_block_seconds=round(sum(c.kv_block_seconds for c in choices), 6),
+            engine_ms=round(max(c.engine_ms for c in choices), 3),
+            choices=len(choices),
+            shared_prefix_blocks=seq.num_shared_blocks,
+            finish_reasons=tuple(reasons) if len(choices) > 1 else (),
+        )
+        for sink in self.sinks:
+            sink.request(record)
+
 
 
 @dataclass

@@ -51,7 +51,7 @@ def test_choices_share_the_prompts_full_blocks_charged_once(tiny_dir, make_engin
     assert shared >= 2
     tokens = step_until_forked(engine, seq)
     run(engine, "r", tokens, steps=1)  # each choice computes the rest of its prompt in a block of its own
-    bm = engine.block_manager
+    bm = engine.scheduler.block_manager
     tables = [list(c.block_table) for c in seq.choices]
     assert tables[0][:shared] == tables[1][:shared] == tables[2][:shared]
     assert all(bm.blocks[b].ref_count == 3 for b in tables[0][:shared])
@@ -91,7 +91,7 @@ def test_a_preempted_choice_gives_back_only_its_hold_on_the_shared_blocks(tiny_d
     child = seq.choices[2]
     engine.scheduler._preempt(child)
     assert not child.block_table and child.num_borrowed_blocks == 0
-    assert all(engine.block_manager.blocks[b].ref_count == 2 for b in prefix)
+    assert all(engine.scheduler.block_manager.blocks[b].ref_count == 2 for b in prefix)
     engine.check_invariants()
     run(engine, "r", tokens)
     assert sorted(tokens) == [0, 1, 2] and all(len(t) == 12 for t in tokens.values())

@@ -65,7 +65,7 @@ def test_no_reuse_across_namespaces_or_lanes(tiny_dir, make_engine, second) -> N
 def test_scope_none_neither_reads_nor_writes(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir))
     run(engine, "a", PROMPT, envelope("t1", scope="none"))
-    assert engine.block_manager.cached == {}
+    assert engine.scheduler.block_manager.cached == {}
     run(engine, "b", PROMPT, envelope("t1"))
     seq, _ = run(engine, "c", PROMPT, envelope("t1", scope="none"))
     assert seq.num_cached_tokens == 0

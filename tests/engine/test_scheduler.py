@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.scheduler import Scheduler
@@ -192,3 +196,22 @@ def test_a_request_larger_than_its_share_still_runs_once_nothing_else_does() -> 
     assert batch.seqs == [big]  # the idle caches gave way: the least recently used block of one of them
     assert sum(still_cached(bm, [b]) for b in a_cached + c_cached) == 3
     bm.check_invariants(scheduler.live_sequences())
+
+
+def test_advance_does_the_steps_bookkeeping_so_a_later_prompt_hits_the_published_blocks() -> None:
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8), BlockManager(16, 4))
+    a = make_seq("a", 10)
+    scheduler.add(a)
+    batch = scheduler.schedule()
+    start = time.monotonic()
+    scheduler.advance(batch, start, start + 0.5)
+    assert a.num_computed_tokens == 10 and len(a.block_hashes) == 2  # its two full blocks are in the prefix cache
+    assert a.engine_ms == pytest.approx(500) and a.kv_block_seconds == pytest.approx(3 * 0.5)  # 3 blocks for 0.5 s
+    assert scheduler.peak_kv_stats().num_used_blocks == 3 and scheduler.kv_usage() == 3 / 16
+    scheduler.finish(a, FinishReason.LENGTH)
+    b = make_seq("b", 10)  # the same tokens in the same namespace
+    scheduler.add(b)
+    scheduler.schedule()
+    assert b.num_cached_tokens == 8 and scheduler.num_prefix_hit_tokens == 8
+    assert scheduler.peak_kv_stats().num_used_blocks == 3  # the peak is kept at advance, not at every schedule
+    scheduler.check_invariants()
