@@ -32,7 +32,15 @@ if TYPE_CHECKING:
     from engine.async_engine import AsyncLLMEngine
     from engine.config import EngineConfig
     from engine.encoder import Encoder
-    from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest, local_envelope, tenant_tag
+    from engine.envelope import (
+        CacheScope,
+        ExecutionEnvelope,
+        Isolation,
+        isolation_key,
+        keyed_digest,
+        local_envelope,
+        tenant_tag,
+    )
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import (
         DEFAULT_MODEL,
@@ -73,7 +81,9 @@ _MODULES = {
     ),
     "engine.outputs": ("RequestOutput",),
     "engine.sampler": ("TokenLogprobs",),
-    "engine.envelope": ("ExecutionEnvelope", "CacheScope", "Isolation", "keyed_digest", "local_envelope", "tenant_tag"),
+    "engine.envelope": (
+        "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope", "tenant_tag",
+    ),
     "engine.tokenizer": ("Tokenizer",),
     "engine.telemetry": (
         "RecordSink", "ListSink", "PrometheusSink", "PendingRecords", "StepHistory", "RequestRecord", "StepRecord",
