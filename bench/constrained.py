@@ -37,16 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from engine import (  # noqa: E402
-    DEFAULT_MODEL,
-    CacheScope,
-    EngineConfig,
-    ExecutionEnvelope,
-    Isolation,
-    LLMEngine,
-    SamplingParams,
-    Tokenizer,
-    keyed_digest,
-    resolve_model_path,
+    DEFAULT_MODEL, CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, Tokenizer,
+    keyed_digest, resolve_model_path,
 )
 from engine.grammar import apply_bitmask  # noqa: E402
 from engine import sampler as sampler_module  # noqa: E402 - its apply_bitmask is timed in place

@@ -155,13 +155,7 @@ class Tenantgate:
 
     def __init__(self, model: str, max_num_seqs: int, dtype: str) -> None:
         from engine import (
-            CacheScope,
-            EngineConfig,
-            ExecutionEnvelope,
-            Isolation,
-            LLMEngine,
-            SamplingParams,
-            keyed_digest,
+            CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, keyed_digest,
         )
 
         self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, dtype=dtype))
