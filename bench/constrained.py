@@ -36,14 +36,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.config import EngineConfig  # noqa: E402
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest  # noqa: E402
+from engine import (  # noqa: E402
+    DEFAULT_MODEL, CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, Tokenizer,
+    keyed_digest, resolve_model_path,
+)
 from engine.grammar import apply_bitmask  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.model.catalog import DEFAULT_MODEL, resolve_model_path  # noqa: E402
 from engine import sampler as sampler_module  # noqa: E402 - its apply_bitmask is timed in place
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
 from devkit.schemas import SCHEMAS  # noqa: E402
 
 BATCHES = (1, 32)

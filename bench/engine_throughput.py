@@ -25,10 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig
-from engine.envelope import ExecutionEnvelope, local_envelope
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from engine import EngineConfig, ExecutionEnvelope, LLMEngine, SamplingParams, local_envelope
 
 
 @dataclass

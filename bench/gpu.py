@@ -37,9 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.engine_throughput import StepRecorder, Workload, copy_bandwidth, run_hf, run_tenantgate  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.envelope import local_envelope  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
+from engine import EngineConfig, LLMEngine, local_envelope  # noqa: E402
 
 PROMPT, NEW = 128, 128
 BATCHES = (1, 8, 64, 256)
@@ -89,8 +87,7 @@ def write_random_llama(path: Path, shape: dict, device: torch.device, seed: int 
 
 def model_dir(name: str, scratch: Path, device: torch.device) -> tuple[Path, str]:
     if name == "smollm2-135m":
-        from engine.model.catalog import resolve_model_path
-        from engine.model.demo import ModelNotFoundError
+        from engine import ModelNotFoundError, resolve_model_path
 
         try:
             return resolve_model_path("smollm2-135m-instruct", progress=False), "packaged weights"

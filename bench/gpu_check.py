@@ -37,10 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.config import EngineConfig  # noqa: E402
-from engine.envelope import local_envelope  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from engine import EngineConfig, LLMEngine, SamplingParams, local_envelope  # noqa: E402
 from devkit.checkpoints import write_checkpoint  # noqa: E402
 from devkit.oracle import CHECKPOINTS, assert_matches, build_reference, greedy  # noqa: E402
 
@@ -87,7 +84,7 @@ def oracle(path: Path, seed: int) -> str:
 def smollm2_oracle() -> str:
     from transformers import AutoModelForCausalLM
 
-    from engine.model.catalog import resolve_model_path
+    from engine import resolve_model_path
 
     path = resolve_model_path("smollm2-135m-instruct", progress=False)  # ModelNotFoundError where absent
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", device=DEVICE, kv_cache_memory_bytes=64 << 20,
@@ -145,7 +142,7 @@ def main() -> int:
             path = write_checkpoint(tmp / name, spec.pop("arch"), **spec)
             check(f"oracle {name}", lambda path=path, seed=spec["seed"]: oracle(path, seed))
         try:
-            from engine.model.catalog import packaged_model_file
+            from engine import packaged_model_file
 
             packaged_model_file("smollm2-135m-instruct")
             check("oracle smollm2-135m-instruct", smollm2_oracle)

@@ -20,10 +20,7 @@ import random
 import statistics
 import time
 
-from engine.config import EngineConfig
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from engine import CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, keyed_digest
 
 SECRET = b"bench-secret"
 TENANTS = 4

@@ -154,10 +154,9 @@ class Tenantgate:
     pid = None  # runs in this process
 
     def __init__(self, model: str, max_num_seqs: int, dtype: str) -> None:
-        from engine.config import EngineConfig
-        from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, keyed_digest
-        from engine.llm_engine import LLMEngine
-        from engine.sampling_params import SamplingParams
+        from engine import (
+            CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, keyed_digest,
+        )
 
         self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, dtype=dtype))
         self._params = SamplingParams

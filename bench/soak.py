@@ -53,7 +53,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.model.catalog import served_model_name  # noqa: E402
+from engine import served_model_name  # noqa: E402
 from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
 from devkit.issuer import LocalIssuer  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402

@@ -23,8 +23,7 @@ FIRST_LIMIT_S, LATER_LIMIT_S = 10.0, 3.0
 PROBE = """
 import json, time
 t0 = time.perf_counter()
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine import EngineConfig, LLMEngine
 from gateway.settings import Settings
 t1 = time.perf_counter()
 engine = LLMEngine(EngineConfig(model="smollm2-135m-instruct", kv_cache_memory_bytes=Settings().kv_cache_memory_bytes))

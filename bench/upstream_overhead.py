@@ -87,7 +87,7 @@ def main() -> int:
         serve_gateway(args.port, args.issuer_url, args.data_dir, args.deployments, args.audit_file)
         return 0
 
-    from engine.model.catalog import packaged_model_file
+    from engine import packaged_model_file
 
     bin_dir = llamacpp_bin_dir()  # the build's cache, before the gateway gets a cache of its own
     os.environ.setdefault("TENANTGATE_CACHE_DIR", tempfile.mkdtemp(prefix="tenantgate-bench-"))

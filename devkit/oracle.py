@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine import SamplingParams
 from devkit.checkpoints import load_reference, reference_greedy
 
 NEW_TOKENS = 32

@@ -18,16 +18,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Sequence as Seq
 
 from engine.envelope import ExecutionEnvelope
-from engine.llm_engine import LLMEngine, RequestError
+from engine.errors import EngineDeadError, RequestError
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (an internal error or shutdown); requests cannot be served."""
 
 
 @dataclass

@@ -9,7 +9,8 @@ import logging
 import sys
 import uuid
 
-from engine.config import ConfigError, EngineConfig
+from engine.config import EngineConfig
+from engine.errors import ConfigError
 from engine.model.catalog import DEFAULT_MODEL
 
 EXIT_USAGE = 2

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value or checkpoint config.json that the engine cannot run."""
+from engine.errors import ConfigError
 
 
 # HF architecture name -> the variant of our decoder that implements it.

@@ -13,9 +13,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-
-class EnvelopeError(ValueError):
-    """An envelope field is missing or out of range."""
+from engine.errors import EnvelopeError
 
 
 class Isolation(str, enum.Enum):

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Sequence as Seq
 
 from engine.block_manager import BlockManager, KVStats
-from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
+from engine.errors import ConfigError, RequestError
 from engine.fingerprint import model_fingerprint
 from engine.grammar import GrammarError, Grammars
 from engine.model.catalog import resolve_model_path
@@ -27,15 +28,6 @@ from engine.telemetry import NUM_MARGIN_STEPS, Recorder, RecordSink
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-class RequestError(ValueError):
-    """A request the engine refuses; the message is safe to show to the caller."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code  # OpenAI's error code where one fits (context_length_exceeded)
 
 
 class LLMEngine:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import ConfigError
 from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
 from engine.model.llama import LlamaForCausalLM
 from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask

@@ -6,14 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-
-class SamplingParamsError(ValueError):
-    """A decode setting outside its valid range; the message names the field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-
+from engine.errors import SamplingParamsError
 
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 128  # OpenAI's bound on n

@@ -18,6 +18,8 @@ import jinja2.runtime
 import jinja2.sandbox
 import tokenizers
 
+from engine.errors import TokenizerError
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -35,10 +37,6 @@ DEFAULT_TEMPLATE_NAME = "default"
 TOOL_USE_TEMPLATE_NAME = "tool_use"
 # Alternative names for a message's reasoning; transformers copies it under the first two for templates.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-
-
-class TokenizerError(ValueError):
-    pass
 
 
 class Tokenizer:

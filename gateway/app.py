@@ -46,10 +46,7 @@ def build_policy(settings: Settings) -> PolicyEngine:
 async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str | None = None) -> InferenceBackend:
     if settings.engine == "null":
         return NullBackend(model_name=name or settings.served_model_name or "null")
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.model.catalog import served_model_name
-    from engine.telemetry import PrometheusSink
+    from engine import EngineConfig, LLMEngine, PrometheusSink, served_model_name
 
     config = EngineConfig(
         model=settings.model, device=settings.device, dtype=settings.dtype,
@@ -65,7 +62,7 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
 
 
 async def build_encoder_backend(settings: Settings) -> EncoderBackend | None:
-    from engine.model.demo import ModelNotFoundError
+    from engine import ModelNotFoundError
 
     if not settings.embedding_model or settings.engine == "null":
         return None

@@ -74,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _print_dev_instructions(settings) -> None:
-    from engine.model.catalog import served_model_name
+    from engine import served_model_name
 
     base = f"http://{settings.host}:{settings.port}"
     model = settings.served_model_name or served_model_name(settings.model)

@@ -10,10 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from engine.envelope import ExecutionEnvelope
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.telemetry import PendingRecords, StepHistory
+from engine import ExecutionEnvelope, PendingRecords, RequestOutput, SamplingParams, StepHistory
 
 
 class InferenceBackend(Protocol):
@@ -60,7 +57,7 @@ class EngineBackend(GatewayTokenizer):
     """The embedded decode engine, stepped on its own thread (AsyncLLMEngine)."""
 
     def __init__(self, engine, *, model_name: str) -> None:
-        from engine.async_engine import AsyncLLMEngine
+        from engine import AsyncLLMEngine
 
         self.engine = engine
         self.async_engine = AsyncLLMEngine(engine)
@@ -112,8 +109,7 @@ class EncoderBackend:
 
 
 def build_encoder(model: str, *, device: str, dtype: str, batch_size: int) -> EncoderBackend:
-    from engine.encoder import Encoder
-    from engine.model.catalog import resolve_encoder_path, served_encoder_name
+    from engine import Encoder, resolve_encoder_path, served_encoder_name
 
     encoder = Encoder(resolve_encoder_path(model), device=device, dtype=dtype, batch_size=batch_size)
     return EncoderBackend(encoder, model_name=served_encoder_name(model))

@@ -1,6 +1,6 @@
 """Sentence embeddings: a BERT encoder with mean pooling, loaded from a sentence-transformers checkpoint."""
 
-from engine.encoder.bert import EncoderError
 from engine.encoder.encoder import Encoder
+from engine.errors import EncoderError
 
 __all__ = ["Encoder", "EncoderError"]

@@ -10,9 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class EncoderError(ValueError):
-    """An encoder checkpoint is missing, unreadable or not a BERT model we can run."""
+from engine.errors import EncoderError
 
 
 @dataclass(frozen=True)

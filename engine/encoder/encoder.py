@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from engine.encoder.bert import BertConfig, BertEncoder, EncoderError
+from engine.encoder.bert import BertConfig, BertEncoder
+from engine.errors import EncoderError, WeightsError
 from engine.fingerprint import file_digest, model_fingerprint
-from engine.model.loader import WeightsError, weight_files
+from engine.model.loader import weight_files
 from engine.model_runner import resolve_device, resolve_dtype
 
 logger = logging.getLogger(__name__)

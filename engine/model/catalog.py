@@ -7,7 +7,8 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model.demo import DEMO_MODEL_NAME, ModelNotFoundError, ensure_demo_model
+from engine.errors import ModelNotFoundError
+from engine.model.demo import DEMO_MODEL_NAME, ensure_demo_model
 from engine.model.gguf import GGUF_SUFFIX, ensure_converted, find_gguf
 from engine.paths import default_cache_dir
 

@@ -47,10 +47,6 @@ WEIGHTS_SEED = 20240611
 LOGIT_STD = 5.0
 
 
-class ModelNotFoundError(FileNotFoundError):
-    pass
-
-
 @dataclass(frozen=True)
 class DemoArchitecture:
     vocab_size: int = 8192

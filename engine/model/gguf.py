@@ -27,6 +27,8 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
+from engine.errors import GGUFError
+
 logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
@@ -77,10 +79,6 @@ _GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be read or holds something the engine does not run; the message names it."""
 
 
 def is_gguf(path: Path) -> bool:

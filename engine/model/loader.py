@@ -10,14 +10,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from engine.errors import WeightsError
 from engine.model.llama import LlamaForCausalLM
 
 # Buffers some exporters write that carry nothing we need (we derive RoPE from the config).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-
-
-class WeightsError(ValueError):
-    """A checkpoint's weight files are missing, corrupt or do not match the config."""
 
 
 def weight_files(path: Path) -> list[Path]:

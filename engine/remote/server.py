@@ -22,8 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from engine.async_engine import AsyncLLMEngine, EngineDeadError
-from engine.llm_engine import LLMEngine, RequestError
+from engine.async_engine import AsyncLLMEngine
+from engine.errors import EngineDeadError, RequestError
+from engine.llm_engine import LLMEngine
 from engine.remote.protocol import (
     ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, NDJSON, output_to_json, params_from_json, record_to_json,
 )

@@ -16,7 +16,7 @@ import hmac
 import time
 import uuid
 
-from engine.envelope import isolation_key, tenant_tag
+from engine import isolation_key, tenant_tag
 from gateway.audit.trail import AuditTrail
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the

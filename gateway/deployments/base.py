@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.envelope import ExecutionEnvelope
+from engine import ExecutionEnvelope
 
 
 class UpstreamUnavailable(Exception):

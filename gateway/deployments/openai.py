@@ -41,8 +41,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from engine.envelope import CacheScope, ExecutionEnvelope
-from engine.outputs import RequestOutput
+from engine import CacheScope, ExecutionEnvelope, RequestOutput
 from gateway.deployments.base import Embeddings, UpstreamCall, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.config import Deployment
 

@@ -21,8 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.envelope import ExecutionEnvelope
-from engine.outputs import RequestOutput
+from engine import ExecutionEnvelope, RequestOutput
 from gateway.deployments.base import ReplicaLoad
 from gateway.errors import PolicyDenied
 

@@ -8,9 +8,7 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 
-from engine.envelope import ExecutionEnvelope, Isolation
-from engine.llm_engine import RequestError
-from engine.outputs import RequestOutput
+from engine import EncoderError, ExecutionEnvelope, Isolation, RequestError, RequestOutput
 from gateway.deployments.base import Embeddings, ReplicaLoad, UpstreamCall, UpstreamUnavailable
 from gateway.deployments.config import Deployment
 from gateway.deployments.openai import OpenAIUpstream, unmet_cache_scope
@@ -79,8 +77,6 @@ class EncoderTarget(_InProcess):
         return None
 
     async def embed(self, admitted, headers: dict[str, str] | None = None) -> Embeddings:
-        from engine.encoder import EncoderError
-
         dimensions = admitted.ask.body.get("dimensions")
         if dimensions is not None and dimensions != self.backend.dimensions:
             raise RequestError(f"dimensions must be {self.backend.dimensions} for this model "

@@ -14,14 +14,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import httpx
 
-from engine.envelope import ExecutionEnvelope
-from engine.outputs import RequestOutput
+from engine import ExecutionEnvelope, PendingRecords, RequestOutput, SamplingParams
 from engine.remote import (
     ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, REJECTION_REASONS, EnvelopeSigner, output_from_json,
     params_to_json, record_from_json,
 )
-from engine.sampling_params import SamplingParams
-from engine.telemetry import PendingRecords
 from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected, UpstreamUnavailable
 
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.envelope import CacheScope
-from engine.outputs import RequestOutput
-from engine.sampler import TokenLogprobs
+from engine import CacheScope, RequestOutput, TokenLogprobs
 from gateway.pipeline.admission import Admitted
 
 DONE = b"data: [DONE]\n\n"

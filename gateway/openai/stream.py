@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from engine.outputs import RequestOutput
+from engine import RequestOutput
 from gateway.deps import Gateway
 from gateway.errors import GatewayError
 from gateway.openai.answers import DONE, sse, usage

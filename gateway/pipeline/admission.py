@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from engine.envelope import EnvelopeError, ExecutionEnvelope
-from engine.sampling_params import SamplingParams, SamplingParamsError
+from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
 from gateway.errors import (

@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from opentelemetry.trace import SpanKind
 
-from engine.async_engine import EngineDeadError
-from engine.llm_engine import RequestError
-from engine.outputs import RequestOutput
+from engine import EngineDeadError, RequestError, RequestOutput
 from gateway.deployments.base import Embeddings, UpstreamRejected, UpstreamUnavailable
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest, Unavailable

@@ -6,7 +6,7 @@ the namespace digest, isolation and priority mean the same on every kind of depl
 
 from __future__ import annotations
 
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, isolation_key, keyed_digest
+from engine import CacheScope, ExecutionEnvelope, Isolation, isolation_key, keyed_digest
 from gateway.policy.schema import Decision
 
 

@@ -7,11 +7,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from engine.errors import ModelNotFoundError
 from engine.model import demo
 from engine.model.demo import (
     DEMO_MODEL_NAME,
     DEMO_MODEL_VERSION,
-    ModelNotFoundError,
     default_cache_dir,
     ensure_demo_model,
 )

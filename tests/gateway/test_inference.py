@@ -3,9 +3,7 @@ the gateway reads the members directly (the console reads `steps`), never probes
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.telemetry import StepHistory
+from engine import EngineConfig, LLMEngine, StepHistory
 from gateway.inference import EngineBackend, InferenceBackend, NullBackend
 from tests.utils.protocols import protocol_members
 

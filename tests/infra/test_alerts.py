@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from engine.telemetry import PrometheusSink
+from engine import PrometheusSink
 from gateway.metrics import GatewayMetrics
 from tests.infra.conftest import (
     CHART,

@@ -6,7 +6,7 @@ import copy
 import json
 from pathlib import Path
 
-from engine.envelope import ExecutionEnvelope
+from engine import ExecutionEnvelope
 from gateway.pipeline.knobs import envelope_for_decision
 from gateway.policy.schema import Decision, validate_decision
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.tokenizer import TokenizerError
+from engine import TokenizerError
 from gateway.auth.principal import Principal
 from gateway.deployments.openai import UpstreamOutput
 from gateway.deployments.registry import ServedModel

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from engine.outputs import RequestOutput
+from engine import RequestOutput
 from gateway.auth.principal import Principal
 from gateway.deployments.openai import UpstreamOutput
 from gateway.deps import Gateway

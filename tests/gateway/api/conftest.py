@@ -13,9 +13,7 @@ import json
 import openai
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.telemetry import ListSink, PrometheusSink
+from engine import EngineConfig, LLMEngine, ListSink, PrometheusSink
 from gateway.app import create_app
 from devkit.issuer import LocalIssuer
 from gateway.inference import EncoderBackend, EngineBackend, build_encoder

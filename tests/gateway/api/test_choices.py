@@ -10,8 +10,7 @@ import json
 import openai
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine import EngineConfig, LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA, gateway_settings

@@ -135,7 +135,7 @@ def test_what_the_model_cannot_do_is_refused_after_the_policy(gateway: Gateway) 
 async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_is_an_error(
         monkeypatch, local_issuer, caplog) -> None:
     from engine.model import catalog
-    from engine.model.demo import ModelNotFoundError
+    from engine import ModelNotFoundError
     from gateway.app import build_encoder_backend
 
     monkeypatch.setitem(catalog.PACKAGED_ENCODERS, MODEL, catalog.PackagedModel("not-installed", "0", "x"))

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from engine.outputs import RequestOutput
+from engine import RequestOutput
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, DEFAULT_MODEL, GAMMA, Gateway, gateway_settings

@@ -20,8 +20,7 @@ import httpx
 import openai
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine import EngineConfig, LLMEngine
 from gateway.app import create_app
 from gateway.audit import load_or_create_signing_key, public_key_pem
 from gateway.inference import EngineBackend

@@ -19,9 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.telemetry import ListSink, PrometheusSink
+from engine import EngineConfig, LLMEngine, ListSink, PrometheusSink
 from devkit.cli import create_dev_app as create_app
 from gateway.audit import load_or_create_signing_key, verify_files
 from gateway.console import VIEWS
@@ -262,7 +260,7 @@ def test_kv_use_and_evictions_by_tenant_match_the_step_records(console, browser)
 
 
 def _engine_tag(console, tenant: str) -> str:
-    from engine.envelope import tenant_tag
+    from engine import tenant_tag
     from gateway.pipeline.knobs import isolation_key
 
     return tenant_tag(isolation_key(console.settings.namespace_key, tenant))

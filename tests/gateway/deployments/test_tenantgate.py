@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine import SamplingParams
 from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
-from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.tenantgate import TenantgateReplica
 from tests.utils.envelopes import ENV
