@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         isolation_key,
         keyed_digest,
         local_envelope,
-        tenant_tag,
+        tenant_digest,
     )
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import (
@@ -82,7 +82,7 @@ _MODULES = {
     "engine.outputs": ("RequestOutput",),
     "engine.sampler": ("TokenLogprobs",),
     "engine.envelope": (
-        "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope", "tenant_tag",
+        "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope", "tenant_digest",
     ),
     "engine.tokenizer": ("Tokenizer",),
     "engine.telemetry": (

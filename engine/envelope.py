@@ -32,7 +32,7 @@ class CacheScope(str, enum.Enum):
 
 
 DIGEST_SIZE = 32
-TENANT_TAG_CHARS = 32  # 128 bits: no two tenants' digests meet, in records or in keys built from them
+TENANT_DIGEST_CHARS = 32  # 128 bits: no two tenants' digests meet, in records or in keys built from them
 
 
 @dataclass(frozen=True)
@@ -64,19 +64,19 @@ class ExecutionEnvelope:
             raise EnvelopeError(f"priority must be an integer, got {self.priority!r}")
 
     @property
-    def tenant_tag(self) -> str:
-        return tenant_tag(self.isolation_key)
+    def tenant_digest(self) -> str:
+        return tenant_digest(self.isolation_key)
 
 
-def tenant_tag(key: bytes) -> str:
+def tenant_digest(key: bytes) -> str:
     """The tenant's digest wherever a tenant is shown: the engine's step records, the audit
     trail's records and quota keys, and (its first 12 characters) metric labels and spans, so they
     all join. Keyed (see isolation_key), so a tenant id cannot be found by hashing candidates."""
-    return key.hex()[:TENANT_TAG_CHARS]
+    return key.hex()[:TENANT_DIGEST_CHARS]
 
 
 def isolation_key(secret: bytes, tenant_id: str) -> bytes:
-    """The engine's key for a tenant (fairness, KV quota, isolation), whose tenant_tag is the
+    """The engine's key for a tenant (fairness, KV quota, isolation), whose tenant_digest is the
     tenant's digest everywhere. The "audit:" prefix is the one the audit trail's tenant digests
     always had, so trails, dashboards and stored keys written before the digests were one still
     name the same tenant."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.envelope import tenant_tag
+from engine.envelope import tenant_digest
 
 if TYPE_CHECKING:
     from engine.scheduler import ScheduledBatch, Scheduler
@@ -150,7 +150,7 @@ class Recorder:
             batch_fingerprint=record_digest(self._key, ids),
             lane=batch.lane[0],
             isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
-            members=tuple((e.isolation.value, e.tenant_tag) for e in envelopes),
+            members=tuple((e.isolation.value, e.tenant_digest) for e in envelopes),
             deterministic=deterministic,
             num_seqs=len(batch.seqs),
             num_tokens=batch.num_tokens,
@@ -164,9 +164,9 @@ class Recorder:
             num_waiting=len(waiting),
             regime=regime,
             kv_tenants=tuple(
-                sorted((tenant_tag(t), u.held, u.cached, u.share) for t, u in scheduler.tenant_kv_usage().items())
+                sorted((tenant_digest(t), u.held, u.cached, u.share) for t, u in scheduler.tenant_kv_usage().items())
             ),
-            kv_evicted=tuple(sorted((tenant_tag(t), n) for t, n in scheduler.take_evictions().items())),
+            kv_evicted=tuple(sorted((tenant_digest(t), n) for t, n in scheduler.take_evictions().items())),
         )
         for sink in self.sinks:
             sink.step(record)

@@ -98,9 +98,9 @@ async def authenticate(request: Request, gateway: GatewayDep) -> Principal:
         # Metrics and spans carry a short keyed digest of the tenant: stable for dashboards, not
         # reversible (metrics carry the tenant's name instead, once a decision allows it:
         # pipeline/admission.judge).
-        request.state.tenant_tag = digest_label(gateway.audit.tenant_digest(principal.tenant_id))
+        request.state.tenant_label = digest_label(gateway.audit.tenant_digest(principal.tenant_id))
         span.set_attribute("tenantgate.principal.type", principal.idtyp)
-    trace.set({"tenantgate.tenant": request.state.tenant_tag})
+    trace.set({"tenantgate.tenant": request.state.tenant_label})
     return principal
 
 

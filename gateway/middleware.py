@@ -139,7 +139,7 @@ class RequestMetrics:
             route = _ROUTES.get(path) or next((label for prefix, label in _PREFIXES if path.startswith(prefix)), "other")
             state = scope.get("state", {})
             decision = state.get("decision", "none")
-            self.metrics.requests.labels(route, str(sent.status), decision, state.get("tenant_tag", "none")).inc()
+            self.metrics.requests.labels(route, str(sent.status), decision, state.get("tenant_label", "none")).inc()
             self.metrics.request_duration.labels(route, request_outcome(sent.status, decision)).observe(
                 time.perf_counter() - started)
 

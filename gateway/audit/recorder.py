@@ -16,7 +16,7 @@ import hmac
 import time
 import uuid
 
-from engine import isolation_key, tenant_tag
+from engine import isolation_key, tenant_digest
 from gateway.audit.trail import AuditTrail
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the
@@ -44,7 +44,7 @@ class AuditRecorder:
 
     def tenant_digest(self, tenant_id: str) -> str:
         """The engine's tag of the tenant (its step records show the same), under this recorder's key."""
-        return tenant_tag(isolation_key(self._key, tenant_id))
+        return tenant_digest(isolation_key(self._key, tenant_id))
 
     def principal_digests(self, principal) -> dict:
         """The tenant's and the principal's digest: audit records, quota keys and metric labels use these."""

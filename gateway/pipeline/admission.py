@@ -177,7 +177,7 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
         })
     request.state.decision = "allow" if judgement.decision.allow else "deny"
     if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
-        request.state.tenant_tag = judgement.decision.logging.metrics_name
+        request.state.tenant_label = judgement.decision.logging.metrics_name
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record

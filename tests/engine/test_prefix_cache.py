@@ -173,11 +173,11 @@ def test_a_flood_past_the_pool_leaves_a_neighbours_share_alone(tiny_dir, make_en
     assert a2.num_preemptions == 0
     assert a3.num_cached_tokens == 80  # a's cached prefix survived the flood
     both = [{tag: (held + cached, share) for tag, held, cached, share in s.kv_tenants} for s in sink.steps]
-    both = [h for h in both if a.tenant_tag in h and b.tenant_tag in h]
-    assert both and all((h[a.tenant_tag][1], h[b.tenant_tag][1]) == (12, 19) for h in both)
-    assert max(h[b.tenant_tag][0] for h in both) > 19  # b still bursts past its share into what a leaves free
+    both = [h for h in both if a.tenant_digest in h and b.tenant_digest in h]
+    assert both and all((h[a.tenant_digest][1], h[b.tenant_digest][1]) == (12, 19) for h in both)
+    assert max(h[b.tenant_digest][0] for h in both) > 19  # b still bursts past its share into what a leaves free
     assert sum(s.num_preempted for s in sink.steps) > 0  # the pool was under pressure
     evicted = Counter()
     for step in sink.steps:
         evicted.update(dict(step.kv_evicted))
-    assert evicted[b.tenant_tag] > 0 and a.tenant_tag not in evicted  # b recycled its own cache, never a's
+    assert evicted[b.tenant_digest] > 0 and a.tenant_digest not in evicted  # b recycled its own cache, never a's

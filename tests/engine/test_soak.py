@@ -120,7 +120,7 @@ def test_kv_shares_soak_with_quotas_that_oversubscribe_the_pool(tiny_dir, make_e
     rng = random.Random(11)
     steady = envelope("steady", quota=32)
     flooders = [envelope(f"flooder-{i}", scope=scope, quota=48) for i, scope in enumerate(["tenant", "none", "shared"])]
-    quotas = {env.tenant_tag: env.kv_block_quota for env in (steady, *flooders)}
+    quotas = {env.tenant_digest: env.kv_block_quota for env in (steady, *flooders)}
     system_prompt = [rng.randrange(2, 500) for _ in range(3 * BLOCK)]
 
     steady_ids: list[str] = []
@@ -161,7 +161,7 @@ def test_kv_shares_soak_with_quotas_that_oversubscribe_the_pool(tiny_dir, make_e
         assert sum(share for *_, share in step.kv_tenants) <= 64
         for tag, held, cached, share in step.kv_tenants:
             assert held + cached <= quotas[tag]
-            if tag == steady.tenant_tag:
+            if tag == steady.tenant_digest:
                 assert held + cached <= share
             bursts += held + cached > share
     assert bursts > 0  # flooders did go past their shares

@@ -43,13 +43,13 @@ def test_records_hold_digests_and_numbers_only(tiny_dir, make_engine) -> None:
         assert step.lane == "tenant" and step.regime == "isolation_strict"
         assert step.num_seqs == len(step.members) and step.step_ms > 0
         assert len(step.batch_fingerprint) == 32
-        assert [tag for tag, *_ in step.kv_tenants] == [env.tenant_tag]  # per-tenant KV by digest only
+        assert [tag for tag, *_ in step.kv_tenants] == [env.tenant_digest]  # per-tenant KV by digest only
 
     exposition = generate_latest(metrics.registry).decode()
     assert "tenantgate_engine_time_to_first_token_seconds_count 2.0" in exposition
     assert 'tenantgate_prefix_cache_query_tokens_total{scope="tenant"}' in exposition
     assert 'tenantgate_steps_total{lane="tenant",regime="isolation_strict"}' in exposition
-    assert "acme" not in exposition and env.tenant_tag not in exposition
+    assert "acme" not in exposition and env.tenant_digest not in exposition
 
 
 def test_aborted_requests_leave_a_record(tiny_dir, make_engine) -> None:

@@ -260,10 +260,10 @@ def test_kv_use_and_evictions_by_tenant_match_the_step_records(console, browser)
 
 
 def _engine_tag(console, tenant: str) -> str:
-    from engine import tenant_tag
+    from engine import tenant_digest
     from gateway.pipeline.knobs import isolation_key
 
-    return tenant_tag(isolation_key(console.settings.namespace_key, tenant))
+    return tenant_digest(isolation_key(console.settings.namespace_key, tenant))
 
 
 def test_prefix_hits_by_scope_match_metrics_and_the_trail(console, browser) -> None:
