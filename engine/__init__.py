@@ -50,8 +50,7 @@ if TYPE_CHECKING:
         served_encoder_name,
         served_model_name,
     )
-    from engine.outputs import RequestOutput
-    from engine.sampler import TokenLogprobs
+    from engine.outputs import RequestOutput, TokenLogprobs
     from engine.sampling_params import (
         MAX_CHOICES,
         MAX_LOGIT_BIAS,
@@ -79,8 +78,7 @@ _MODULES = {
     "engine.sampling_params": (
         "SamplingParams", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "MAX_PENALTY", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_TOKENS",
     ),
-    "engine.outputs": ("RequestOutput",),
-    "engine.sampler": ("TokenLogprobs",),
+    "engine.outputs": ("RequestOutput", "TokenLogprobs"),
     "engine.envelope": (
         "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope", "tenant_digest",
     ),

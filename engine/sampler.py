@@ -21,14 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.grammar import apply_bitmask
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelNotFoundError
-from engine.model.demo import DEMO_MODEL_NAME, ensure_demo_model
-from engine.model.gguf import GGUF_SUFFIX, ensure_converted, find_gguf
 from engine.paths import default_cache_dir
 
 
@@ -52,6 +50,9 @@ def packaged_model_file(name: str, catalog: dict[str, PackagedModel] = PACKAGED_
 
 def resolve_model_path(model: str, progress: bool = True, cache_dir: Path | None = None) -> Path:
     """The checkpoint directory the engine loads for `model`; GGUF files are converted on first use."""
+    from engine.model.demo import DEMO_MODEL_NAME, ensure_demo_model  # torch: only once a model is wanted
+    from engine.model.gguf import ensure_converted, find_gguf
+
     if model == DEMO_MODEL_NAME:
         return ensure_demo_model(cache_dir, progress=progress)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -71,6 +72,9 @@ def resolve_model_path(model: str, progress: bool = True, cache_dir: Path | None
 
 def served_model_name(model: str) -> str:
     """The name callers use for `model` in the API: a known name as it is, else the file or directory name."""
+    from engine.model.demo import DEMO_MODEL_NAME
+    from engine.model.gguf import GGUF_SUFFIX
+
     if model == DEMO_MODEL_NAME or model in PACKAGED_MODELS:
         return model
     path = Path(model)

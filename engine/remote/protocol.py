@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.envelope import CacheScope, ExecutionEnvelope, Isolation
-from engine.outputs import RequestOutput
-from engine.sampler import TokenLogprobs
+from engine.outputs import RequestOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.telemetry import RequestRecord
 

@@ -19,7 +19,8 @@ TORCH_FREE = [
     "CacheScope", "ExecutionEnvelope", "Isolation", "keyed_digest", "local_envelope", "tenant_digest",
     "SamplingParams", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_TOKENS", "MAX_PENALTY", "EngineConfig", "Tokenizer",
     "PendingRecords", "PrometheusSink", "StepHistory", "RequestError", "EngineDeadError", "TokenizerError",
-    "SamplingParamsError", "EnvelopeError", "ModelNotFoundError", "EncoderError",
+    "SamplingParamsError", "EnvelopeError", "ModelNotFoundError", "EncoderError", "RequestOutput", "TokenLogprobs",
+    "DEFAULT_MODEL", "served_model_name",
 ]
 
 
@@ -56,3 +57,12 @@ def test_the_import_contract_protects_every_module_behind_the_api():
     modules = {f"engine.{info.name}" for info in pkgutil.iter_modules(engine.__path__)}
     assert OWN_FACES <= modules
     assert set(contract["protected_modules"]) == modules - OWN_FACES
+
+
+@pytest.mark.parametrize("module", ["gateway.main", "gateway.app", "engine.remote"])
+def test_the_command_line_and_the_app_load_without_torch(module):
+    """`tenantgate token`, `policy`, `audit` start without torch's seconds of import; the engine
+    loads it once a model is wanted."""
+    probe = f"import sys\nimport {module}\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "False"
