@@ -24,11 +24,14 @@ def _chat(max_tokens: int) -> dict:
 
 def _start_replica(issuer_url: str, redis_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    # The budget is under test here, not the store's deadline: at the default 0.25 s, a loaded
+    # 2-core machine running three replicas and 120 concurrent calls sees some Redis calls time
+    # out, and those requests are refused (fail closed) with budget left unspent.
     env = gateway_env(
         TENANTGATE_ENGINE="null", TENANTGATE_SERVED_MODEL_NAME="demo",
         TENANTGATE_AUTHORITY=issuer_url, TENANTGATE_V1_ISSUER_HOST=issuer_url,
         TENANTGATE_AUDIENCES=AUDIENCE, TENANTGATE_POLICY_DATA_DIR=str(DATA_DIR),
-        TENANTGATE_REDIS_URL=redis_url, TENANTGATE_METRICS_PORT="0",
+        TENANTGATE_REDIS_URL=redis_url, TENANTGATE_METRICS_PORT="0", TENANTGATE_REDIS_TIMEOUT_S="5",
     )
     process = subprocess.Popen([TENANTGATE, "serve", "--port", str(port), "--log-level", "warning"], env=env)
     return process, f"http://127.0.0.1:{port}"
