@@ -4,7 +4,8 @@ from fastapi import APIRouter, Request
 
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway, GatewayDep, PrincipalDep
-from gateway.errors import ModelNotFound, PolicyDenied
+from gateway.errors import GatewayError, ModelNotFound, PolicyDenied
+from gateway.middleware import new_edge_request_id, set_request_id
 from gateway.openai.protocol import Model, ModelList
 from gateway.openai.openapi import ERROR_RESPONSES
 from gateway.pipeline.admission import judge, policy_input
@@ -24,14 +25,38 @@ async def _allowed(gateway: Gateway, principal: Principal, request: Request, mod
     return True
 
 
+def _audit(gateway: Gateway, principal: Principal, request: Request, route: str, status: int, outcome: str,
+           model: str | None, listed: int | None) -> None:
+    """A model listing leaves its record as every judged request does: who asked, under which
+    policy, and what they were told (how many models; the one named, if this gateway serves it)."""
+    request_id = new_edge_request_id()
+    set_request_id(request, request_id)
+    gateway.audit.write({
+        "request_id": request_id, "route": route, **gateway.audit.principal_digests(principal),
+        "policy_revision": gateway.policy.revision, "decision": None,
+        "model": model if model in gateway.models else None, "deployment": None, "models_listed": listed,
+        "status": status, "outcome": outcome,
+    })
+
+
 @router.get("/v1/models", responses=ERROR_RESPONSES, summary="List the models this caller may use")
 async def list_models(principal: PrincipalDep, gateway: GatewayDep, request: Request) -> ModelList:
-    models = [name for name in gateway.models if await _allowed(gateway, principal, request, name)]
+    try:
+        models = [name for name in gateway.models if await _allowed(gateway, principal, request, name)]
+    except GatewayError as exc:
+        _audit(gateway, principal, request, "models.list", exc.status_code, exc.code or exc.type, None, None)
+        raise
+    _audit(gateway, principal, request, "models.list", 200, "listed", None, len(models))
     return ModelList(data=[Model(id=m, created=gateway.extras.get("started", 0)) for m in models])
 
 
 @router.get("/v1/models/{model}", responses=ERROR_RESPONSES, summary="Describe one model")
 async def retrieve_model(model: str, principal: PrincipalDep, gateway: GatewayDep, request: Request) -> Model:
-    if model not in gateway.models or not await _allowed(gateway, principal, request, model):
-        raise ModelNotFound()
+    try:
+        if model not in gateway.models or not await _allowed(gateway, principal, request, model):
+            raise ModelNotFound()
+    except GatewayError as exc:
+        _audit(gateway, principal, request, "models.retrieve", exc.status_code, exc.code or exc.type, model, None)
+        raise
+    _audit(gateway, principal, request, "models.retrieve", 200, "listed", model, 1)
     return Model(id=model, created=gateway.extras.get("started", 0))

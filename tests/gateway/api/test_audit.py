@@ -75,3 +75,21 @@ def test_a_requests_step_records_name_its_tenant_by_the_audit_records_digest(gat
     steps = gateway.sink.steps[already:]
     assert steps and {tag for step in steps for _, tag in step.members} == {record["tenant"]}
     assert all(record["tenant"] in {tag for tag, *_ in step.kv_tenants} for step in steps)  # others' cache may be charged too
+
+
+def test_a_model_listing_is_recorded_with_what_the_caller_was_told(gateway) -> None:
+    client = gateway.client(ALPHA)
+    listed = client.models.with_raw_response.list()
+    record = _record(gateway, listed.headers["x-request-id"])
+    assert record["route"] == "models.list" and record["status"] == 200 and record["outcome"] == "listed"
+    assert record["models_listed"] == len(listed.parse().data) > 0
+    assert record["tenant"] == gateway.state.audit.tenant_digest(ALPHA)
+    assert record["policy_revision"] == gateway.state.policy.revision
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    record = _record(gateway, missing.value.response.headers["x-request-id"])
+    assert record["route"] == "models.retrieve" and record["status"] == 404
+    assert record["outcome"] == "model_not_found"
+    assert record["model"] is None  # a name this gateway does not serve is the caller's text
+    assert "no-such-model" not in str(record)
