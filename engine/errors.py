@@ -17,6 +17,14 @@ class RequestError(ValueError):
         self.param = param
         self.code = code  # OpenAI's error code where one fits (context_length_exceeded)
 
+    def caller_message(self, field: str | None = None) -> str:
+        """The message as the caller reads it. A schema's refusal (param response_format) is its
+        reason alone, read after the field the schema came from: `field` (tools, text.format),
+        else response_format."""
+        if self.param == "response_format":
+            return f"{field or self.param}: {self}"
+        return str(self)
+
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (an internal error or shutdown); requests cannot be served."""

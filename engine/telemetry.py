@@ -231,7 +231,6 @@ class Recorder:
             sink.request(record)
 
 
-
 @dataclass
 class ListSink:
     """Keeps every record (tests, the soak check)."""

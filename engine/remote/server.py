@@ -188,9 +188,7 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
         try:
             first = await _first(outputs, request)
         except RequestError as exc:
-            # A schema's refusal is its reason alone; a caller reads it after the field it names.
-            message = f"{exc.param}: {exc}" if exc.param == "response_format" else str(exc)
-            raise _Refused(400, "invalid_request_error", message, param=exc.param, code=exc.code) from None
+            raise _Refused(400, "invalid_request_error", exc.caller_message(), param=exc.param, code=exc.code) from None
         except EngineDeadError:
             raise _Refused(503, "unavailable", "the engine is not running") from None
         if first is None:

@@ -92,10 +92,9 @@ def refusal(admitted: Admitted, target, span, exc: UpstreamRejected | RequestErr
     if isinstance(exc, UpstreamRejected):
         admitted.deployment = target
         return InvalidRequest(exc.message, param=exc.param, code=exc.code)
-    if exc.param == "response_format":  # the engine's name for the schema; it may have come from tools
-        param = admitted.ask.schema_param
-        return InvalidRequest(f"{param}: {exc}", param=param, code=exc.code)
-    return InvalidRequest(str(exc), param=exc.param, code=exc.code)
+    # The engine names a schema response_format; it may have come from tools or text.format.
+    param = admitted.ask.schema_param if exc.param == "response_format" else exc.param
+    return InvalidRequest(exc.caller_message(param), param=param, code=exc.code)
 
 
 def deployment_span(admitted: Admitted, target):
