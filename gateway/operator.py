@@ -1,9 +1,12 @@
 """The operator listener: /metrics, /admin/* and the console (/console) on their own port, never the API port.
 
 /metrics answers whoever can reach the port, as a Prometheus scrape expects (keep the port
-inside the cluster). /admin/* needs an Entra access token that carries the app role
-`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --tenant T
---role TenantGate.Operator`); without one the answer is 401, with a token lacking the role 403.
+inside the cluster). /admin/* needs an Entra access token from one of the platform's own tenants
+(TENANTGATE_OPERATOR_TENANTS), enabled in the policy data, that carries the app role
+`TenantGate.Operator` (in development, one from the dev issuer: `tenantgate token --tenant
+"TenantGate Platform" --role TenantGate.Operator`). Without a token the answer is 401; a token
+lacking the role, or from any other tenant, is 403, and the refusal is audited. The role alone
+proves nothing: a customer tenant's own admin can grant it to the customer's apps.
 
 The listener runs in a thread with its own event loop, so a slow admin report never holds
 up the API; tokens are still checked on the gateway's loop, by the gateway's own verifier.
@@ -35,6 +38,10 @@ class NotOperator(GatewayError):
     code = "operator_role_required"
 
 
+class NotOperatorTenant(NotOperator):
+    code = "operator_tenant_required"
+
+
 async def verified_on_gateway_loop(request: Request, token: str) -> Principal:
     """The token's principal, checked by the gateway's verifier on the gateway's loop."""
     gateway: Gateway = request.app.state.gateway
@@ -42,17 +49,35 @@ async def verified_on_gateway_loop(request: Request, token: str) -> Principal:
     return await asyncio.wrap_future(checked)
 
 
-async def operator_for(request: Request, token: str) -> Principal:
-    """The token's principal, if an operator: a valid token with the TenantGate.Operator app role."""
-    principal = await verified_on_gateway_loop(request, token)
+def operator_refusal(gateway: Gateway, principal: Principal) -> NotOperator | None:
+    """Why this verified principal is not an operator, or None if it is: it must carry the
+    TenantGate.Operator app role and come from a platform tenant the policy data lists as enabled."""
     if OPERATOR_ROLE not in principal.roles:
-        raise NotOperator(f"this needs the {OPERATOR_ROLE} app role")
+        return NotOperator(f"this needs the {OPERATOR_ROLE} app role")
+    if (principal.tenant_id not in gateway.settings.operator_tenant_ids
+            or gateway.policy.tenant_enabled(principal.tenant_id) is not True):
+        return NotOperatorTenant("operators come only from the platform's own tenant")
+    return None
+
+
+async def operator_for(request: Request, token: str, route: str) -> Principal:
+    """The token's principal, if an operator; a refusal past authentication is audited under `route`."""
+    principal = await verified_on_gateway_loop(request, token)
+    refusal = operator_refusal(request.app.state.gateway, principal)
+    if refusal is not None:
+        audit_operator(request.app.state.gateway, principal, route, refusal.status_code, refusal.code)
+        raise refusal
     return principal
+
+
+def _admin_route(request: Request) -> str:
+    """admin.usage, admin.console: the route name an /admin/* request's records carry."""
+    return "admin." + request.url.path.removeprefix("/admin/").strip("/").replace("/", ".")
 
 
 async def operator(request: Request) -> Principal:
     """The caller, if an operator (the bearer token of the request)."""
-    return await operator_for(request, bearer_token(request))
+    return await operator_for(request, bearer_token(request), _admin_route(request))
 
 
 OperatorDep = Annotated[Principal, Depends(operator)]

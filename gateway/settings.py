@@ -18,9 +18,12 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
+from gateway.auth.principal import canonical_guid
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 DEV_NAMESPACE_SECRET = "tenantgate-development-namespace-secret"
+# The platform tenant of policies/data/tenants.example.json: development's operator tenant.
+DEV_OPERATOR_TENANT = "f0f0f0f0-0000-4000-8000-0000000000f0"
 MIN_SECRET_BYTES = 32
 
 
@@ -149,14 +152,20 @@ class Settings(BaseSettings):
     # Prices per model for usage reports and /admin/usage (docs/operations.md, "Usage and chargeback");
     # unset: reports carry no cost column.
     usage_prices_file: Path | None = None
+    # The platform's own Entra tenant(s): the only ones whose tokens (with the TenantGate.Operator app
+    # role, from a tenant the policy data lists as enabled) reach /admin/* and the console. A customer's
+    # admin can grant any app role to their own apps, so the role alone proves nothing. Required
+    # outside development; in development, the example data's platform tenant.
+    operator_tenants: Annotated[list[str], NoDecode] = []
     # How long an operator console session lasts at most (it also ends with its token).
     console_session_ttl_s: float = Field(900.0, ge=60, le=8 * 3600)
 
     @model_validator(mode="before")
     @classmethod
     def _csv_lists(cls, values: object) -> object:
-        if isinstance(values, dict) and "audiences" in values:
-            values = {**values, "audiences": _split_csv(values["audiences"])}
+        if isinstance(values, dict):
+            values = {**values, **{name: _split_csv(values[name]) for name in ("audiences", "operator_tenants")
+                                   if name in values}}
         return values
 
     @model_validator(mode="after")
@@ -171,6 +180,9 @@ class Settings(BaseSettings):
             self.responses_key  # noqa: B018 - refuses a key that is not base64 of 32 bytes
         if self.audit_redis_stream and self.audit_anchor_stream == self.audit_redis_stream:
             raise ValueError("audit_anchor_stream must not be the audit stream itself")
+        malformed = [tid for tid in self.operator_tenants if canonical_guid(tid) != tid]
+        if malformed:
+            raise ValueError("operator_tenants must be tenant GUIDs in lower case (8-4-4-4-12)")
         if self.environment == "development":
             return self
         if self.dev_issuer:
@@ -185,7 +197,17 @@ class Settings(BaseSettings):
             raise ValueError("audit_redis_stream needs redis_url")
         if not self.authority.startswith("https://") or not self.v1_issuer_host.startswith("https://"):
             raise ValueError("authority and v1_issuer_host must be https outside development")
+        if not self.operator_tenants:
+            raise ValueError("operator_tenants must name the platform's own Entra tenant(s): the only tenants "
+                             "whose TenantGate.Operator tokens reach /admin and the console")
         return self
+
+    @property
+    def operator_tenant_ids(self) -> frozenset[str]:
+        """The tenants operators come from: the configured ones, else (development only) the example's."""
+        if self.operator_tenants or self.environment != "development":
+            return frozenset(self.operator_tenants)
+        return frozenset({DEV_OPERATOR_TENANT})
 
     @property
     def namespace_key(self) -> bytes:

@@ -25,7 +25,7 @@ from gateway.auth.principal import Principal
 from gateway.console.sessions import Sessions
 from gateway.console.views import VIEWS, console_views
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.operator import OPERATOR_ROLE, NotOperator, OperatorDep, audit_operator, operator_for
+from gateway.operator import OPERATOR_ROLE, OperatorDep, audit_operator, operator_for, operator_refusal
 from gateway.operator import verified_on_gateway_loop
 
 COOKIE = "tenantgate_console"
@@ -79,7 +79,7 @@ async def _session_operator(request: Request) -> Principal:
     if token is None:
         raise ConsoleRefused(401, "Sign in with an operator token.")
     try:
-        return await operator_for(request, token)
+        return await operator_for(request, token, "admin.console.session")
     except GatewayError as exc:
         if exc.status_code == 401:
             sessions.close(request.cookies.get(COOKIE))
@@ -135,9 +135,13 @@ async def login(request: Request) -> Response:
             raise ConsoleRefused(401, "That token was refused: it is invalid, expired or not for this gateway."
                                  ) from None
         raise ConsoleRefused(exc.status_code, exc.message) from None
-    if OPERATOR_ROLE not in principal.roles:
-        audit_operator(gateway, principal, "admin.console.login", 403, NotOperator.code)
-        raise ConsoleRefused(403, f"That token is valid but lacks the {OPERATOR_ROLE} app role.")
+    refusal = operator_refusal(gateway, principal)
+    if refusal is not None:
+        audit_operator(gateway, principal, "admin.console.login", 403, refusal.code)
+        if refusal.code == "operator_role_required":
+            raise ConsoleRefused(403, f"That token is valid but lacks the {OPERATOR_ROLE} app role.")
+        raise ConsoleRefused(403, "That token is valid but not from the platform's own tenant: operators "
+                             "come only from there.")
     session_id = request.app.state.console_sessions.open(token)
     audit_operator(gateway, principal, "admin.console.login", 200, "completed")
     response = RedirectResponse(PATH, status_code=303, headers={"Cache-Control": "no-store"})

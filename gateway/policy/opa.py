@@ -78,6 +78,7 @@ class OpaWatch:
         self._task: asyncio.Task | None = None
         self.healthy = False
         self.tenants: frozenset[str] | None = None
+        self.enabled_tenants: frozenset[str] | None = None  # those whose data says enabled: true
 
     async def refresh(self) -> None:
         """One look at OPA; never raises (but cancellation)."""
@@ -95,6 +96,8 @@ class OpaWatch:
             if self.tenants is None:
                 logger.info("opa tenant list loaded: %d tenants", len(result))
             self.tenants = frozenset(result)
+            self.enabled_tenants = frozenset(tid for tid, tenant in result.items()
+                                             if isinstance(tenant, dict) and tenant.get("enabled") is True)
         self.healthy = health.status_code == 200
 
     async def _run(self) -> None:

@@ -35,6 +35,7 @@ class Judgement:
 class PolicyEngine(Protocol):
     async def decide(self, input_document: Mapping) -> Judgement: ...
     def tenant_known(self, tenant_id: str) -> bool | None: ...  # None: the tenant list is not known yet
+    def tenant_enabled(self, tenant_id: str) -> bool | None: ...  # its data says enabled: true (None: not known yet)
     def tenant_ids(self) -> frozenset[str] | None: ...  # the registered tenants (None: not known yet)
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
@@ -105,6 +106,11 @@ class EmbeddedPolicy:
         """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
         tenants = self._evaluator.source.data.get("tenants")
         return isinstance(tenants, dict) and tenant_id in tenants
+
+    def tenant_enabled(self, tenant_id: str) -> bool:
+        tenants = self._evaluator.source.data.get("tenants")
+        tenant = tenants.get(tenant_id) if isinstance(tenants, dict) else None
+        return isinstance(tenant, dict) and tenant.get("enabled") is True
 
     def tenant_ids(self) -> frozenset[str]:
         tenants = self._evaluator.source.data.get("tenants")
@@ -188,6 +194,10 @@ class OpaPolicy:
     def tenant_known(self, tenant_id: str) -> bool | None:
         tenants = self._watch.tenants
         return None if tenants is None else tenant_id in tenants
+
+    def tenant_enabled(self, tenant_id: str) -> bool | None:
+        enabled = self._watch.enabled_tenants
+        return None if enabled is None else tenant_id in enabled
 
     def tenant_ids(self) -> frozenset[str] | None:
         return self._watch.tenants

@@ -132,6 +132,22 @@ def test_opa_sidecar_loads_only_signed_bundles(rendered_manifests: dict[str, Pat
     assert env["TENANTGATE_ENVIRONMENT"] == "production"
 
 
+def test_operators_come_from_the_deployments_own_tenant_unless_named(tools: Tools,
+                                                                     rendered_manifests: dict[str, Path]) -> None:
+    """A customer tenant's TenantGate.Operator role must not open /admin: the chart always names
+    the platform tenant(s), by default the deployment's own (azure.tenantId)."""
+    def operator_tenants(objects: list[dict]) -> str | None:
+        return _env(_one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0])[
+            "TENANTGATE_OPERATOR_TENANTS"]
+
+    assert operator_tenants(_objects(rendered_manifests["production"])) == "33333333-3333-3333-3333-333333333333"
+    named = "AAAAAAAA-0000-4000-8000-00000000000A,bbbbbbbb-0000-4000-8000-00000000000b"
+    result = render_chart(tools, *RENDER_MODES["production"], "--set",
+                          "gateway.settings.operatorTenants=" + named.replace(",", "\\,"))
+    assert result.returncode == 0, result.stderr
+    assert operator_tenants([d for d in yaml.safe_load_all(result.stdout) if d]) == named.lower()
+
+
 def test_namespace_secret_comes_from_key_vault(rendered_manifests: dict[str, Path]) -> None:
     objects = _objects(rendered_manifests["embedded"])
     provider = _one(objects, "SecretProviderClass", "-keyvault")
@@ -415,6 +431,7 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "opa.bundle.algorithm=HS256"), "/opa/bundle/algorithm"),
         (("--set", "gateway.settings.authority=http://login.example"), "/gateway/settings/authority"),
         (("--set", "gateway.settings.redisEntra=null"), "redisEntra"),
+        (("--set", "gateway.settings.operatorTenants=northwind"), "/gateway/settings/operatorTenants"),
         (("--set", "ingress.keyVaultCertificateName="), "/ingress/keyVaultCertificateName"),
         # OTLP over gRPC is refused by the gateway at start-up; the chart refuses it first.
         (("--set", "tracing.enabled=true", "--set", "tracing.endpoint=grpc://otel-collector:4317"), "/tracing/endpoint"),

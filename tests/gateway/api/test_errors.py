@@ -13,7 +13,7 @@ from gateway.app import create_app
 from devkit.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
-from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, UNREGISTERED, gateway_settings
+from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, PLATFORM, UNREGISTERED, gateway_settings
 from devkit.server import serving
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -96,7 +96,7 @@ def test_the_api_description_is_served_in_development_only(gateway, local_issuer
     production = gateway_settings(
         local_issuer, environment="production", authority="https://login.microsoftonline.com",
         v1_issuer_host="https://sts.windows.net", namespace_secret="a production secret of 32 bytes or more",
-        audit_signing_key=tmp_path / "audit-signing.pem", metrics_port=0)
+        audit_signing_key=tmp_path / "audit-signing.pem", metrics_port=0, operator_tenants=[PLATFORM])
     with serving(create_app(production, backend=NullBackend(model_name="demo"))) as base:
         for path in ("/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"):
             _assert_openai_error(httpx.get(base + path), 404)

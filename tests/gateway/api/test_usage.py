@@ -25,7 +25,7 @@ from gateway.app import create_app
 from gateway.audit import load_or_create_signing_key, public_key_pem
 from gateway.inference import EngineBackend
 from gateway.operator import OPERATOR_ROLE
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, THETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, PLATFORM, THETA, gateway_settings
 from devkit.server import TENANTGATE, gateway_env, serving
 
 CHAT = [{"role": "user", "content": "Give me three words about the sea, and then three about the mountains."}]
@@ -85,7 +85,7 @@ def _report(metered, *args: str) -> subprocess.CompletedProcess:
 
 
 def _operator_token(metered, roles=(OPERATOR_ROLE,)) -> str:
-    return metered.issuer.mint(ALPHA, audience=AUDIENCE, app=True, roles=roles)
+    return metered.issuer.mint(PLATFORM, audience=AUDIENCE, app=True, roles=roles)
 
 
 def _admin(metered, token: str | None, **params) -> httpx.Response:
@@ -165,8 +165,8 @@ def test_admin_usage_serves_the_same_figures_to_operators_only(metered) -> None:
     assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]["message"]
     admin_records = [json.loads(line) for line in metered.settings.audit_file.read_text().splitlines()
                      if '"route":"admin.usage"' in line]
-    assert [(r["status"], r["outcome"]) for r in admin_records] == [(200, "completed"), (200, "completed"),
-                                                                   (400, "invalid_request")]
+    assert [(r["status"], r["outcome"]) for r in admin_records] == [  # a refusal past authentication too
+        (200, "completed"), (200, "completed"), (403, "operator_role_required"), (400, "invalid_request")]
     # The public port has no admin routes.
     assert httpx.get(metered.base_url + "/admin/usage", headers={"Authorization": f"Bearer {_operator_token(metered)}"},
                      params={"from": _iso(metered.start), "to": _iso(metered.end)}).status_code == 404

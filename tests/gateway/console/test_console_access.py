@@ -15,7 +15,7 @@ import pytest
 from gateway.app import create_app
 from gateway.console.sessions import Sessions
 from gateway.operator import OPERATOR_ROLE
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, PLATFORM, PLATFORM_OFF, gateway_settings
 from devkit.server import serving
 
 
@@ -24,23 +24,24 @@ def gateway(local_issuer, tmp_path_factory) -> Iterator[SimpleNamespace]:
     """A gateway on the null engine (no embedded engine: no KV or step records to show)."""
     root = tmp_path_factory.mktemp("console-access")
     settings = gateway_settings(local_issuer, engine="null", audit_file=root / "audit.jsonl",
-                                audit_signing_key=root / "audit.pem")
-    with serving(create_app(settings)) as base_url:
+                                audit_signing_key=root / "audit.pem", operator_tenants=[PLATFORM, PLATFORM_OFF])
+    app = create_app(settings)
+    with serving(app) as base_url:
         yield SimpleNamespace(base_url=base_url, operator_url=f"http://127.0.0.1:{settings.metrics_port}",
-                              settings=settings, issuer=local_issuer)
+                              settings=settings, issuer=local_issuer, app=app)
 
 
 def _operator_token(gateway) -> str:
-    return gateway.issuer.mint(ALPHA, audience=AUDIENCE, app=True, roles=(OPERATOR_ROLE,))
+    return gateway.issuer.mint(PLATFORM, audience=AUDIENCE, app=True, roles=(OPERATOR_ROLE,))
 
 
 def _login(client: httpx.Client, token: str, **headers) -> httpx.Response:
     return client.post("/console/login", data={"token": token}, headers=headers)
 
 
-def _admin_records(gateway) -> list[dict]:
+def _admin_records(gateway, prefix: str = "admin.console") -> list[dict]:
     lines = gateway.settings.audit_file.read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["type"] == "record" and e["route"].startswith("admin.console")]
+    return [e for e in map(json.loads, lines) if e["type"] == "record" and e["route"].startswith(prefix)]
 
 
 @pytest.fixture
@@ -72,6 +73,29 @@ def test_a_token_without_the_operator_role_is_refused(gateway, client) -> None:
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "operator_role_required"
     assert _login(client, "not-a-token").status_code == 401
     assert _login(client, "").status_code == 401
+
+
+@pytest.mark.parametrize("tenant", [ALPHA, PLATFORM_OFF], ids=["customer-tenant", "disabled-platform-tenant"])
+def test_the_operator_role_from_a_customer_or_disabled_tenant_is_refused_and_audited(gateway, client,
+                                                                                      tenant: str) -> None:
+    """A customer's own Entra admin can grant TenantGate.Operator to the customer's apps, and a
+    disabled tenant's tokens still verify: neither may read other tenants' usage or the console."""
+    token = gateway.issuer.mint(tenant, audience=AUDIENCE, app=True, roles=(OPERATOR_ROLE,))
+    headers = {"Authorization": f"Bearer {token}"}
+    for path, route in (("/admin/console", "admin.console"), ("/admin/usage?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z",
+                                                             "admin.usage")):
+        answer = client.get(path, headers=headers)
+        assert answer.status_code == 403, (path, answer.text)
+        assert answer.json()["error"]["code"] == "operator_tenant_required"
+        record = _admin_records(gateway, "admin.")[-1]
+        assert (record["route"], record["status"], record["outcome"]) == (route, 403, "operator_tenant_required")
+        assert record["tenant"] == gateway.app.state.gateway.audit.tenant_digest(tenant)
+    login = _login(client, token)
+    assert login.status_code == 403 and "platform" in login.text and "set-cookie" not in login.headers
+    record = _admin_records(gateway)[-1]
+    assert (record["route"], record["status"], record["outcome"]) == ("admin.console.login", 403,
+                                                                      "operator_tenant_required")
+    assert tenant not in json.dumps(record)
 
 
 def test_a_sign_in_sent_from_another_site_is_refused(gateway, client) -> None:

@@ -26,7 +26,7 @@ from gateway.console import VIEWS
 from gateway.inference import EngineBackend
 from gateway.metrics import GatewayMetrics
 from gateway.operator import OPERATOR_ROLE
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, PLATFORM, gateway_settings
 from tests.utils.browser import artifacts_dir, chromium, full_page_screenshot
 from devkit.redis import RedisServer
 from devkit.server import TENANTGATE, free_port, gateway_env, serving
@@ -123,7 +123,7 @@ def _metrics_label(console, tenant: str) -> str:
 
 def _operator_token(console, *roles: str) -> str:
     """A token from `tenantgate token`, as an operator mints one in development."""
-    args = [TENANTGATE, "token", "--tenant", ALPHA, "--audience", AUDIENCE, "--issuer", console.dev_issuer_url]
+    args = [TENANTGATE, "token", "--tenant", PLATFORM, "--audience", AUDIENCE, "--issuer", console.dev_issuer_url]
     for role in roles:
         args += ["--role", role]
     if not roles:

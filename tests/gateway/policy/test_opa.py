@@ -49,6 +49,28 @@ def test_parity_every_sample_identical_in_regorus_and_opa(opa_server_factory) ->
     assert not differences, "\n".join(differences)
 
 
+def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
+    """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
+    modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
+    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json")])
+    tenants = json.loads((POLICY_DIR / "data" / "tenants.example.json").read_text())["tenants"]
+
+    async def enabled() -> tuple[bool | None, dict[str, bool | None]]:
+        policy = OpaPolicy(server.url)
+        before = policy.tenant_enabled(next(iter(tenants)))
+        try:
+            await policy.start()
+            return before, {tid: policy.tenant_enabled(tid) for tid in [*tenants, "eeeeeeee-0000-4000-8000-00000000000e"]}
+        finally:
+            await policy.aclose()
+
+    before, seen = asyncio.run(enabled())
+    assert before is None  # OPA has not answered yet: unknown, which refuses
+    assert seen == {**{tid: tenant["enabled"] is True for tid, tenant in tenants.items()},
+                    "eeeeeeee-0000-4000-8000-00000000000e": False}
+    assert False in seen.values() and True in seen.values()  # the example data has both
+
+
 @pytest.fixture
 def bundle_server(tmp_path: Path) -> Iterator[BundleServer]:
     server = BundleServer(tmp_path / "tenantgate.tar.gz")

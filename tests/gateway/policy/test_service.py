@@ -167,3 +167,6 @@ def test_the_registered_tenants_are_the_policy_datas() -> None:
     registered = json.loads((DATA_DIR / "tenants.json").read_text())["tenants"]
     assert policy.tenant_ids() == frozenset(registered) and ALPHA in policy.tenant_ids()
     assert all(policy.tenant_known(tenant) for tenant in policy.tenant_ids())
+    assert {tenant for tenant in registered if policy.tenant_enabled(tenant)} == {
+        tenant for tenant, data in registered.items() if data["enabled"] is True} != frozenset(registered)
+    assert policy.tenant_enabled("eeeeeeee-0000-4000-8000-00000000000e") is False
