@@ -1,6 +1,7 @@
 """Responses: translate the request into chat's, run it exactly as chat runs (policy, budget,
 engine, audit), and answer with a response object or the Responses API's stream of events.
-Where the policy allows it, a response is stored (encrypted, per tenant) and may be continued."""
+Where the policy allows it, a response is stored (encrypted, per tenant) and may be continued: by
+its tenant, or where the decision's cache scope is principal (or none), by its principal alone."""
 
 from __future__ import annotations
 
@@ -160,10 +161,31 @@ def _stored_param(body: ResponsesRequest) -> str | None:
     return "store" if body.store else None
 
 
-async def _previous_conversation(gateway: Gateway, tenant: str, body: ResponsesRequest) -> list[dict]:
+# Cache scopes whose stored responses belong to the principal that made them, not to its whole
+# tenant: the decision keeps a principal's prompts from its colleagues' caches, so its stored
+# conversations too ("none": restricted data, the narrowest owner).
+_PRINCIPAL_SCOPES = ("principal", "none")
+
+
+def _principal_owned(decision) -> bool:
+    """Whether a response stored under this decision is its principal's alone (else its tenant's)."""
+    return decision.cache.scope in _PRINCIPAL_SCOPES
+
+
+async def _stored(gateway: Gateway, principal: Principal, response_id: str) -> dict | None:
+    """The record stored under this id for this caller: its tenant's, and if it was stored for
+    one principal, only that principal's. Anyone else is told it does not exist."""
+    digests = gateway.audit.principal_digests(principal)
+    record = await gateway.responses_store.get(digests["tenant"], response_id)
+    if record is None or record.get("principal", digests["principal"]) != digests["principal"]:
+        return None
+    return record
+
+
+async def _previous_conversation(gateway: Gateway, principal: Principal, body: ResponsesRequest) -> list[dict]:
     if body.previous_response_id is None:
         return []
-    record = await gateway.responses_store.get(tenant, body.previous_response_id)
+    record = await _stored(gateway, principal, body.previous_response_id)
     if record is None:
         raise ResponseNotFound(param="previous_response_id", code="previous_response_not_found")
     return record["conversation"]
@@ -174,8 +196,8 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
     asked = _stored_param(body)
     if asked is not None and gateway.responses_store is None:
         raise InvalidRequest("responses are not stored here: this gateway has no response store", param=asked)
-    tenant = gateway.audit.tenant_digest(principal.tenant_id)
-    previous = await _previous_conversation(gateway, tenant, body)  # before admission: its tokens count
+    digests = gateway.audit.principal_digests(principal)
+    previous = await _previous_conversation(gateway, principal, body)  # before admission: its tokens count
     chat = chat_request(body, previous)
     response_id = "resp_" + uuid.uuid4().hex
     admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE, format_param="text.format"))
@@ -185,8 +207,10 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
     async def keep(text: str, calls: list[dict], output: list[dict]) -> None:
         if render.stored:
             conversation = previous + body.conversation() + [assistant_message(text, calls)]
-            await gateway.responses_store.put(tenant, response_id, {"response": render.response(output),
-                                                                    "conversation": conversation},
+            record = {"response": render.response(output), "conversation": conversation}
+            if _principal_owned(admitted.judgement.decision):
+                record["principal"] = digests["principal"]  # sealed with the rest: it cannot be edited out
+            await gateway.responses_store.put(digests["tenant"], response_id, record,
                                               ttl_s=retention.retention_days * 86400)
 
     with accounted(gateway, admitted):
@@ -203,10 +227,10 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
 
 
 async def retrieve_response(gateway: Gateway, principal: Principal, response_id: str) -> Response:
-    """A stored response, to its own tenant only."""
+    """A stored response, to its own tenant only (its own principal only, where the decision scoped it so)."""
     record = None
     if gateway.responses_store is not None:
-        record = await gateway.responses_store.get(gateway.audit.tenant_digest(principal.tenant_id), response_id)
+        record = await _stored(gateway, principal, response_id)
     if record is None:
         raise ResponseNotFound()
     return JSONResponse(record["response"])

@@ -36,6 +36,7 @@ EMBEDDING_MODEL = "all-minilm-l6-v2"  # Alpha, Gamma, Theta and Kappa may use it
 DEFAULT_MODEL = "smollm2-135m-instruct"  # tenantgate serve's default; Alpha and Theta may use it
 SMOLLM2 = DEFAULT_MODEL  # served by smollm2_client, to Alpha
 MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH = 2048, 12  # Alpha's bounds there (the policy's defaults: 16384 and 16)
+LAMBDA = "44444444-0000-4000-8000-000000000004"  # like Alpha, but its cache scope (and stored responses) per principal
 PLATFORM = "f0f0f0f0-0000-4000-8000-0000000000f0"  # the platform's own tenant: development's operator tenant
 PLATFORM_OFF = "f1f1f1f1-0000-4000-8000-0000000000f1"  # a platform tenant the data lists as disabled
 UNREGISTERED = "eeeeeeee-0000-4000-8000-00000000000e"

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.settings import Settings
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, THETA, gateway_settings
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, LAMBDA, THETA, gateway_settings
 from devkit.server import serving
 
 SECRET_INPUT = "the launch date of project kestrel"
@@ -39,9 +39,9 @@ class StoreGateway:
         self.redis = redis.Redis.from_url(redis_url)
         self.clients: list[openai.OpenAI] = []
 
-    def client(self, tenant: str = ALPHA) -> openai.OpenAI:
-        client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.issuer.mint(tenant, audience=AUDIENCE),
-                               max_retries=0, timeout=30)
+    def client(self, tenant: str = ALPHA, object_id: str | None = None) -> openai.OpenAI:
+        token = self.issuer.mint(tenant, audience=AUDIENCE, object_id=object_id)
+        client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=token, max_retries=0, timeout=30)
         self.clients.append(client)
         return client
 
@@ -71,6 +71,29 @@ def test_a_stored_response_is_retrieved_by_its_own_tenant_only(store_gateway: St
         with pytest.raises(openai.NotFoundError) as missing:
             store_gateway.client(tenant).responses.retrieve(response_id)
         assert missing.value.code == "response_not_found"
+
+
+def test_under_a_principal_cache_scope_a_stored_response_is_its_principals_alone(store_gateway: StoreGateway) -> None:
+    """Lambda's policy keeps each principal's prompts from its colleagues' prefix caches: its
+    stored conversations follow the decision, so colleague B can neither read nor continue A's."""
+    a = store_gateway.client(LAMBDA, object_id="0a000000-0000-4000-8000-0000000000a1")
+    b = store_gateway.client(LAMBDA, object_id="0a000000-0000-4000-8000-0000000000b2")
+    created = a.responses.create(model="demo", input=SECRET_INPUT, store=True, max_output_tokens=2)
+    assert a.responses.retrieve(created.id).model_dump() == created.model_dump()
+    assert a.responses.create(model="demo", input="go on", previous_response_id=created.id, max_output_tokens=1)
+    ran = len(store_gateway.backend.conversations)
+    with pytest.raises(openai.NotFoundError) as read:
+        b.responses.retrieve(created.id)
+    assert read.value.code == "response_not_found"  # the same answer as an id that never existed
+    with pytest.raises(openai.NotFoundError) as continued:
+        b.responses.create(model="demo", input="and then?", previous_response_id=created.id, max_output_tokens=1)
+    assert continued.value.code == "previous_response_not_found"
+    assert len(store_gateway.backend.conversations) == ran  # B's requests never reached the engine
+    # Under a tenant scope (Alpha's), colleagues share the tenant's stored conversations, as they share its cache.
+    shared = store_gateway.client(ALPHA, object_id="0a000000-0000-4000-8000-0000000000a1").responses.create(
+        model="demo", input="a shared thread", store=True, max_output_tokens=1)
+    colleague = store_gateway.client(ALPHA, object_id="0a000000-0000-4000-8000-0000000000b2")
+    assert colleague.responses.retrieve(shared.id).id == shared.id
 
 
 def test_previous_response_id_continues_the_stored_conversation(store_gateway: StoreGateway) -> None:
