@@ -7,8 +7,9 @@ old with no refresh tried, or an unknown `kid` waits, and only up to the fetch t
 Concurrent requests for one tenant share a single in-flight fetch. An unknown `kid`
 forces a refetch at most once per window per tenant when the issuer answers, so a flood
 of forged kids costs at most one fetch per window; a fetch that fails does not use up the
-window, and is retried no sooner than `retry_s` later, so a new key is accepted within
-`retry_s` of the issuer's recovery.
+window, and is retried no sooner than `retry_s` later. A new key is therefore accepted within
+`timeout_s + retry_s` of the issuer's recovery: a fetch that started just before it may hang
+for the whole timeout, and the retry after its failure waits `retry_s`.
 """
 
 from __future__ import annotations
