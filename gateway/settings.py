@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     # float32 by default: bfloat16 ("auto" on CPUs with bf16) stays within cosine 0.9998 of
     # sentence-transformers, not 0.9999, and the encoder is small (22M parameters).
     embedding_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
-    embedding_batch_size: int = Field(32, ge=1, le=2048)  # inputs encoded per forward pass
+    embedding_batch_size: int = Field(32, ge=1, le=2048)  # a step of the encoder: this many full-length inputs' tokens
+    # The most tokens one embeddings request may have across its inputs (OpenAI's 300,000): more is a 400.
+    embedding_max_request_tokens: int = Field(300_000, ge=1, le=2048 * 8192)
 
     # -- deployments (docs/upstreams.md) ----------------------------------------------
     # A JSON file mapping served model names to deployments (embedded, tenantgate engine replicas,
