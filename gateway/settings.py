@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     breaker_open_s: float = Field(10.0, gt=0, le=600)  # how long an open breaker sends requests elsewhere
     route_load_factor: float = Field(1.25, ge=1.0, le=10.0)  # bounded load: a target takes ≤ factor × mean
     load_poll_interval_s: float = Field(1.0, gt=0, le=60)  # how often replicas' queue depth and KV usage are read
+    # A stream whose deployment (an engine replica or an upstream) sends nothing for this long after
+    # its first output ends with an error; a deployment's own idle_timeout_s overrides it.
+    upstream_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     # -- authentication (Microsoft Entra ID) ----------------------------------------
     authority: str = "https://login.microsoftonline.com"
