@@ -31,7 +31,7 @@ from engine.errors import (
 if TYPE_CHECKING:
     from engine.async_engine import AsyncLLMEngine
     from engine.config import EngineConfig
-    from engine.encoder import Encoder
+    from engine.encoder import AsyncEncoder, Encoder
     from engine.envelope import (
         CacheScope,
         ExecutionEnvelope,
@@ -86,7 +86,7 @@ _MODULES = {
     "engine.telemetry": (
         "RecordSink", "ListSink", "PrometheusSink", "PendingRecords", "StepHistory", "RequestRecord", "StepRecord",
     ),
-    "engine.encoder": ("Encoder",),
+    "engine.encoder": ("AsyncEncoder", "Encoder"),
     "engine.model.catalog": (
         "DEFAULT_MODEL", "resolve_model_path", "served_model_name", "packaged_model_file",
         "resolve_encoder_path", "served_encoder_name",

@@ -93,6 +93,8 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         stack.push_async_callback(engine.aclose)
     if encoder is None and (encoded or (deployments is None and backend is None)):
         encoder = await build_encoder_backend(settings)
+        if encoder is not None:
+            stack.push_async_callback(encoder.aclose)
     if deployments is None:
         deployments = embedded_only(engine.model_name, encoder.model_name if encoder is not None else None)
     signer = None

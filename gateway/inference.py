@@ -87,25 +87,31 @@ class EngineBackend(GatewayTokenizer):
 
 
 class EncoderBackend:
-    """The embedded sentence encoder (engine/encoder), one call at a time on a worker thread, so the
-    event loop never waits on torch and no request's inputs share a forward pass with another's."""
+    """The embedded sentence encoder (engine/encoder) behind an AsyncEncoder: its worker thread
+    runs steps of a few inputs' tokens each, filled fairly across tenants, so the event loop never
+    waits on torch and no tenant waits for another's whole batch. Only requests that may share
+    (the envelope's isolation and deterministic lane) share a step."""
 
     expects_records = False
 
     def __init__(self, encoder, *, model_name: str) -> None:
+        from engine import AsyncEncoder
+
         self.encoder = encoder
+        self.async_encoder = AsyncEncoder(encoder)
         self.model_name = model_name
         self.fingerprint = encoder.fingerprint
         self.dimensions = encoder.dimensions
-        self._lock = asyncio.Lock()
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self.encoder.tokenize(texts)
 
-    async def embed(self, inputs: list[list[int]]):
+    async def embed(self, inputs: list[list[int]], envelope: ExecutionEnvelope):
         """Unit vectors, one float32 row per input. Raises engine.encoder.EncoderError for ids out of bounds."""
-        async with self._lock:
-            return await asyncio.to_thread(self.encoder.embed, inputs)
+        return await self.async_encoder.embed(inputs, envelope)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.async_encoder.shutdown)
 
 
 def build_encoder(model: str, *, device: str, dtype: str, batch_size: int) -> EncoderBackend:

@@ -62,6 +62,10 @@ class GatewayMetrics:
         self.deployment_requests = Counter(
             "tenantgate_deployment_requests", "Requests that a deployment target answered.",
             ["target"], registry=self.registry)
+        self.deployment_usage_excess = Counter(
+            "tenantgate_deployment_usage_excess_tokens", "Tokens a deployment target reported beyond what the "
+            "request could have used (prompt: the ids sent or the body's bytes; completion: max_tokens x n), "
+            "not charged, by target and token type.", ["target", "type"], registry=self.registry)
         self.tokens = Histogram(
             "gen_ai_client_token_usage", "Number of input and output tokens used, per request, by type and "
             "tenant (digest).", [*_GEN_AI, "gen_ai_token_type", "tenant"], buckets=TOKEN_BUCKETS,

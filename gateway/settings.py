@@ -62,7 +62,9 @@ class Settings(BaseSettings):
     # float32 by default: bfloat16 ("auto" on CPUs with bf16) stays within cosine 0.9998 of
     # sentence-transformers, not 0.9999, and the encoder is small (22M parameters).
     embedding_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
-    embedding_batch_size: int = Field(32, ge=1, le=2048)  # inputs encoded per forward pass
+    embedding_batch_size: int = Field(32, ge=1, le=2048)  # a step of the encoder: this many full-length inputs' tokens
+    # The most tokens one embeddings request may have across its inputs (OpenAI's 300,000): more is a 400.
+    embedding_max_request_tokens: int = Field(300_000, ge=1, le=2048 * 8192)
 
     # -- deployments (docs/upstreams.md) ----------------------------------------------
     # A JSON file mapping served model names to deployments (embedded, tenantgate engine replicas,
@@ -76,6 +78,9 @@ class Settings(BaseSettings):
     breaker_open_s: float = Field(10.0, gt=0, le=600)  # how long an open breaker sends requests elsewhere
     route_load_factor: float = Field(1.25, ge=1.0, le=10.0)  # bounded load: a target takes ≤ factor × mean
     load_poll_interval_s: float = Field(1.0, gt=0, le=60)  # how often replicas' queue depth and KV usage are read
+    # A stream whose deployment (an engine replica or an upstream) sends nothing for this long after
+    # its first output ends with an error; a deployment's own idle_timeout_s overrides it.
+    upstream_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     # -- authentication (Microsoft Entra ID) ----------------------------------------
     authority: str = "https://login.microsoftonline.com"

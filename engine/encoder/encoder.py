@@ -1,8 +1,9 @@
 """Sentence embeddings with a BERT encoder: tokenize, encode in batches, mean-pool, L2-normalise.
 
 The same function as sentence-transformers' Transformer → Pooling(mean) → Normalize pipeline
-(tests/engine/test_encoder.py holds it to that oracle). Each call encodes only the inputs it is
-given, so an input's vector never depends on another caller's request.
+(tests/engine/test_encoder.py holds it to that oracle). Each row's padding is masked out of
+attention and of the mean, so an input's vector is the same, to float rounding, whatever else
+shares its forward (AsyncEncoder puts shared-lane callers' inputs in one).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _load_weights(model: BertEncoder, files: list[Path]) -> None:
 
 
 class Encoder:
-    """A sentence-embedding model on one device. Not thread-safe: callers run one call at a time."""
+    """A sentence-embedding model on one device. Not thread-safe: one thread runs its forwards
+    (AsyncEncoder's worker, in the gateway)."""
 
     def __init__(self, path: Path, *, device: str = "auto", dtype: str = "auto",
                  batch_size: int = DEFAULT_BATCH_SIZE) -> None:
@@ -118,15 +120,19 @@ class Encoder:
         """Each text's ids with [CLS] and [SEP], truncated at max_seq_length as sentence-transformers does."""
         return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
 
-    @torch.inference_mode()
-    def embed(self, inputs: list[list[int]]) -> torch.Tensor:
-        """Unit-length float32 vectors, one row per input, in the order given. Inputs are batched by
-        length (less padding); padded positions are masked out of attention and of the mean."""
+    def check(self, inputs: list[list[int]]) -> None:
+        """Raises EncoderError for an input embed() would refuse: empty, too long, or an id out of the vocabulary."""
         for ids in inputs:
             if not 0 < len(ids) <= self.max_seq_length:
                 raise EncoderError(f"an input must have 1 to {self.max_seq_length} tokens")
             if not all(0 <= token < self.vocab_size for token in ids):
                 raise EncoderError(f"token ids must be in [0, {self.vocab_size})")
+
+    @torch.inference_mode()
+    def embed(self, inputs: list[list[int]]) -> torch.Tensor:
+        """Unit-length float32 vectors, one row per input, in the order given. Inputs are batched by
+        length (less padding); padded positions are masked out of attention and of the mean."""
+        self.check(inputs)
         out = torch.empty(len(inputs), self.dimensions, dtype=torch.float32)
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
         for start in range(0, len(order), self.batch_size):

@@ -14,6 +14,17 @@ class UpstreamUnavailable(Exception):
     another replica may take the request. The message names the deployment, never content."""
 
 
+class UpstreamInterrupted(UpstreamUnavailable):
+    """The connection ended after the request may have reached the server and before any answer
+    came: it may be running there (generating, and charging), so it is sent again to no target.
+    Only a failure before the request was written (refused, unreachable, a failed TLS handshake)
+    or an answer that says it did not run (a status) lets a request move."""
+
+
+class UpstreamIdle(UpstreamUnavailable):
+    """The server sent nothing for its idle timeout after its first output: the stream ends there."""
+
+
 class EnvelopeRefused(UpstreamUnavailable):
     """A tenantgate engine replica refused the gateway's signed envelope (403): its keys do not
     include this gateway's (a rotation half done), or the clocks disagree. Nothing ran there, so

@@ -85,6 +85,9 @@ class Deployment(Credentials):
     timeout_s: float = Field(300.0, gt=0, le=3600)  # a whole request
     connect_timeout_s: float = Field(2.0, gt=0, le=60)
     first_token_timeout_s: float = Field(60.0, gt=0, le=3600)  # before it, a request may fail over
+    # The longest silence between two outputs once the first has come; unset: the gateway's
+    # upstream_idle_timeout_s (TENANTGATE_UPSTREAM_IDLE_TIMEOUT_S).
+    idle_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> Self:
@@ -176,4 +179,13 @@ def deployments_for(settings) -> DeploymentsFile | None:
     deployments = load_deployments(settings.deployments_file)
     if deployments.models_of_kind("tenantgate") and settings.envelope_signing_key is None:
         raise DeploymentsError("tenantgate deployments need envelope_signing_key (TENANTGATE_ENVELOPE_SIGNING_KEY)")
-    return deployments
+    return with_idle_timeout(deployments, settings.upstream_idle_timeout_s)
+
+
+def with_idle_timeout(deployments: DeploymentsFile, idle_timeout_s: float) -> DeploymentsFile:
+    """The file with the gateway's idle timeout on each deployment that sets none of its own."""
+    def defaulted(d: Deployment) -> Deployment:
+        return d if "idle_timeout_s" in d.model_fields_set else d.model_copy(update={"idle_timeout_s": idle_timeout_s})
+
+    return deployments.model_copy(update={"models": {model: [defaulted(d) for d in ds]
+                                                      for model, ds in deployments.models.items()}})

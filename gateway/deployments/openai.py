@@ -42,7 +42,9 @@ import httpx
 import numpy as np
 
 from engine import CacheScope, ExecutionEnvelope, RequestOutput
-from gateway.deployments.base import Embeddings, UpstreamCall, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import (
+    Embeddings, UpstreamCall, UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable,
+)
 from gateway.deployments.config import Deployment
 
 logger = logging.getLogger("tenantgate.gateway.upstream")
@@ -72,6 +74,13 @@ SHARED_CACHE_REASON = ("cache scope {scope} needs a server that keeps prompt cac
                        "and this one shares one cache across its requests")
 TOKEN_REFRESH_MARGIN_S = 300  # an Entra token is renewed this long before it expires
 MAX_ERROR_BODY = 64 * 1024
+# After [DONE] the answer is complete; the body's end is awaited this long, so that a connection
+# read to its end goes back to the pool, and no longer: one held open past it is closed.
+DONE_GRACE_S = 0.5
+# A pooled connection is reused only this long after its last response: under the 5 s keep-alive
+# of uvicorn (vLLM, SGLang) and cpp-httplib (llama-server), so the server does not close it as the
+# next request goes out (that request may have reached it, and is then not sent again).
+KEEPALIVE_EXPIRY_S = 2.0
 _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")  # an upstream's error code passed on: OpenAI's kind only
 
 
@@ -394,7 +403,8 @@ class OpenAIUpstream:
         self.deployment, self.served_model = deployment, served_model
         self._credentials = _Credentials(deployment, entra_credential)
         timeout = httpx.Timeout(deployment.timeout_s, connect=deployment.connect_timeout_s)
-        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
+        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False,
+                                         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     def _unavailable(self, why: str) -> UpstreamUnavailable:
         # Logged once, where it is handled (gateway/pipeline/execution.py), like a replica's.
@@ -403,8 +413,10 @@ class OpenAIUpstream:
     async def stream(self, call: UpstreamCall) -> AsyncIterator[UpstreamOutput]:
         """Deltas with new_text (new_token_ids stay empty), then a last one with finished set,
         the finish reason and the counts. Raises UpstreamUnavailable when the deployment cannot
-        be reached, times out, fails or breaks the stream; UpstreamRejected when it refuses the
-        request itself. Closing the generator closes the upstream stream."""
+        be reached, times out, fails or breaks the stream (UpstreamInterrupted when the connection
+        ended once the request may have reached it, UpstreamIdle when it sent nothing for
+        idle_timeout_s after an output); UpstreamRejected when it refuses the request itself.
+        Closing the generator closes the upstream stream. [DONE] ends the answer."""
         deployment = self.deployment
         compiled = compile_request(deployment, call, self.served_model)
         started = asyncio.get_running_loop().time()
@@ -435,7 +447,7 @@ class OpenAIUpstream:
             lines = response.aiter_lines()
             while True:
                 try:
-                    async with asyncio.timeout_at(whole if outputs else first):
+                    async with asyncio.timeout_at(self._next_line_deadline(whole, None if outputs else first)):
                         line = await anext(lines)
                 except StopAsyncIteration:
                     break
@@ -443,9 +455,8 @@ class OpenAIUpstream:
                     continue  # blank separators, comments (": ping"), event names
                 data = line.removeprefix("data:").strip()
                 if data == "[DONE]":
-                    # Read on to the end of the body: a response read to its end hands its
-                    # connection back to the pool, one closed early closes it.
-                    continue
+                    await self._drain(lines)
+                    break
                 event = json.loads(data)
                 if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
                     raise self._unavailable("sent an error in its stream")
@@ -456,9 +467,14 @@ class OpenAIUpstream:
                     outputs += 1
                     yield UpstreamOutput(call.request_id, [], text, 0, outputs, tool_calls=calls)
         except TimeoutError:
-            raise self._unavailable("timed out" if outputs else "timed out before its first token") from None
-        except httpx.TransportError as exc:
-            raise self._unavailable(f"broke its stream ({type(exc).__name__})") from None
+            if not outputs:
+                raise self._unavailable("timed out before its first token") from None
+            if asyncio.get_running_loop().time() < whole:
+                raise UpstreamIdle(f"deployment {deployment.name} sent nothing for "
+                                   f"{deployment.idle_timeout_s:g} s mid-stream") from None
+            raise self._unavailable("timed out") from None
+        except httpx.TransportError as exc:  # after its head: it had the request
+            raise UpstreamInterrupted(f"deployment {deployment.name} broke its stream ({type(exc).__name__})") from None
         except ValueError:  # a malformed chunk or answer (json.JSONDecodeError is one)
             raise self._unavailable("sent a malformed stream" if streaming else "sent a malformed answer") from None
         finally:
@@ -469,23 +485,41 @@ class OpenAIUpstream:
         yield UpstreamOutput(call.request_id, [], "", prompt, completion, cached, finished=True,
                              finish_reason=finish_reason, usage_reported=usage is not None)
 
+    def _next_line_deadline(self, whole: float, first: float | None) -> float:
+        """Until the first output, `first`; after it, idle_timeout_s from now, within `whole`."""
+        if first is not None:
+            return first
+        return min(whole, asyncio.get_running_loop().time() + self.deployment.idle_timeout_s)
+
+    @staticmethod
+    async def _drain(lines: AsyncIterator[str]) -> None:
+        """Reads what follows [DONE] for up to DONE_GRACE_S (a body that ends hands its connection
+        back to the pool); a body held open past it is left, and closing it closes the connection."""
+        try:
+            async with asyncio.timeout(DONE_GRACE_S):
+                async for _ in lines:
+                    pass
+        except (TimeoutError, httpx.TransportError):
+            pass
+
     async def _send(self, compiled: UpstreamRequest, deadline: float, streaming: bool) -> httpx.Response:
-        """The upstream's response, its body not yet read; UpstreamUnavailable when it cannot be had by `deadline`."""
+        """The upstream's response, its body not yet read; UpstreamUnavailable when it cannot be
+        had by `deadline`. Sent once: a connection lost before the request was written (refused,
+        unreachable, a failed TLS handshake) is UpstreamUnavailable, which may move to another
+        deployment; one lost after it may have been written is UpstreamInterrupted, which may not,
+        since the server may be running it."""
         headers = compiled.headers | await self._credentials.headers()
         request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
         try:
             async with asyncio.timeout_at(deadline):
-                try:
-                    return await self._client.send(request, stream=True)
-                except httpx.RemoteProtocolError:
-                    # The server closed a kept-alive connection as this request went out (llama-server
-                    # does so every few dozen streamed requests): it answered nothing, so once more
-                    # on a fresh connection.
-                    return await self._client.send(request, stream=True)
+                return await self._client.send(request, stream=True)
         except TimeoutError:
             raise self._unavailable("timed out before its first token" if streaming else "timed out") from None
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise UpstreamInterrupted(f"deployment {self.deployment.name} closed the connection before "
+                                      f"answering ({type(exc).__name__})") from None
 
     async def _refused(self, response: httpx.Response) -> None:
         """Raises for an error status: UpstreamRejected for the caller's, UpstreamUnavailable for the deployment's."""
@@ -511,7 +545,8 @@ class OpenAIUpstream:
         except TimeoutError:
             raise self._unavailable("timed out") from None
         except httpx.TransportError as exc:
-            raise self._unavailable(f"broke its answer ({type(exc).__name__})") from None
+            raise UpstreamInterrupted(f"deployment {self.deployment.name} broke its answer "
+                                      f"({type(exc).__name__})") from None
         except (ValueError, TypeError, KeyError):  # a malformed answer (json.JSONDecodeError is a ValueError)
             raise self._unavailable("sent a malformed answer") from None
         finally:

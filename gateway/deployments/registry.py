@@ -94,7 +94,8 @@ def served_model_for(model: str, deployments: list[Deployment], engine, signer, 
         elif d.kind == "tenantgate":
             for index, url in enumerate(d.replicas):
                 replica = TenantgateReplica(url, signer, connect_timeout_s=d.connect_timeout_s, timeout_s=d.timeout_s,
-                                            first_token_timeout_s=d.first_token_timeout_s, name=f"{d.name}/{index}")
+                                            first_token_timeout_s=d.first_token_timeout_s,
+                                            idle_timeout_s=d.idle_timeout_s, name=f"{d.name}/{index}")
                 targets.append(ReplicaTarget(f"{d.name}/{index}", replica))
             tokenizer = tokenizer or load_tokenizer(d.tokenizer or model)
         else:

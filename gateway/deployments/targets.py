@@ -67,7 +67,8 @@ class EmbeddedTarget(_InProcess):
 
 
 class EncoderTarget(_InProcess):
-    """The sentence encoder in this process. Each request is encoded alone, one at a time, so
+    """The sentence encoder in this process. Its scheduler shares a forward only among requests
+    the envelopes let share one (an exclusive or deterministic request is encoded alone), so
     every isolation class and the deterministic lane hold, and no state outlives a request."""
 
     expects_records = False
@@ -82,7 +83,7 @@ class EncoderTarget(_InProcess):
             raise RequestError(f"dimensions must be {self.backend.dimensions} for this model "
                                "(it has no shortened embeddings)", param="dimensions")
         try:
-            vectors = await self.backend.embed(admitted.ask.embed_inputs)
+            vectors = await self.backend.embed(admitted.ask.embed_inputs, admitted.envelope)
         except EncoderError as exc:
             raise RequestError(str(exc), param="input") from None
         return Embeddings(vectors.numpy(), sum(len(ids) for ids in admitted.ask.embed_inputs))

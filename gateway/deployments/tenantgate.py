@@ -19,7 +19,9 @@ from engine.remote import (
     ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, REJECTION_REASONS, EnvelopeSigner, output_from_json,
     params_to_json, record_from_json,
 )
-from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import (
+    EnvelopeRefused, ReplicaLoad, UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable,
+)
 
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError)
 
@@ -28,14 +30,15 @@ class TenantgateReplica:
     expects_records = True
 
     def __init__(self, base_url: str, signer: EnvelopeSigner, *, connect_timeout_s: float = 2.0,
-                 timeout_s: float = 300.0, first_token_timeout_s: float = 60.0, name: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 timeout_s: float = 300.0, first_token_timeout_s: float = 60.0, idle_timeout_s: float = 30.0,
+                 name: str | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name or self.base_url  # in error messages and logs
         self._signer = signer
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
         self._first_token_timeout_s = first_token_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         # The deadlines of a generate are the client's own (below); httpx's bound each read.
         self._client = httpx.AsyncClient(base_url=self.base_url, transport=transport, trust_env=False,
                                          timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
@@ -49,7 +52,9 @@ class TenantgateReplica:
                        request_id: str, *, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
         """The replica's deltas. Closing the generator early closes the stream, which aborts the
         request there. UpstreamUnavailable (EnvelopeRefused for a 403) before or after the first
-        delta, UpstreamRejected for a 4xx; the caller knows which deltas it has already sent."""
+        delta, UpstreamInterrupted when the connection ended once the request may have reached
+        the replica, UpstreamIdle when it went silent for idle_timeout_s after a delta,
+        UpstreamRejected for a 4xx; the caller knows which deltas it has already sent."""
         body = json.dumps({"request_id": request_id, "token_ids": list(token_ids),
                            "params": params_to_json(params)}, separators=(",", ":")).encode()
         headers = (headers or {}) | {ENVELOPE_HEADER: self._signer.sign(envelope, request_id, body),
@@ -63,13 +68,12 @@ class TenantgateReplica:
         unfinished = params.n  # choices whose last delta has not come yet
         try:
             async with self._within(first_deadline, "before its first output"):
-                response = await self._client.send(request, stream=True)
+                response = await self._send(request)
                 if response.status_code != 200:
                     await self._refusal(response)
             lines = response.aiter_lines()
             while True:
-                async with self._within(deadline if started else first_deadline,
-                                        "mid-stream" if started else "before its first output"):
+                async with self._next_line(deadline, first_deadline if not started else None):
                     item = _parse_line(await anext(lines, None), self.name)
                 if item.get("type") == "error":
                     raise UpstreamUnavailable(f"engine replica {self.name} failed mid-stream")
@@ -88,16 +92,37 @@ class TenantgateReplica:
                     return
                 started = True
                 yield output
-        except httpx.TransportError as exc:
-            raise UpstreamUnavailable(f"engine replica {self.name} failed: {type(exc).__name__}") from None
+        except httpx.TransportError as exc:  # after the head: the replica had the request
+            raise UpstreamInterrupted(f"engine replica {self.name} failed: {type(exc).__name__}") from None
         except _MALFORMED:
             raise UpstreamUnavailable(f"engine replica {self.name} sent a malformed stream") from None
         finally:
             if response is not None:
                 await response.aclose()  # unread, this closes the connection: the replica aborts
 
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """The response head. Only a connection never made is plain UpstreamUnavailable: once the
+        request may have been written, a lost connection is UpstreamInterrupted (never resent)."""
+        try:
+            return await self._client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise UpstreamUnavailable(f"engine replica {self.name} cannot be reached: {type(exc).__name__}") from None
+        except httpx.TransportError as exc:
+            raise UpstreamInterrupted(f"engine replica {self.name} closed the connection before answering: "
+                                      f"{type(exc).__name__}") from None
+
     def _within(self, when: float, what: str):
         return _Deadline(when, f"engine replica {self.name} timed out {what}")
+
+    def _next_line(self, deadline: float, first_deadline: float | None):
+        """The bound on the next line: the first output's deadline, then idle_timeout_s after each."""
+        if first_deadline is not None:
+            return self._within(first_deadline, "before its first output")
+        idle = asyncio.get_running_loop().time() + self._idle_timeout_s
+        if idle < deadline:
+            return _Deadline(idle, f"engine replica {self.name} sent nothing for {self._idle_timeout_s:g} s "
+                                   "mid-stream", UpstreamIdle)
+        return self._within(deadline, "mid-stream")
 
     async def _refusal(self, response: httpx.Response) -> None:
         await response.aread()
@@ -144,11 +169,12 @@ class TenantgateReplica:
 
 
 class _Deadline:
-    """asyncio.timeout_at whose expiry is an UpstreamUnavailable with `message`."""
+    """asyncio.timeout_at whose expiry is an UpstreamUnavailable (or `kind`) with `message`."""
 
-    def __init__(self, when: float, message: str) -> None:
+    def __init__(self, when: float, message: str, kind: type[UpstreamUnavailable] = UpstreamUnavailable) -> None:
         self._timeout = asyncio.timeout_at(when)
         self._message = message
+        self._kind = kind
 
     async def __aenter__(self) -> None:
         await self._timeout.__aenter__()
@@ -157,7 +183,7 @@ class _Deadline:
         try:
             return await self._timeout.__aexit__(*exc_info)
         except TimeoutError:
-            raise UpstreamUnavailable(self._message) from None
+            raise self._kind(self._message) from None
 
 
 def _parse_line(line: str | None, name: str) -> dict:

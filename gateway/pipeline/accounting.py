@@ -63,6 +63,14 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
         "status": status,
         "outcome": outcome,
     }
+    if error_code is not None:
+        record["error_code"] = error_code
+    if admitted.usage_excess:
+        # What the deployment reported beyond the request's bounds (the usage above is what was charged).
+        record["usage_excess"] = dict(admitted.usage_excess)
+        for kind, tokens in admitted.usage_excess.items():
+            gateway.metrics.deployment_usage_excess.labels(target.name if target is not None else "none",
+                                                           kind).inc(tokens)
     if admitted.keeps_content:
         response = "".join(admitted.texts or ())
         if admitted.later_choice_texts:

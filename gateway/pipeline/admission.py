@@ -113,6 +113,8 @@ class Admitted:
     finish_reasons: dict[int, str | None] = field(default_factory=dict)  # by choice
     texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
     later_choice_texts: dict[int, list[str]] = field(default_factory=dict)  # n > 1: choices 1.. (as texts)
+    # Tokens a deployment reported beyond what the request could have used, by usage field: not charged.
+    usage_excess: dict[str, int] = field(default_factory=dict)
     trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
 
     @property

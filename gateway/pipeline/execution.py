@@ -1,13 +1,17 @@
 """Running an admitted request on its deployments.
 
-A request may move to the next target (replica or deployment) while nothing has been sent:
-on a connection error, a timeout or a 5xx before the first output. After the first output it
-never moves; a failure then ends the response with an error.
+A request may move to the next target (replica or deployment) while nothing has been sent and
+the last target provably did not run it: a connection never made, a 5xx, or a first-output
+timeout (the connection is then closed, which aborts the request there). A connection lost once
+the request may have reached the target is not retried anywhere: it may be running (and charging)
+there. After the first output a request never moves; a failure then ends the response with an
+error. A deployment's own counts are taken only up to what the request could have used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +20,8 @@ from fastapi import Request
 from opentelemetry.trace import SpanKind
 
 from engine import EngineDeadError, RequestError, RequestOutput
-from gateway.deployments.base import Embeddings, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import Embeddings, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
+from gateway.deployments.base import UpstreamUnavailable
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest, Unavailable
 from gateway.pipeline.admission import Admitted
@@ -48,10 +53,10 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
                 if admitted.first_token_at is None and output.num_output_tokens:
                     admitted.first_token_at = time.perf_counter()
                 generated[output.index] = output.num_output_tokens
-                admitted.output_tokens = sum(generated.values())
+                admitted.output_tokens = bounded_output(admitted, sum(generated.values()))
                 admitted.cached_tokens = output.num_cached_tokens
                 if output.num_prompt_tokens:
-                    admitted.prompt_tokens = output.num_prompt_tokens  # the deployment's own count
+                    admitted.prompt_tokens = bounded_prompt(admitted, output.num_prompt_tokens)
                 if admitted.texts is not None:
                     if output.index:
                         admitted.later_choice_texts.setdefault(output.index, []).append(output.new_text)
@@ -68,7 +73,9 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
             logger.warning("deployment %s failed %s: %s", target.name,
                            "mid-stream" if sent else "before its first output", exc)
             if sent:
-                raise Unavailable("the deployment failed while answering; the response is incomplete") from None
+                raise mid_stream(exc) from None
+            if isinstance(exc, UpstreamInterrupted):
+                raise Unavailable(INTERRUPTED, code="upstream_interrupted") from None
         except (UpstreamRejected, RequestError) as exc:
             raise refusal(admitted, target, span, exc) from None
         except EngineDeadError as exc:
@@ -84,6 +91,45 @@ async def stream_outputs(gateway: Gateway, admitted: Admitted) -> AsyncIterator[
             span.end()
     raise Unavailable("no deployment of this model could take the request; retry shortly",
                       headers={"Retry-After": "1"})
+
+
+INTERRUPTED = ("the deployment closed the connection before answering; the request was not sent again, "
+               "since it may have run there")
+
+
+def mid_stream(exc: UpstreamUnavailable) -> Unavailable:
+    if isinstance(exc, UpstreamIdle):
+        return Unavailable("the deployment stopped sending while answering; the response is incomplete",
+                           code="upstream_idle_timeout")
+    return Unavailable("the deployment failed while answering; the response is incomplete")
+
+
+def bounded_output(admitted: Admitted, reported: int) -> int:
+    """Output tokens as counted, at most max_tokens for each choice; any excess is noted."""
+    bound = admitted.params.max_tokens * admitted.params.n if admitted.params is not None else 0
+    return _bounded(admitted, "completion_tokens", reported, bound)
+
+
+def bounded_prompt(admitted: Admitted, reported: int) -> int:
+    """A deployment's prompt count, at most what the request could have run: the ids the gateway
+    sent (or its encoder's inputs) exactly; for text, the request body's UTF-8 bytes, since no
+    tokenizer makes more tokens than the bytes it reads and the JSON around the text is longer
+    than a chat template's markup. Any excess is noted."""
+    if admitted.token_ids or admitted.ask.embed_inputs is not None:
+        bound = admitted.ask.prompt_tokens if admitted.ask.embed_inputs is not None else len(admitted.token_ids)
+    elif reported <= admitted.ask.prompt_tokens:
+        return reported
+    else:
+        bound = max(admitted.ask.prompt_tokens, len(json.dumps(admitted.ask.body, separators=(",", ":")).encode()))
+    return _bounded(admitted, "prompt_tokens", reported, bound)
+
+
+def _bounded(admitted: Admitted, kind: str, reported: int, bound: int) -> int:
+    if reported <= bound:
+        admitted.usage_excess.pop(kind, None)
+        return reported
+    admitted.usage_excess[kind] = reported - bound
+    return bound
 
 
 def refusal(admitted: Admitted, target, span, exc: UpstreamRejected | RequestError) -> InvalidRequest:
@@ -119,6 +165,8 @@ async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embed
                 failed(span, exc)
                 gateway.router.failed(target, after_output=False)
                 logger.warning("deployment %s failed before its answer: %s", target.name, exc)
+                if isinstance(exc, UpstreamInterrupted):
+                    raise Unavailable(INTERRUPTED, code="upstream_interrupted") from None
                 continue
             except (UpstreamRejected, RequestError) as exc:
                 raise refusal(admitted, target, span, exc) from None
@@ -131,7 +179,7 @@ async def embed(gateway: Gateway, admitted: Admitted, request: Request) -> Embed
             gateway.router.succeeded(target)
             admitted.deployment = target
             if result.prompt_tokens:
-                admitted.prompt_tokens = result.prompt_tokens  # the deployment's own count
+                admitted.prompt_tokens = bounded_prompt(admitted, result.prompt_tokens)
             return result
         raise Unavailable("no deployment of this model could take the request; retry shortly",
                           headers={"Retry-After": "1"})

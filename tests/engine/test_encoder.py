@@ -1,12 +1,15 @@
-"""The embedding encoder (engine/encoder) against sentence-transformers on the same checkpoint."""
+"""The embedding encoder (engine/encoder) against sentence-transformers on the same checkpoint, and
+its asyncio front (AsyncEncoder): what shares a step, and what a vector then depends on."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.encoder import Encoder, EncoderError
+from engine.encoder import AsyncEncoder, Encoder, EncoderError
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings, oracle_token_count
+from tests.utils.envelopes import envelope
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +54,57 @@ def test_a_checkpoint_that_is_not_bert_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(EncoderError, match="only bert"):
         Encoder(tmp_path, device="cpu")
+
+
+async def test_shared_requests_of_two_tenants_share_a_step_and_get_their_vectors_alone(encoder: Encoder) -> None:
+    ids = encoder.tokenize(TEXTS)
+    short, long = ids[:5], [ids[-7]] * 2  # short inputs padded to 256 beside the long ones
+    front = AsyncEncoder(encoder)
+    try:
+        # Tenant c's step (one step's worth, in a lane of its own) runs while a and b queue.
+        busy = asyncio.ensure_future(front.embed([ids[-7]] * encoder.batch_size,
+                                                 envelope("tenant-c", isolation="tenant")))
+        await asyncio.sleep(0.2)
+        a, b = await asyncio.gather(front.embed(short, envelope("tenant-a")), front.embed(long, envelope("tenant-b")))
+        await busy
+        assert front.steps == 2  # c's, then one for a's and b's inputs together
+    finally:
+        front.shutdown()
+    for together, alone in ((a, encoder.embed(short)), (b, encoder.embed(long))):
+        assert cosines(together, alone).min() >= 1 - 1e-6
+        assert (together - alone).abs().max() < 1e-5
+
+
+async def test_a_deterministic_request_gets_the_same_bits_beside_other_tenants_load(encoder: Encoder) -> None:
+    ids = encoder.tokenize(TEXTS)
+    mine = envelope("tenant-d", deterministic=True)
+    front = AsyncEncoder(encoder)
+    try:
+        alone = await front.embed(ids[:12], mine)
+        load = [front.embed(ids[12:30], envelope(f"tenant-{n}")) for n in range(3)]
+        beside, *_ = await asyncio.gather(front.embed(ids[:12], mine), *load)
+    finally:
+        front.shutdown()
+    assert torch.equal(alone, beside)
+
+
+async def test_a_cancelled_request_runs_no_further_steps(encoder: Encoder) -> None:
+    front = AsyncEncoder(encoder)
+    long = encoder.tokenize([TEXTS[-7]])[0]
+    try:
+        task = asyncio.ensure_future(front.embed([long] * (20 * encoder.batch_size), envelope("tenant-a")))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await front.embed([long], envelope("tenant-b"))
+        assert front.steps <= 3  # the step running when it was cancelled (and one more at most), then b's
+    finally:
+        front.shutdown()
+
+
+async def test_inputs_out_of_bounds_are_refused_before_they_queue(encoder: Encoder) -> None:
+    front = AsyncEncoder(encoder)
+    with pytest.raises(EncoderError, match="token ids"):
+        await front.embed([[101, 102], [101, encoder.vocab_size]], envelope("tenant-a"))
+    assert front.steps == 0 and not front.scheduler.has_work()

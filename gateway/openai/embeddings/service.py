@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
+from gateway.errors import InvalidRequest
 from gateway.openai.asks import estimate_tokens
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -17,16 +19,21 @@ from gateway.pipeline.admission import EMBEDDINGS_ROUTE, Ask, admit, new_request
 from gateway.pipeline.execution import embed
 
 
-def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request_id: str) -> Ask:
-    """With the embedded encoder, the ids it will run (texts cut at its length) and their count;
-    otherwise (an upstream, or a model this gateway does not embed with) the count alone: token
-    ids as given, texts by estimate, settled on the upstream's own count afterwards."""
+async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request_id: str) -> Ask:
+    """With the embedded encoder, the ids it will run (texts cut at its length, tokenized off the
+    event loop) and their count, at most embedding_max_request_tokens; otherwise (an upstream, or
+    a model this gateway does not embed with) the count alone: token ids as given, texts by
+    estimate, settled on the upstream's own count afterwards."""
     served = gateway.models.get(body.model)
     texts, ids = body.texts(), body.token_ids()
     inputs = None
     if served is not None and served.task == "embed" and served.tokenize_inputs is not None:
-        inputs = ids if ids is not None else served.tokenize_inputs(texts)
+        inputs = ids if ids is not None else await asyncio.to_thread(served.tokenize_inputs, texts)
         prompt_tokens = sum(map(len, inputs))
+        bound = gateway.settings.embedding_max_request_tokens
+        if prompt_tokens > bound:
+            raise InvalidRequest(f"the inputs have {prompt_tokens} tokens together; an embeddings request "
+                                 f"may have at most {bound}", param="input")
     elif ids is not None:
         prompt_tokens = sum(map(len, ids))
     else:
@@ -45,7 +52,7 @@ def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 async def create_embeddings(gateway: Gateway, principal: Principal, body: EmbeddingRequest,
                             request: Request) -> Response:
     request_id = new_request_id("embd")
-    admitted = await admit(gateway, request, principal, build_embeddings_ask(gateway, body, request_id))
+    admitted = await admit(gateway, request, principal, await build_embeddings_ask(gateway, body, request_id))
     with accounted(gateway, admitted):
         result = await embed(gateway, admitted, request)
         data = [{"object": "embedding", "index": index, "embedding": encoded(vector, body.encoding_format)}

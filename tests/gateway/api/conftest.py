@@ -82,8 +82,9 @@ def demo_engine(demo_model_dir: Path) -> tuple[LLMEngine, ListSink]:
 
 @pytest.fixture(scope="session")
 def embedding_encoder(encoder_dir: Path) -> EncoderBackend:
-    """The gateway's embedded encoder in float32, the oracle tests' dtype."""
-    return build_encoder(EMBEDDING_MODEL, device="cpu", dtype="float32", batch_size=16)
+    """The gateway's embedded encoder in float32, the oracle tests' dtype, in steps of four
+    inputs' tokens (a large request then runs in many, as the fairness test needs)."""
+    return build_encoder(EMBEDDING_MODEL, device="cpu", dtype="float32", batch_size=4)
 
 
 def gateway_settings(issuer: LocalIssuer, **overrides) -> Settings:

