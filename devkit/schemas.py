@@ -55,3 +55,24 @@ SCHEMAS: dict[str, dict] = {
                                                                "amount": {"type": "number", "minimum": 0, "maximum": 100}},
                               "required": ["unit", "amount"], "additionalProperties": False},
 }
+
+
+def pattern_properties_schema(count: int) -> dict:
+    """An object schema with `count` patternProperties, each a short anchored literal (^0$, ^1$, … in hex)."""
+    return {"type": "object", "patternProperties": {f"^{i:x}$": {} for i in range(count)}}
+
+
+def expensive_schema(max_bytes: int = 16384) -> dict:
+    """The costliest schema to compile that we found within a byte bound (the policy's default
+    max_schema_bytes: 16384): as many patternProperties as fit. llguidance proves each pair of
+    them disjoint by intersecting their regexes, with no limit on the whole, so the cost grows
+    with the square of their number (and faster: its regex builder grows as it goes). Measured
+    standalone on the 2-core VM: 200 patterns (2 KB) 0.4 s, 400 (4 KB) 5-20 s, 450 longer ones
+    (17 KB) 34-46 s. anyOf/oneOf nests, 1,700-value enums, counted repetition and numeric ranges
+    of the same size all compiled in under 0.1 s (the regex and lexer work is under llguidance's fuel)."""
+    count = 0
+    size = len('{"type":"object","patternProperties":{}}')
+    while size + len(f'"^{count:x}$":{{}}') + (count > 0) <= max_bytes:
+        size += len(f'"^{count:x}$":{{}}') + (count > 0)
+        count += 1
+    return pattern_properties_schema(count)

@@ -1,10 +1,10 @@
 """An asyncio front for LLMEngine: a background thread steps the engine, callers stream deltas.
 
 The engine is not thread-safe, so only the loop thread touches it. Callers validate and
-tokenize on their own thread (make_sequence), then hand over adds and aborts through a
-queue that the loop drains before every step; an abort therefore frees the request's
-blocks before any further step runs. Every stream ends: with its last delta, with an
-abort delta, or with EngineDeadError when the loop fails or shuts down.
+tokenize on their own thread (make_sequence; a schema compiles on the grammars' workers, awaited),
+then hand over adds and aborts through a queue that the loop drains before every step; an abort
+therefore frees the request's blocks before any further step runs. Every stream ends: with its last
+delta, with an abort delta, or with EngineDeadError when the loop fails or shuts down.
 """
 
 from __future__ import annotations
@@ -88,7 +88,11 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas; leaving the loop early (or cancellation) aborts it."""
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = self.engine.make_sequence(request_id, prompt, params, envelope, add_special_tokens)
+        grammar = None
+        if params.json_schema is not None and isinstance(envelope, ExecutionEnvelope):
+            # Off this loop, on the grammars' own workers, bounded in time and fair across tenants.
+            grammar = await self.engine.grammars.compile_async(params.json_schema, envelope)
+        seq = self.engine.make_sequence(request_id, prompt, params, envelope, add_special_tokens, grammar=grammar)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), seq)
         with self._lock:
             self._start_locked()

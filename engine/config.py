@@ -194,6 +194,11 @@ class EngineConfig:
     # Key for the digests in execution records; share it across replicas to compare them.
     # Empty: a random key per process.
     record_key: bytes = b""
+    # Structured outputs (engine/grammar_compiler.py): a schema that takes longer to compile is
+    # refused; compilations at once (one per tenant); compiled schemas kept, per cache namespace.
+    grammar_compile_timeout_s: float = 2.0
+    grammar_workers: int = 2
+    grammar_cache_size: int = 256
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -207,6 +212,12 @@ class EngineConfig:
         utilization = self.gpu_memory_utilization
         if utilization is not None and (not isinstance(utilization, (int, float)) or not 0 < utilization <= 1):
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not isinstance(self.grammar_compile_timeout_s, (int, float)) or not 0 < self.grammar_compile_timeout_s <= 600:
+            raise ConfigError(f"grammar_compile_timeout_s must be in (0, 600], got {self.grammar_compile_timeout_s!r}")
+        if not isinstance(self.grammar_workers, int) or self.grammar_workers < 1:
+            raise ConfigError(f"grammar_workers must be a positive integer, got {self.grammar_workers!r}")
+        if not isinstance(self.grammar_cache_size, int) or self.grammar_cache_size < 0:
+            raise ConfigError(f"grammar_cache_size must be a non-negative integer, got {self.grammar_cache_size!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len!r}")
 

@@ -8,6 +8,7 @@ not xgrammar or outlines-core: docs/api.md, "Structured outputs" (bench/constrai
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Sequence
@@ -16,25 +17,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import torch
 
+from engine.envelope import ExecutionEnvelope
+from engine.errors import RequestError
+from engine.grammar_compiler import GrammarCompiler, GrammarError
+from engine.grammar_probe import ProbeWorker
 from engine.tokenizer import Tokenizer
 
 BITS = 32
-MAX_ERROR_CHARS = 200
-# Compact JSON (no whitespace between tokens): what OpenAI's strict mode produces, and what a small
-# model finishes soonest.
-JSON_DEFAULTS = {"whitespace_flexible": False}
-
-
-class GrammarError(ValueError):
-    """A schema the grammar library refuses; the message is the library's, cut short."""
 
 
 class Grammars:
-    """The engine's grammar compiler: one llguidance tokenizer for the model (built on first use:
-    it takes a quarter of a second and most engines never need it), matchers per request, and one
-    bitmask per step for all constrained rows, filled on a thread pool."""
+    """The engine's grammars: one llguidance tokenizer for the model (built on first use: it takes a
+    quarter of a second and most engines never need it), schemas compiled off the caller's thread
+    within a time bound (GrammarCompiler), matchers per request, and one bitmask per step for all
+    constrained rows, filled on a thread pool."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_id: int | None) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_id: int | None, *,
+                 compile_timeout_s: float = 2.0, compile_workers: int = 2, cache_size: int = 256) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._eos = eos_token_id
@@ -42,6 +41,7 @@ class Grammars:
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._filler: ThreadPoolExecutor | None = None  # one thread that hands each step's masks to llguidance
+        self.compiler = GrammarCompiler(self._ll, self._probe_worker, compile_timeout_s, compile_workers, cache_size)
 
     def _ll(self) -> llguidance.LLTokenizer:
         with self._lock:
@@ -52,18 +52,32 @@ class Grammars:
                 self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
             return self._ll_tokenizer
 
-    def matchers(self, json_schema: str, count: int) -> list[llguidance.LLMatcher]:
+    def _probe_worker(self) -> ProbeWorker:
+        return ProbeWorker(self._tokenizer.backend_json(), self.vocab_size, self._eos)
+
+    def compile(self, json_schema: str, envelope: ExecutionEnvelope) -> llguidance.LLMatcher:
+        """The schema's compiled grammar (see matchers), waiting here for it; RequestError if it
+        cannot be compiled, or not within the time bound."""
+        try:
+            return self.compiler.submit(json_schema, envelope).result()
+        except GrammarError as exc:
+            raise _refusal(exc) from None
+
+    async def compile_async(self, json_schema: str, envelope: ExecutionEnvelope) -> llguidance.LLMatcher:
+        """compile(), awaited: the event loop runs on meanwhile. A caller that leaves while its
+        schema waits for a worker takes it out of the queue."""
+        try:
+            return await asyncio.wrap_future(self.compiler.submit(json_schema, envelope))
+        except GrammarError as exc:
+            raise _refusal(exc) from None
+
+    def matchers(self, grammar: llguidance.LLMatcher, count: int) -> list[llguidance.LLMatcher]:
         """Fresh matchers for a request's outputs (one per choice: each walks the grammar on its own),
-        from one compilation of the schema; GrammarError if it cannot be compiled."""
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_DEFAULTS)
-        tokenizer = self._ll()
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-        if error:
-            raise GrammarError(error[:MAX_ERROR_CHARS])
-        matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(count)]
-        if matchers[0].is_error():
-            raise GrammarError(matchers[0].get_error()[:MAX_ERROR_CHARS])
-        return matchers
+        copies of one compiled grammar."""
+        return [grammar.deep_copy() for _ in range(count)]
+
+    def close(self) -> None:
+        self.compiler.close()
 
     def bitmask_async(self, matchers: Sequence[llguidance.LLMatcher]) -> Future[torch.Tensor]:
         """bitmask(matchers), computed on a thread of its own, so it overlaps the step's forward pass."""
@@ -83,6 +97,11 @@ class Grammars:
             self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
                                                    words * 4, len(matchers))
         return bitmask
+
+
+def _refusal(exc: GrammarError) -> RequestError:
+    return RequestError(f"the JSON schema cannot be enforced: {exc}", param="response_format",
+                        code="invalid_json_schema")
 
 
 def bitmask_words(vocab_size: int) -> int:

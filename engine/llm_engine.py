@@ -8,14 +8,14 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence as Seq
+from typing import Any, Sequence as Seq
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
 from engine.errors import ConfigError, RequestError
 from engine.fingerprint import model_fingerprint
-from engine.grammar import GrammarError, Grammars
+from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
@@ -48,7 +48,9 @@ class LLMEngine:
                             and config.gpu_memory_utilization is not None)
         self.eos_token_ids = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         # Structured outputs: the end of a schema's JSON allows only the end of text (the first EOS id).
-        self.grammars = Grammars(self.tokenizer, mc.vocab_size, min(self.eos_token_ids, default=None))
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size, min(self.eos_token_ids, default=None),
+                                 compile_timeout_s=config.grammar_compile_timeout_s,
+                                 compile_workers=config.grammar_workers, cache_size=config.grammar_cache_size)
         if size_from_device:
             self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress,
                                       grammars=self.grammars)
@@ -106,8 +108,11 @@ class LLMEngine:
         params: SamplingParams,
         envelope: ExecutionEnvelope,
         add_special_tokens: bool = True,
+        grammar: Any = None,
     ) -> Sequence:
-        """Validate and tokenize a request without touching engine state (safe from any thread)."""
+        """Validate and tokenize a request without touching engine state (safe from any thread).
+        `grammar`: params.json_schema compiled already (Grammars.compile_async); else it is compiled
+        here, on this thread."""
         if not isinstance(envelope, ExecutionEnvelope):
             raise RequestError("a request needs an execution envelope from the policy decision", param="envelope")
         if isinstance(prompt, str):
@@ -152,11 +157,8 @@ class LLMEngine:
                                         arrival, envelope, choice=choice))
         grammars = [None] * len(seq.choices)
         if params.json_schema is not None:
-            try:
-                grammars = self.grammars.matchers(params.json_schema, len(seq.choices))
-            except GrammarError as exc:
-                raise RequestError(f"the JSON schema cannot be enforced: {exc}",
-                                   param="response_format", code="invalid_json_schema") from None
+            grammar = grammar or self.grammars.compile(params.json_schema, envelope)
+            grammars = self.grammars.matchers(grammar, len(seq.choices))
         for choice, grammar in zip(seq.choices, grammars):
             choice.choices = seq.choices
             choice.fork_at = fork_at

@@ -53,6 +53,8 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes, max_num_seqs=settings.max_num_seqs,
         gpu_memory_utilization=settings.gpu_memory_utilization or None, enforce_eager=settings.enforce_eager,
         max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
+        grammar_compile_timeout_s=settings.grammar_compile_timeout_s, grammar_workers=settings.grammar_workers,
+        grammar_cache_size=settings.grammar_cache_size,
     )
     sink = PrometheusSink(metrics.registry)
     engine = await asyncio.to_thread(LLMEngine, config, False, [sink])

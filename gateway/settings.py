@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(64, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     record_key: SecretStr = SecretStr("")
+    # Structured outputs: a JSON schema that takes longer than this to compile is refused (400
+    # invalid_json_schema); this many compile at once, one per tenant; compiled schemas kept per
+    # cache namespace (docs/api.md, "Structured outputs").
+    grammar_compile_timeout_s: float = Field(2.0, gt=0, le=600)
+    grammar_workers: int = Field(2, ge=1, le=64)
+    grammar_cache_size: int = Field(256, ge=0, le=65536)
     # /v1/embeddings: a packaged encoder's name (all-minilm-l6-v2) or a sentence-transformers
     # checkpoint directory, served beside `model` when there is no deployments file; "" serves none.
     embedding_model: str = "all-minilm-l6-v2"

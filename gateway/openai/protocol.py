@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from engine import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS, MAX_PENALTY
+from gateway.json_values import json_depth, json_strings
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
@@ -17,14 +18,23 @@ MAX_STOP_CHARS = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _has_surrogate(value: object) -> bool:
-    if isinstance(value, str):
-        return _SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(map(_has_surrogate, value))
-    return False  # numbers, and nested request models (which checked their own fields)
+# Objects and arrays in one free-form field (a schema, tool parameters): far above any schema a
+# policy admits (max_schema_depth is 16 unless a tenant's data sets it), far below what the
+# validators and serializers after this one can walk (pydantic's serializer gives up at a few
+# hundred levels, json.dumps at Python's recursion limit).
+MAX_FIELD_DEPTH = 64
+
+
+def _within_depth(value: object) -> object:
+    # Runs before any validator or serializer walks the value, each of which could recurse.
+    if json_depth(value) > MAX_FIELD_DEPTH:
+        raise ValueError(f"nests more than {MAX_FIELD_DEPTH} levels of objects and arrays")
+    return value
+
+
+# The request fields that hold JSON of the caller's shape; the typed ones nest as their models do.
+JsonObject = Annotated[dict, BeforeValidator(_within_depth)]
+JsonObjects = Annotated[list[dict], BeforeValidator(_within_depth)]
 
 
 class RequestModel(BaseModel):
@@ -33,8 +43,9 @@ class RequestModel(BaseModel):
     @field_validator("*")
     @classmethod
     def _unicode_text(cls, value: object) -> object:
-        # Every string of a request, at any depth, before it reaches a tokenizer, a log or an error.
-        if _has_surrogate(value):
+        # Every string of a request, at any depth, before it reaches a tokenizer, a log or an error;
+        # nested request models checked their own fields.
+        if any(_SURROGATE.search(text) for text in json_strings(value)):
             raise ValueError("must be valid Unicode text, without lone surrogates (\\ud800-\\udfff)")
         return value
 

@@ -29,6 +29,7 @@ from gateway.errors import (
     RateLimited,
     Unavailable,
 )
+from gateway.json_values import json_depth
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
 from gateway.middleware import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, add_response_headers, set_request_id
 from gateway.pipeline.knobs import envelope_for_decision
@@ -222,18 +223,6 @@ def effective_max_tokens(decision: Decision, context_cap: int | None, requested:
         raise ContextLengthExceeded(prompt_tokens, context, whose)
     wanted = decision.limits.max_tokens if requested is None else requested
     return max(1, min(wanted, decision.limits.max_tokens, room))
-
-
-def json_depth(value: object) -> int:
-    """How deeply objects and arrays nest in a JSON value (a scalar is 0, {} or [] is 1)."""
-    depth, level = 0, [(value, 1)]
-    while level:  # with a stack, not recursion: a deep schema must not exhaust Python's
-        value, d = level.pop()
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
-        if children is not None:
-            depth = max(depth, d)
-            level.extend((child, d + 1) for child in children)
-    return depth
 
 
 def check_schema_bounds(json_schema: str, param: str, decision: Decision) -> None:

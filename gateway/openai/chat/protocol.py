@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from gateway.openai.chat.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolCall, ToolChoice, render_calls, system_prompt
-from gateway.openai.protocol import RequestModel, SamplingFields
+from gateway.openai.protocol import JsonObject, RequestModel, SamplingFields
 
 MAX_MESSAGES = 2048
 
@@ -49,7 +49,7 @@ class JsonSchema(RequestModel):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
     # OpenAI's field is `schema`; pydantic reserves the name on models, hence the alias.
-    json_schema: dict | None = Field(default=None, alias="schema")
+    json_schema: JsonObject | None = Field(default=None, alias="schema")
     strict: bool | None = None  # the schema is always enforced, strict or not
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gateway.openai.protocol import RequestModel
+from gateway.openai.protocol import JsonObject, RequestModel
 
 MAX_TOOLS = 128
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -32,7 +32,7 @@ ANY_OBJECT = {"type": "object"}
 class FunctionDefinition(RequestModel):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
-    parameters: dict | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None  # the parameters schema is enforced whenever the call is constrained
 
 

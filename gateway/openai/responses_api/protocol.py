@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from gateway.openai.chat.protocol import MAX_MESSAGES
-from gateway.openai.protocol import RequestModel
+from gateway.openai.protocol import JsonObject, JsonObjects, RequestModel
 
 
 class InputText(RequestModel):
@@ -22,8 +22,8 @@ class OutputText(RequestModel):
 
     type: Literal["output_text"]
     text: str
-    annotations: list[dict] = []
-    logprobs: list[dict] | None = None
+    annotations: JsonObjects = []
+    logprobs: JsonObjects | None = None
 
 
 class MessageItem(RequestModel):
@@ -90,7 +90,7 @@ class FunctionTool(RequestModel):
     type: Literal["function"]
     name: str
     description: str | None = None
-    parameters: dict | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
     def chat_tool(self) -> dict:
@@ -98,7 +98,7 @@ class FunctionTool(RequestModel):
 
 
 class TextConfig(RequestModel):
-    format: dict | None = None  # {"type": "text"}, "json_object" or "json_schema" (flat, as the API has it)
+    format: JsonObject | None = None  # {"type": "text"}, "json_object" or "json_schema" (flat, as the API has it)
     verbosity: Literal["medium"] | None = None  # the one value a model without the knob honours
 
 
@@ -111,7 +111,7 @@ class ResponsesRequest(RequestModel):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     stream: bool = False
     tools: list[FunctionTool] | None = None
-    tool_choice: str | dict | None = None
+    tool_choice: str | JsonObject | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     store: bool | None = None

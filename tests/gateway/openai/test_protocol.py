@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, serve_env
 from devkit.server import tenantgate_serve
@@ -65,4 +66,52 @@ def test_lone_surrogates_are_400_naming_the_field_and_never_logged(local_issuer,
     logs = server.stderr.read_text() + server.stdout.read_text()
     assert "GET /readyz" in logs  # the logs were captured
     for needle in ("Traceback", "Exception", "Error:", "surrogate", "TextInputSequence", "ERROR"):
+        assert needle not in logs, f"{needle!r} in the server's output"
+
+
+def nested_schema(levels: int) -> dict:
+    """A schema whose objects nest `levels` deep (each property wrapper is two: the object and its properties)."""
+    schema: dict = {"type": "boolean"}
+    for _ in range(levels // 2):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP = nested_schema(300)  # 2.5 KB of JSON: within the policy's byte bound, far beyond any depth
+# (route, body, the field the error must name)
+DEEP_CASES = [
+    ("chat", CHAT | {"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": DEEP}}},
+     "response_format.json_schema.json_schema.schema"),
+    ("chat", CHAT | {"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
+     "tools.0.function.parameters"),
+    ("responses", {"model": "demo", "input": "hello", "max_output_tokens": 2,
+                   "text": {"format": {"type": "json_schema", "name": "deep", "schema": DEEP}}}, "text.format"),
+    ("responses", {"model": "demo", "input": "hello", "max_output_tokens": 2,
+                   "tools": [{"type": "function", "name": "f", "parameters": DEEP}]}, "tools.0.parameters"),
+]
+
+
+def test_a_schema_nested_300_levels_deep_is_400_naming_the_field_and_never_logged(local_issuer, tmp_path) -> None:
+    # Decided before anything walks the schema: no RecursionError, no 500, no traceback in the log.
+    env = serve_env(local_issuer, TENANTGATE_AUDIT_STDOUT="true")
+    wrong = []
+    with tenantgate_serve(tmp_path, env, "--log-level", "debug") as server:
+        with openai.OpenAI(base_url=server.base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                           max_retries=0, timeout=60) as client:
+            for route, body, field in DEEP_CASES:
+                create = client.chat.completions.create if route == "chat" else client.responses.create
+                try:
+                    create(**body)
+                    wrong.append((route, field, 200))
+                except openai.APIStatusError as exc:
+                    error = exc.body if isinstance(exc.body, dict) else {}
+                    if exc.status_code != 400 or error.get("param") != field:
+                        wrong.append((route, field, exc.status_code, error.get("param")))
+                    elif "nests more than 64 levels" not in error["message"]:
+                        wrong.append((route, field, error["message"]))
+    assert wrong == [], wrong
+
+    logs = server.stderr.read_text() + server.stdout.read_text()
+    assert "POST /v1/responses" in logs  # the logs were captured
+    for needle in ("Traceback", "RecursionError", "ERROR"):
         assert needle not in logs, f"{needle!r} in the server's output"
