@@ -148,12 +148,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head, self._left = False, self.limits.max_body_bytes + self.limits.max_header_bytes
         self._stop_timer()
         super().on_headers_complete()
-
-    def _start_asgi_task(self, cycle, app) -> None:
-        super()._start_asgi_task(cycle, app)
-        # The body's clock starts with its request: one queued behind another (pipelining) is not read yet.
-        if cycle is self.cycle and not self._in_head:
-            self._start_body_timer()
+        self._start_body_timer_if_served()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -162,10 +157,14 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head, self._left = True, self.limits.max_header_bytes
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self._in_head and self.cycle is not None and self.cycle.response_complete:
+        super().on_response_complete()  # may start a request queued behind this one (pipelining)
+        if self._in_head or self.cycle is None:
+            return
+        if self.cycle.response_complete:
             # Answered before its body arrived (a refusal that needed none of it): the rest is not waited for.
             self._cut_off(None)
+        else:
+            self._start_body_timer_if_served()
 
     # -- deadlines ------------------------------------------------------------------
 
@@ -174,8 +173,10 @@ class EdgeProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(self.limits.header_timeout_s, self._timed_out, "headers",
                                                self.limits.header_timeout_s)
 
-    def _start_body_timer(self) -> None:
-        if self._timer is None:
+    def _start_body_timer_if_served(self) -> None:
+        # The body's clock starts with its request: one queued behind another (pipelining) is not read yet.
+        queued = any(cycle is self.cycle for cycle, _ in self.pipeline)
+        if self._timer is None and not self._in_head and self.cycle is not None and not queued:
             self._timer = self.loop.call_later(self.limits.body_timeout_s, self._timed_out, "body",
                                                self.limits.body_timeout_s)
 
