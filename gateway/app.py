@@ -265,7 +265,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 from gateway.operator import OperatorListener, operator_app
 
                 listener = OperatorListener(operator_app(app.state.gateway, asyncio.get_running_loop()),
-                                            settings.metrics_host, settings.metrics_port)
+                                            settings.metrics_host, settings.metrics_port, settings.edge_limits)
                 port = await asyncio.to_thread(listener.start)
                 stack.callback(listener.close)
                 logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
@@ -296,7 +296,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     app.include_router(embeddings_router)
     app.include_router(models_router)
     app.include_router(responses_router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)
     app.add_middleware(RequestsBeforeShutdown)

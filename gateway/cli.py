@@ -40,8 +40,8 @@ def load_settings(**overrides):
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from engine.remote import edge_config
     from gateway.app import create_app
-    from gateway.edge import EdgeLimits, edge_protocol
 
     overrides = {"host": args.host, "port": args.port}
     if args.dev:
@@ -63,12 +63,9 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if settings.dev_issuer:
         _print_dev_instructions(settings)
-    limits = EdgeLimits(max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes,
-                        header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections)
     app = args.dev_app(settings) if settings.dev_issuer else create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, http=edge_protocol(limits),
-                            log_level=args.log_level, server_header=False, proxy_headers=False,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
+    config = edge_config(app, settings.edge_limits, host=settings.host, port=settings.port, log_level=args.log_level,
+                         timeout_graceful_shutdown=settings.shutdown_timeout_s)
     uvicorn.Server(config).run()
     return 0
 

@@ -128,24 +128,6 @@ class ResponseNotFound(GatewayError):
                          "or is not this tenant's)", param=param, code=code)
 
 
-class PayloadTooLarge(GatewayError):
-    status_code = 413
-    type = "invalid_request_error"
-    code = "payload_too_large"
-
-
-class RequestTimeout(GatewayError):
-    status_code = 408
-    type = "invalid_request_error"
-    code = "request_timeout"
-
-
-class HeadersTooLarge(GatewayError):
-    status_code = 431
-    type = "invalid_request_error"
-    code = "request_header_fields_too_large"
-
-
 class RateLimited(GatewayError):
     status_code = 429
     type = "rate_limit_exceeded"

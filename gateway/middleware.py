@@ -6,11 +6,10 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout
+from engine.remote import EdgeRefusal, new_edge_request_id, read_body
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -87,10 +86,6 @@ class ResponseHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
-
-
-def new_edge_request_id() -> str:
-    return "req-" + uuid.uuid4().hex
 
 
 class StatusRecorder:
@@ -180,50 +175,28 @@ class RequestsBeforeShutdown:
 
 
 class BodySizeLimit:
-    """Refuses bodies over `max_bytes` with 413 (by Content-Length, or by reading the body first),
-    and bodies that take longer than `timeout_s` to arrive with 408.
+    """Refuses bodies over `max_bytes` with 413 (by Content-Length, or by reading the body first).
 
     The body is read here in full (the app would read it all anyway) and replayed to the
-    app, so an oversized or slow body is refused before any handler, body parser or
-    authentication sees it.
+    app, so an oversized body is refused before any handler, body parser or authentication
+    sees it. A slow one is the edge's to cut off (engine/remote/edge.py: 408 at its deadline).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        too_large = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _send_error(send, too_large)
-                return
-        chunks, size = [], 0
         try:
-            async with asyncio.timeout(self.timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return  # the client left before its body arrived
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        break
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            timeout = RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s")
-            await _send_error(send, timeout, close=True)  # the rest of a slow body is never read
+            body = await read_body(scope.get("headers", ()), receive, self.max_bytes)
+        except EdgeRefusal as refusal:
+            await _send_refusal(send, refusal)
             return
-        if size > self.max_bytes:
-            await _send_error(send, too_large)
-            return
-        body = b"".join(chunks)
+        if body is None:
+            return  # the client left before its body arrived
         replayed = False
 
         async def replay() -> Message:
@@ -236,9 +209,8 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
 
-async def _send_error(send: Send, error: GatewayError, *, close: bool = False) -> None:
-    body = json.dumps(error.body()).encode()
+async def _send_refusal(send: Send, refusal: EdgeRefusal) -> None:
+    body = json.dumps(refusal.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": error.status_code,
-                "headers": headers + ([(b"connection", b"close")] if close else [])})
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

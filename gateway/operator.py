@@ -24,9 +24,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client.exposition import choose_encoder
 
+from engine.remote import EdgeLimits, edge_config
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway, bearer_token, verified_principal
 from gateway.errors import GatewayError, install_handlers
+from gateway.middleware import BodySizeLimit
 
 OPERATOR_ROLE = "TenantGate.Operator"
 STARTUP_TIMEOUT_S = 10.0
@@ -97,6 +99,7 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
     app.state.gateway = gateway
     app.state.gateway_loop = gateway_loop
     install_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
@@ -110,10 +113,13 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
 
 
 class OperatorListener:
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    """The operator port, behind the same edge as the API port: its own connection bound, the same
+    header cap, deadlines and body cap (Helm binds it to every interface of the pod)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int, limits: EdgeLimits) -> None:
         # log_config=None leaves logging as the gateway set it up (access_log=False would also
         # silence the API listener's access log: uvicorn turns that logger off process-wide).
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="off", server_header=False)
+        config = edge_config(app, limits, host=host, port=port, log_config=None, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="operator-listener", daemon=True)
 

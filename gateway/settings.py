@@ -18,6 +18,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
+from engine.remote import EdgeLimits
 from gateway.auth.principal import canonical_guid
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
@@ -134,7 +135,8 @@ class Settings(BaseSettings):
     # -- what the gateway adds ------------------------------------------------------
     namespace_secret: SecretStr = SecretStr(DEV_NAMESPACE_SECRET)
     max_body_bytes: int = Field(1 << 20, gt=0)
-    # The listener's own limits, enforced before any handler or authentication runs.
+    # The limits of every listener (the API and the operator port), enforced before any handler or
+    # authentication runs (engine/remote/edge.py).
     max_header_bytes: int = Field(32 << 10, ge=1024, le=1 << 20)  # request line and headers: 431 beyond
     header_timeout_s: float = Field(10.0, gt=0, le=300)  # from the first byte of a request to its last header
     body_timeout_s: float = Field(30.0, gt=0, le=600)  # from the last header to the last body byte
@@ -219,6 +221,13 @@ class Settings(BaseSettings):
         if self.operator_tenants or self.environment != "development":
             return frozenset(self.operator_tenants)
         return frozenset({DEV_OPERATOR_TENANT})
+
+    @property
+    def edge_limits(self) -> EdgeLimits:
+        """The limits every listener of the gateway opens with (the API port and the operator port)."""
+        return EdgeLimits(max_header_bytes=self.max_header_bytes, max_body_bytes=self.max_body_bytes,
+                          header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
+                          max_connections=self.max_connections)
 
     @property
     def namespace_key(self) -> bytes:

@@ -8,6 +8,11 @@ import os
 import sys
 
 from engine.model.catalog import DEFAULT_MODEL
+from engine.remote.edge import EdgeLimits
+
+# A replica's listener: gateways on the pod network send bodies from memory, so a body gets
+# a tighter deadline than the gateway's public port gives one.
+EDGE = EdgeLimits(body_timeout_s=10.0)
 
 PUBLIC_KEYS_ENV = "TENANTGATE_ENGINE_ENVELOPE_PUBLIC_KEYS"
 RECORD_KEY_ENV = "TENANTGATE_RECORD_KEY"  # the gateway's setting of the same name: records compare across hosts
@@ -36,13 +41,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--device", default="auto")
     serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="SECONDS",
                        help="on SIGTERM, how long running requests may finish (default 20)")
+    serve.add_argument("--max-header-bytes", type=int, default=EDGE.max_header_bytes, metavar="BYTES",
+                       help=f"a request line and headers over this get 431 (default {EDGE.max_header_bytes})")
+    serve.add_argument("--header-timeout", type=float, default=EDGE.header_timeout_s, metavar="SECONDS",
+                       help=f"from a request's first byte to its last header; then 408 (default {EDGE.header_timeout_s:g})")
+    serve.add_argument("--body-timeout", type=float, default=EDGE.body_timeout_s, metavar="SECONDS",
+                       help=f"from a request's last header to its last body byte; then 408 (default {EDGE.body_timeout_s:g})")
+    serve.add_argument("--max-connections", type=int, default=EDGE.max_connections,
+                       help=f"open connections; more get 503 and are closed (default {EDGE.max_connections})")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
+
+
+def _edge_problem(args: argparse.Namespace) -> str | None:
+    from engine.remote.signing import MAX_TOKEN_BYTES
+
+    if args.max_header_bytes < MAX_TOKEN_BYTES + 1024:
+        return f"--max-header-bytes must leave room for an envelope token ({MAX_TOKEN_BYTES} bytes) and 1 KiB more"
+    if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_connections > 0):
+        return "--header-timeout, --body-timeout and --max-connections must be positive"
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.remote.signing import EnvelopeVerifier, load_public_keys
 
+    if problem := _edge_problem(args):
+        print(f"tenantgate: error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     if not args.envelope_public_keys:
         print(f"tenantgate: error: --envelope-public-keys (or {PUBLIC_KEYS_ENV}) is required: "
               "the engine server runs only envelopes signed by a gateway whose public key it holds", file=sys.stderr)
@@ -58,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import served_model_name
-    from engine.remote.server import EngineServer, create_app
+    from engine.remote.edge import edge_config
+    from engine.remote.server import MAX_BODY_BYTES, EngineServer, create_app
 
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory,
@@ -70,6 +97,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("tenantgate.engine.server").info(
         "accepting envelopes signed by key ids %s", ", ".join(verifier.key_ids))
     app = create_app(server)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, server_header=False,
-                proxy_headers=False, timeout_graceful_shutdown=args.shutdown_timeout)
+    limits = EdgeLimits(max_header_bytes=args.max_header_bytes, max_body_bytes=MAX_BODY_BYTES,
+                        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        max_connections=args.max_connections)
+    uvicorn.Server(edge_config(app, limits, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=args.shutdown_timeout)).run()
     return 0

@@ -1,8 +1,10 @@
 """`tenantgate engine serve`: the engine as its own HTTP service, for gateways on the pod network.
 
 It runs only what a gateway signed: every generate request carries an envelope token
-(engine/remote/signing.py) bound to its request id and body, verified before the body is
-parsed; a refused token is a 403 and the engine sees nothing. Endpoints:
+(engine/remote/signing.py) bound to its request id and body. What of it needs no body (form,
+key id, signature, lifetime, replay) is checked before a byte of the body is read; the body is
+then read under a cap (MAX_BODY_BYTES) and the edge's deadline, and checked against the token's
+digest. A refused token is a 403 and the engine sees nothing. Endpoints:
 
     POST /v1/engine/generate   {"request_id", "token_ids", "params"} -> NDJSON deltas, then the x-record
     GET  /v1/engine/load       {"queue_depth", "kv_usage"}, for the gateway's routing
@@ -15,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -24,17 +26,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from engine.async_engine import AsyncLLMEngine
 from engine.errors import EngineDeadError, RequestError
+from engine.envelope import ExecutionEnvelope
 from engine.llm_engine import LLMEngine
+from engine.remote.edge import EdgeRefusal, read_body
 from engine.remote.protocol import (
     ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, NDJSON, output_to_json, params_from_json, record_to_json,
 )
-from engine.remote.signing import REJECTION_REASONS, EnvelopeRejected, EnvelopeVerifier
+from engine.remote.signing import REJECTION_REASONS, EnvelopeRejected, EnvelopeVerifier, VerifiedToken
 from engine.telemetry import PendingRecords, PrometheusSink
 
 logger = logging.getLogger("tenantgate.engine.server")
 
-# Token ids as JSON take up to ~7 bytes each: room for a 1M-token prompt, and a bound on what an
-# unauthenticated caller makes the server buffer before its token is checked against the body.
+# Token ids as JSON take up to ~7 bytes each: room for a 1M-token prompt, and a bound on what a
+# signed token makes the server buffer before its digest is checked against the body.
 MAX_BODY_BYTES = 8 << 20
 _BODY_FIELDS = {"request_id", "token_ids", "params"}
 
@@ -78,29 +82,34 @@ class EngineServer:
         return {"model": self.model_name, "fingerprint": self.engine.fingerprint,
                 "max_model_len": self.engine.max_model_len}
 
-    def verify(self, request: Request, body: bytes):
-        token = request.headers.get(ENVELOPE_HEADER)
-        try:
+    def verify_token(self, request: Request) -> VerifiedToken:
+        """The request's envelope token, checked as far as it can be without the body."""
+        with self._refusing():
+            token = request.headers.get(ENVELOPE_HEADER)
             if token is None:
                 raise EnvelopeRejected("missing")
-            return self.verifier.verify(token, body)
+            return self.verifier.verify_token(token)
+
+    def verify_body(self, token: VerifiedToken, body: bytes) -> tuple[ExecutionEnvelope, str]:
+        with self._refusing():
+            return self.verifier.verify_body(token, body)
+
+    @contextmanager
+    def _refusing(self) -> Iterator[None]:
+        try:
+            yield
         except EnvelopeRejected as exc:
             self.rejections.labels(exc.reason).inc()
             logger.warning("envelope refused: %s", exc.reason)
             raise _Refused(403, "forbidden", "the execution envelope was refused", code=exc.reason) from None
 
 
-async def _read_body(request: Request) -> bytes:
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise _Refused(413, "invalid_request_error", f"the request body exceeds {MAX_BODY_BYTES} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _Refused(413, "invalid_request_error", f"the request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _read_body(request: Request) -> bytes | None:
+    """The body under MAX_BODY_BYTES (413 beyond); None when the caller left before it arrived."""
+    try:
+        return await read_body(request.scope["headers"], request.receive, MAX_BODY_BYTES)
+    except EdgeRefusal as refusal:
+        raise _Refused(refusal.status, refusal.type, refusal.message, code=refusal.code) from None
 
 
 def _parse_body(body: bytes):
@@ -179,10 +188,11 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
 
     @app.post(GENERATE_PATH)
     async def generate(request: Request) -> Response:
-        if ENVELOPE_HEADER.lower() not in request.headers:
-            server.verify(request, b"")  # refused before a byte of the body is read
+        token = server.verify_token(request)  # before a byte of the body is read
         body = await _read_body(request)
-        envelope, request_id = server.verify(request, body)
+        if body is None:
+            return Response(status_code=499)
+        envelope, request_id = server.verify_body(token, body)
         token_ids, params = _parse_body(body)
         outputs = server.async_engine.generate(token_ids, params, envelope, request_id=request_id)
         try:

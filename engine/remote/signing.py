@@ -21,6 +21,7 @@ import heapq
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -128,6 +129,20 @@ class EnvelopeSigner:
         return f"{_b64encode(payload)}.{_b64encode(self._key.sign(payload))}"
 
 
+@dataclass(frozen=True)
+class VerifiedToken:
+    """A token whose signature and claims hold; what it binds the body to is checked with the body."""
+
+    envelope: ExecutionEnvelope
+    request_id: str
+    body_sha256: object  # as signed; anything but the body's digest is a body_mismatch
+    exp: int
+
+    def check_unexpired(self, now: float) -> None:
+        if now > self.exp + CLOCK_LEEWAY_S:
+            raise EnvelopeRejected("expired")
+
+
 class ReplayCache:
     """Request ids accepted and not yet expired. Full, it refuses rather than forgets."""
 
@@ -139,6 +154,11 @@ class ReplayCache:
 
     def __len__(self) -> int:
         return len(self._expiry)
+
+    def accepted(self, request_id: str, now: float) -> bool:
+        """Whether a token for this request id was accepted and has not expired yet."""
+        with self._lock:
+            return self._expiry.get(request_id, now) > now
 
     def add(self, request_id: str, forget_after: float, now: float) -> None:
         with self._lock:
@@ -167,6 +187,11 @@ class EnvelopeVerifier:
 
     def verify(self, token: str, body: bytes, now: float | None = None) -> tuple[ExecutionEnvelope, str]:
         """The envelope and request id a valid token carries for `body`; else EnvelopeRejected."""
+        return self.verify_body(self.verify_token(token, now), body, now)
+
+    def verify_token(self, token: str, now: float | None = None) -> VerifiedToken:
+        """Everything that needs no body: form, key id, signature, claims, lifetime. A server checks
+        this before it reads a byte of the body, then `verify_body` once it has read it."""
         now = time.time() if now is None else now
         payload, signature, claims = self._decode(token)
         kid = claims["kid"]
@@ -187,16 +212,24 @@ class EnvelopeVerifier:
             raise EnvelopeRejected("malformed") from None
         if exp - iat > MAX_TTL_S:
             raise EnvelopeRejected("ttl_too_long")
-        if now > exp + CLOCK_LEEWAY_S:
-            raise EnvelopeRejected("expired")
+        token = VerifiedToken(envelope, request_id, claims["body_sha256"], exp)
+        token.check_unexpired(now)
         if iat > now + CLOCK_LEEWAY_S:
             raise EnvelopeRejected("not_yet_valid")
-        if claims["body_sha256"] != body_digest(body):
+        if self.replays.accepted(request_id, now):  # refused before its body; `add` still decides
+            raise EnvelopeRejected("replayed")
+        return token
+
+    def verify_body(self, token: VerifiedToken, body: bytes, now: float | None = None) -> tuple[ExecutionEnvelope, str]:
+        """The envelope and request id of a verified token, if `body` is the one it was signed for."""
+        now = time.time() if now is None else now
+        token.check_unexpired(now)  # again: the body took time to arrive
+        if token.body_sha256 != body_digest(body):
             raise EnvelopeRejected("body_mismatch")
-        if _body_request_id(body) != request_id:
+        if _body_request_id(body) != token.request_id:
             raise EnvelopeRejected("request_id_mismatch")
-        self.replays.add(request_id, exp + CLOCK_LEEWAY_S, now)  # last: a refused token burns no id
-        return envelope, request_id
+        self.replays.add(token.request_id, token.exp + CLOCK_LEEWAY_S, now)  # last: a refused token burns no id
+        return token.envelope, token.request_id
 
     @staticmethod
     def _decode(token: object) -> tuple[bytes, bytes, dict]:

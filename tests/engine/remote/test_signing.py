@@ -141,6 +141,19 @@ def test_a_replayed_request_id_is_refused_until_its_token_expires(signer, verifi
     assert refused(verifier, signer.sign(ENV, "req-1", body(), now=NOW + 2), body(), now=NOW + 2) == "replayed"
 
 
+def test_a_token_is_checked_without_its_body_and_then_against_it(signer, verifier) -> None:
+    token = signer.sign(ENV, "req-1", body(), now=NOW)
+    checked = verifier.verify_token(token, now=NOW)  # no body needed for form, key, signature, lifetime
+    with pytest.raises(EnvelopeRejected, match="body_mismatch"):
+        verifier.verify_body(checked, body(token_ids=(9,)), now=NOW)
+    with pytest.raises(EnvelopeRejected, match="expired"):  # the body took too long to arrive
+        verifier.verify_body(checked, body(), now=NOW + 30 + CLOCK_LEEWAY_S + 1)
+    assert verifier.verify_body(checked, body(), now=NOW + 1) == (ENV, "req-1")
+    # Once accepted, its id is refused before any body is read.
+    with pytest.raises(EnvelopeRejected, match="replayed"):
+        verifier.verify_token(signer.sign(ENV, "req-1", body(), now=NOW + 2), now=NOW + 2)
+
+
 def test_a_refused_token_does_not_burn_its_request_id(signer, verifier) -> None:
     token = signer.sign(ENV, "req-1", body(), now=NOW)
     assert refused(verifier, token, body(token_ids=(9,))) == "body_mismatch"
