@@ -20,6 +20,7 @@ from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingPar
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
 from gateway.errors import (
+    AuditUnavailable,
     ContextLengthExceeded,
     GatewayError,
     InvalidRequest,
@@ -114,6 +115,7 @@ class Admitted:
     texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
     later_choice_texts: dict[int, list[str]] = field(default_factory=dict)  # n > 1: choices 1.. (as texts)
     trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
+    finished: bool = False  # accounting.finish() has settled and recorded it
 
     @property
     def request_id(self) -> str:
@@ -282,6 +284,11 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
     add_response_headers(request, {DECISION_ID_HEADER: decision_id})
     trace = trace_of(request)
     trace_request(trace, gateway, ask, decision_id)
+    if not gateway.audit.accepting:
+        # No work starts whose record the trail may not keep; nor does its refusal take the room
+        # that the records of requests already running need.
+        gateway.metrics.audit_unavailable.inc()
+        raise AuditUnavailable()
     try:
         judgement = await judge(gateway, request, document)
         # After the policy: a model the tenant may not use and one not served get the same 404,
