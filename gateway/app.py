@@ -147,7 +147,8 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     if settings.audit_stdout:
         sinks.append(StreamSink())
     if settings.audit_file is not None:
-        sinks.append(RotatingFileSink(settings.audit_file, settings.audit_file_max_bytes, settings.audit_file_backups))
+        sinks.append(RotatingFileSink(settings.audit_file, settings.audit_file_max_bytes, settings.audit_file_backups,
+                                      settings.audit_file_hold_bytes))
     if settings.audit_redis_stream:
         import redis
 
@@ -158,7 +159,7 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
         anchors.append(RedisStreamSink(client, settings.audit_anchor_stream))
     if settings.audit_anchor_file is not None:
         anchors.append(RotatingFileSink(settings.audit_anchor_file, settings.audit_file_max_bytes,
-                                        settings.audit_file_backups))
+                                        settings.audit_file_backups, settings.audit_file_hold_bytes))
     key_path = settings.audit_signing_key or default_cache_dir() / "audit-signing.pem"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     trail = AuditTrail(sinks, load_or_create_signing_key(key_path),

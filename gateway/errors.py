@@ -146,6 +146,20 @@ class Unavailable(GatewayError):
     code = "service_unavailable"
 
 
+AUDIT_RETRY_S = 5
+
+
+class AuditUnavailable(Unavailable):
+    """The audit trail cannot keep this request's record (a full disk, a full Redis queue): the
+    request is refused, or its answer withheld, rather than served without its record."""
+
+    code = "audit_unavailable"
+    MESSAGE = "the audit trail cannot record requests at the moment, so this one is refused; retry shortly"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE, headers={"Retry-After": str(AUDIT_RETRY_S)})
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 

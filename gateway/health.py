@@ -1,7 +1,8 @@
 """Liveness and readiness. Neither needs a token; neither says more than ok or not.
 
 Readiness depends only on what no caller can change: the engine, the policy (for OPA, as
-its background watch last found it) and the quota store. Not on any tenant's signing keys:
+its background watch last found it), the quota store and the audit trail (whether its
+sinks can write). Not on any tenant's signing keys:
 anyone may send a token naming a registered tenant whose keys cannot be fetched, and that
 must not take every replica out of the Service. Which check failed goes to the log and to
 the `tenantgate_ready{check}` gauge on the metrics listener, never to the public answer.
@@ -27,7 +28,8 @@ async def healthz() -> dict:
 async def readyz(gateway: GatewayDep) -> JSONResponse:
     # Ready when every model has a target that can take requests (remote ones fail over among themselves).
     engines = all(any(t.ready() for t in served.targets) for served in gateway.models.values())
-    checks = {"engine": engines, "policy": gateway.policy.ready()}
+    # A replica whose audit sink cannot write refuses every request (503 audit_unavailable): out of the Service.
+    checks = {"engine": engines, "policy": gateway.policy.ready(), "audit": gateway.audit.accepting}
     quota_store = await gateway.limiter.ping()
     if quota_store is not None:  # an in-process limiter has no store
         checks["quota_store"] = quota_store

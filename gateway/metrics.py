@@ -55,6 +55,9 @@ class GatewayMetrics:
             "tenantgate_quota_rejections", "Quota outcomes other than a plain admit: budget (refused), "
             "store_unavailable (refused, fail closed), fail_open (served unaccounted).", ["reason"],
             registry=self.registry)
+        self.audit_unavailable = Counter(
+            "tenantgate_audit_unavailable", "Requests refused with 503 audit_unavailable before any work, while "
+            "an audit sink could not write.", registry=self.registry)
         self.deployment_failures = Counter(
             "tenantgate_deployment_failures", "Requests a deployment target failed (unreachable, timed out or 5xx), "
             "by target and whether output had been sent (before: the request moved to the next target).",
@@ -103,13 +106,23 @@ class GatewayMetrics:
             self.time_per_output_token.labels(*attributes).observe((duration_s - first_token_s) / (output_tokens - 1))
 
     def watch_audit(self, trail, redis_sink=None) -> None:
-        """Gauges read at scrape time: write errors of any sink, and the Redis Stream sink's queue."""
-        Gauge("tenantgate_audit_sink_errors", "Audit entries a sink failed to write (a gap in that copy).",
+        """Gauges read at scrape time: write errors of any sink, whether the trail takes records, what
+        it holds in memory and refused, and the Redis Stream sink's queue."""
+        Gauge("tenantgate_audit_sink_errors", "Audit entries a sink failed to write or flush.",
               registry=self.registry).set_function(lambda: trail.sink_errors)
+        Gauge("tenantgate_audit_accepting", "1 while every audit sink can take records; 0 while one cannot (a "
+              "full disk, a full Redis queue) and new requests are refused with 503 audit_unavailable.",
+              registry=self.registry).set_function(lambda: 1 if trail.accepting else 0)
+        Gauge("tenantgate_audit_held_entries", "Audit entries kept in memory until their sink's store takes "
+              "them (written in order once it does).", registry=self.registry).set_function(lambda: trail.held)
+        Gauge("tenantgate_audit_records_refused", "Audit records no sink could keep: each request was answered "
+              "503 audit_unavailable instead of its success (never acknowledged without its record).",
+              registry=self.registry).set_function(lambda: trail.refused)
         if redis_sink is not None:
             Gauge("tenantgate_audit_stream_pending", "Audit entries waiting for the Redis Stream.",
                   registry=self.registry).set_function(lambda: redis_sink.pending)
-            Gauge("tenantgate_audit_stream_dropped", "Audit entries dropped because the Redis Stream queue was full.",
+            Gauge("tenantgate_audit_stream_dropped", "Audit entries still queued for the Redis Stream when the "
+                  "gateway stopped (lost from that copy).",
                   registry=self.registry).set_function(lambda: redis_sink.dropped)
 
     def watch_policy(self, policy: PolicyEngine) -> None:

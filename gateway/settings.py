@@ -151,6 +151,8 @@ class Settings(BaseSettings):
     audit_file: Path | None = None
     audit_file_max_bytes: int = Field(100 << 20, gt=0)
     audit_file_backups: int = Field(10, gt=0)
+    # What the file sink keeps in memory while its disk refuses writes; past it, records are refused (503).
+    audit_file_hold_bytes: int = Field(8 << 20, gt=0)
     audit_redis_stream: str = ""  # e.g. tenantgate:audit
     # Anchors (signed chain heads, kept apart from the trail): to this stream when
     # audit_redis_stream is set, and/or to a file on other storage.

@@ -11,7 +11,12 @@ An anchor is the same signed statement ("before seq N, the chain's head is H") k
 outside the chain, in a second store (a Redis Stream, a file elsewhere): the writer
 publishes one when it starts, every checkpoint interval and at shutdown (`final`). Given
 anchors, the verifier also finds what a file alone cannot show: entries deleted from the
-end, entries appended after the writer stopped, a chain no writer announced.
+end, entries appended after the writer stopped, a chain no writer announced. Anchors are
+a chain of their own: each is numbered (`number`) and names the previous anchor's digest
+(`prev`), so an anchor deleted from the store while a later one remains is a gap. The
+newest anchors can still be cut; then the chain has no closing anchor, and once its last
+anchor is older than `max_unsigned_age_s` strict calls it unverified (a writer that
+crashed, or an end cut with the anchors after it), never ok.
 
 Entries of several chains may interleave (replicas share a Redis stream; a restarted
 process starts a new chain in the same file), so the verifier follows each chain on
@@ -46,6 +51,9 @@ RECORD, CHECKPOINT, ANCHOR = "record", "checkpoint", "anchor"
 # line (a crash or power loss mid-write) and ended that line: it names the fragment.
 TORN_LINE_ENDED = "audit.torn_line_ended"
 DEFAULT_MAX_UNSIGNED_AGE_S = 60.0
+# How far ahead of the verifier's clock a writer's may be (hosts keep time by NTP): a time
+# further ahead is no reason to wait for a writer, only a forged or broken clock.
+MAX_CLOCK_SKEW_S = 5.0
 RESERVED_FIELDS = frozenset({"type", "chain", "seq", "prev"})
 
 
@@ -56,6 +64,11 @@ def line_digest(line: str) -> str:
 def genesis_digest(chain_id: str) -> str:
     """The `prev` of a chain's first entry, so a chain's true beginning can be recognised."""
     return hashlib.sha256(b"tenantgate-audit-genesis:" + chain_id.encode("utf-8")).hexdigest()
+
+
+def anchor_genesis_digest(chain_id: str) -> str:
+    """The `prev` of a chain's first anchor (number 0)."""
+    return hashlib.sha256(b"tenantgate-audit-anchor-genesis:" + chain_id.encode("utf-8")).hexdigest()
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
@@ -140,9 +153,19 @@ class _Chain:
     tail_time: float | None = None  # the `time` of the first record after the last checkpoint
 
 
+@dataclass(frozen=True)
+class _Link:
+    """One numbered anchor, as the anchor chain sees it."""
+
+    digest: str  # of its line
+    prev: str  # the digest of the anchor numbered one less
+    seq: int
+
+
 @dataclass
 class _Anchored:
     heads: dict[int, str] = field(default_factory=dict)  # seq -> the chain's head before that seq
+    links: dict[int, _Link] = field(default_factory=dict)  # number -> the anchor (anchors of old trails have none)
     last_seq: int = 0  # the furthest an anchor vouches for: every entry before it
     last_time: float = -math.inf  # the newest anchor's time: the writer's last sign of life
     final_seq: int | None = None  # the end its closing anchor gave the chain
@@ -192,10 +215,56 @@ class _Verifier:
             anchored = self.anchored.setdefault(chain_id, _Anchored())
             if anchored.heads.setdefault(seq, head) != head:
                 self.problems.append((0, chain_id, seq, f"two anchors for seq {seq} disagree (a reused chain id)"))
+            self._link_anchor(chain_id, anchored, anchor, line_digest(line))
             anchored.last_seq = max(anchored.last_seq, seq)
             anchored.last_time = max(anchored.last_time, at)
             if anchor.get("final") is True:
                 anchored.final_seq = seq if anchored.final_seq is None else min(anchored.final_seq, seq)
+
+    def _link_anchor(self, chain_id: str, anchored: _Anchored, anchor: dict, digest: str) -> None:
+        number, prev = anchor.get("number"), anchor.get("prev")
+        if type(number) is not int or not isinstance(prev, str):
+            return  # written before anchors were numbered
+        link = anchored.links.setdefault(number, _Link(digest, prev, anchor["seq"]))
+        if link.digest != digest:  # the same anchor read from two stores is one
+            self.problems.append((0, chain_id, anchor["seq"], f"two anchors numbered {number} disagree"))
+
+    def _anchor_gaps(self) -> list[tuple[int, str | None, int | None, str]]:
+        """Anchors deleted from the store while a later one remains, and anchors that do not follow the one before."""
+        gaps = []
+        for chain_id, anchored in (self.anchored or {}).items():
+            numbers = sorted(anchored.links)
+            for before, after in zip(numbers, numbers[1:]):
+                link = anchored.links[before]
+                if after != before + 1:
+                    missing = _span(before + 1, after - 1, "is/are", "anchor")
+                    gaps.append((0, chain_id, link.seq, f"{missing} missing from the anchor store (deleted): "
+                                                        f"anchor {after} follows anchor {before}"))
+                elif anchored.links[after].prev != link.digest:
+                    gaps.append((0, chain_id, link.seq, f"anchor {after} does not follow anchor {before} "
+                                                        "(altered or replaced)"))
+            first = anchored.links.get(0)
+            if first is not None and first.prev != anchor_genesis_digest(chain_id):
+                gaps.append((0, chain_id, first.seq, "anchor 0 does not begin the chain's anchors (altered or replaced)"))
+        return gaps
+
+    def _stale(self, age: float, old: str = "old") -> str | None:
+        """What says no live writer is about to sign entries of this age ("30 s old"); None: one may be."""
+        if math.isnan(age):
+            return "carry no time"
+        if age < -MAX_CLOCK_SKEW_S:  # a time from the future would look fresh forever
+            return f"dated {-age:.0f} s in the future"
+        return f"{age:.0f} s {old}" if age > self.max_age else None
+
+    def _unclosed(self, chain: _Chain, anchored: _Anchored | None) -> str | None:
+        """Why a chain signed to its end may still have lost its end: no closing anchor, and no live writer."""
+        if anchored is None or chain.closed or anchored.final_seq is not None:
+            return None
+        stale = self._stale(self.now - anchored.last_time)
+        if stale is None:
+            return None
+        return (f"the chain ends at seq {chain.next_seq - 1} with no closing anchor, and its last anchor is {stale}: "
+                "its writer crashed, or its end was cut together with the anchors after it")
 
     def feed(self, raw: str | bytes, where: str, terminated: bool = True) -> None:
         self.position += 1
@@ -307,7 +376,7 @@ class _Verifier:
                 self.pending = None
                 self.notes.append(f"{where} is a torn last entry ({len(data)} bytes without a newline: "
                                   "its writer stopped mid-write)")
-        problems, unverified, warnings, tails = list(self.problems), [], [], []
+        problems, unverified, warnings, tails = self.problems + self._anchor_gaps(), [], [], []
         signer = "checkpoint" if self.anchored is None else "checkpoint or anchor"
         end_position = self.position + 1  # what is missing at a chain's end comes after what is there
         for chain_id, chain in self.chains.items():
@@ -345,7 +414,11 @@ class _Verifier:
                                    "the chain has no anchor (injected, or its writer never reached the anchor store)"))
             covered = chain.first_seq if chain.signed_seq is None else chain.signed_seq + 1
             covered = max(covered, chain.anchored_seq)
-            if covered >= end:
+            if covered >= end:  # signed to its end; but is that the end? A closing anchor says so
+                unclosed = self._unclosed(chain, anchored)
+                if unclosed is not None:
+                    warnings.append(f"chain {chain_id} has no closing anchor")
+                    unverified.append((chain_id, end, unclosed))
                 continue
             if covered == chain.first_seq:
                 tails.append((chain_id, covered, f"no {signer} covers records from seq {covered}"))
@@ -354,12 +427,12 @@ class _Verifier:
                 continue
             tails.append((chain_id, covered, f"no {signer} covers records after seq {covered - 1}"))
             if anchored is not None:  # a live writer anchors every checkpoint interval
-                age = self.now - anchored.last_time
-                why = f", and the chain's last anchor is {age:.0f} s old (its writer stopped)"
+                stale = self._stale(self.now - anchored.last_time, "old (its writer stopped)")
+                why = f", and the chain's last anchor is {stale}"
             else:  # only the records' own time tells, and whoever wrote them chose it
-                age = self.now - chain.tail_time
-                why = " and carry no time" if math.isnan(age) else f" and {age:.0f} s old"
-            if not age <= self.max_age:  # NaN, an unknown age, counts as too old
+                stale = self._stale(self.now - chain.tail_time)
+                why = f" and {stale}"
+            if stale is not None:
                 unsigned = _span(covered, end - 1, "is/are", "record")
                 unverified.append((chain_id, covered, f"{unsigned} signed by no {signer}{why}: appended by someone "
                                                       "without the signing key, or left unsigned by a writer that "

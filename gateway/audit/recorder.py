@@ -17,7 +17,8 @@ import time
 import uuid
 
 from engine import isolation_key, tenant_digest
-from gateway.audit.trail import AuditTrail
+from gateway.audit.trail import AuditRefused, AuditTrail
+from gateway.errors import AuditUnavailable
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the
 # engine thread a moment after the caller has gone).
@@ -51,10 +52,20 @@ class AuditRecorder:
         return {"tenant": self.tenant_digest(principal.tenant_id),
                 "principal": self.digest(f"principal:{principal.tenant_id}:{principal.object_id}")}
 
+    @property
+    def accepting(self) -> bool:
+        """Whether new requests may start: every sink can take their records (see AuditTrail.accepting)."""
+        return self.trail is None or self.trail.accepting
+
     def write(self, record: dict) -> dict | None:
+        """Appends the record; AuditUnavailable when the trail cannot keep it (the caller must then
+        not acknowledge the request it describes)."""
         if self.trail is None:
             return None
-        return self.trail.append({"decision_id": str(uuid.uuid4()), "time": round(time.time(), 3), **record})
+        try:
+            return self.trail.append({"decision_id": str(uuid.uuid4()), "time": round(time.time(), 3), **record})
+        except AuditRefused:
+            raise AuditUnavailable() from None
 
     def content(self, decision, request_body: dict, response_text: str | list[str] | None) -> dict | None:
         """The request and response as the decision allows them in a record: None unless the
@@ -70,9 +81,13 @@ class AuditRecorder:
     def write_after_engine(self, backend, request_id: str, record: dict) -> asyncio.Task | None:
         """Writes the record once the engine's x-record for the request is in (or a moment has passed).
         backend: whatever ran the request (None: nothing did), with engine_record() and expects_records.
-        Returns the task that writes it (None: written already), for a caller that must wait."""
-        if backend is None:
-            self.write(record)
+        Returns the task that writes it (None: written already, or refused), for a caller that must wait:
+        the task raises AuditUnavailable when the trail could not keep the record."""
+        if backend is None:  # nothing ran: a refusal, which is no acknowledgement, record or not
+            try:
+                self.write(record)
+            except AuditUnavailable:
+                pass  # the trail logged it
             return None
 
         async def join() -> None:
@@ -87,8 +102,13 @@ class AuditRecorder:
 
         task = asyncio.get_running_loop().create_task(join())
         self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        task.add_done_callback(self._settled)
         return task
+
+    def _settled(self, task: asyncio.Task) -> None:
+        self.pending.discard(task)
+        if not task.cancelled():
+            task.exception()  # a refusal nobody awaits (the request ended in an error) is no unhandled error
 
     async def drain(self) -> None:
         if self.pending:

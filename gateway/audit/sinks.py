@@ -8,6 +8,7 @@ serialises the calls. None of them logs an entry's text.
 from __future__ import annotations
 
 import collections
+import errno
 import glob
 import hashlib
 import itertools
@@ -15,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -26,12 +28,20 @@ class StreamSink:
     """JSON lines on a text stream (stdout by default), for a log collector to pick up."""
 
     repairs = ()  # a stream has no last line to find torn
+    held = 0  # the stream takes every line at once (a collector that stops reading blocks the write)
+    stalled = False
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout  # looked up now, so a redirect counts
 
+    def accepts(self, line: str) -> bool:
+        return True
+
     def write(self, line: str) -> None:
         self.stream.write(line + "\n")
+
+    def retry(self) -> None:
+        """Nothing is held to retry."""
 
     def flush(self) -> None:
         self.stream.flush()
@@ -40,27 +50,56 @@ class StreamSink:
         self.stream.flush()  # never closes stdout
 
 
+DEFAULT_HOLD_BYTES = 8 << 20
+CLOSE_RETRY_S = 0.1
+
+
+class SinkStalled(OSError):
+    """A sink holds entries its store refused: what it has is not yet durable."""
+
+
 class RotatingFileSink:
     """Appends to `path`; past `max_bytes` it becomes `path.1` (older ones `path.2` …).
 
     The chain runs on across files: verify `rotated_files(path)`, oldest first. Every
     write reaches the OS at once (a crash of the process loses nothing); fsync runs at
-    checkpoints, anchors and before a file is rotated away. What a full disk refuses
-    stays buffered and goes first once there is room. A crash or power loss mid-write can
-    leave part of a line; the next open ends that line, so the next entry starts on a line
-    of its own, and lists the repair in `repairs` for the trail to record.
+    checkpoints, anchors and before a file is rotated away. What the disk refuses (full,
+    over quota) is held in memory, in order, and written first once the disk takes it
+    again (`retry()`, from the trail's timer); while anything is held the sink is
+    `stalled`, and it `accepts` new entries only up to `hold_bytes`: it refuses, never
+    drops. A crash or power loss mid-write can leave part of a line; the next open ends
+    that line, so the next entry starts on a line of its own, and lists the repair in
+    `repairs` for the trail to record.
     """
 
-    def __init__(self, path: str | Path, max_bytes: int = 100 << 20, backup_count: int = 10) -> None:
-        if max_bytes < 1 or backup_count < 1:
-            raise ValueError("max_bytes and backup_count must be at least 1")
+    def __init__(self, path: str | Path, max_bytes: int = 100 << 20, backup_count: int = 10,
+                 hold_bytes: int = DEFAULT_HOLD_BYTES) -> None:
+        if max_bytes < 1 or backup_count < 1 or hold_bytes < 1:
+            raise ValueError("max_bytes, backup_count and hold_bytes must be at least 1")
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backup_count = backup_count
+        self.hold_bytes = hold_bytes
         self.repairs: list[dict] = []  # {"torn_bytes", "torn_sha256"} of each torn line ended
-        self._file = self._open()
+        self._held: collections.deque[bytes] = collections.deque()  # lines the disk has not taken, oldest first
+        self._held_bytes = 0
+        self._offset = 0  # how much of the first held line the disk took (a short write)
+        self._refusing = False  # the disk refused the last write
+        self._fd = self._open()
 
-    def _open(self) -> IO[bytes]:
+    @property
+    def held(self) -> int:
+        """Entries waiting in memory for the disk."""
+        return len(self._held)
+
+    @property
+    def stalled(self) -> bool:
+        return bool(self._held)
+
+    def accepts(self, line: str) -> bool:
+        return not self._held or self._held_bytes + len(line.encode("utf-8")) + 1 <= self.hold_bytes
+
+    def _open(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
         self._size = os.fstat(fd).st_size
         if self._size and os.pread(fd, 1, self._size - 1) != b"\n":
@@ -70,33 +109,74 @@ class RotatingFileSink:
             self._size += 1
             self.repairs.append({"torn_bytes": len(torn), "torn_sha256": hashlib.sha256(torn).hexdigest()})
             logger.warning("audit file %s ended in part of a line (%d bytes); ended the line", self.path, len(torn))
-        return open(fd, "ab")
+        return fd
 
     def write(self, line: str) -> None:
         data = line.encode("utf-8") + b"\n"
-        if self._size and self._size + len(data) > self.max_bytes:
-            self._rotate()
-        self._file.write(data)
-        self._file.flush()
-        self._size += len(data)
+        self._held.append(data)
+        self._held_bytes += len(data)
+        self._write_held()
+
+    def retry(self) -> None:
+        if self._held:
+            self._write_held()
 
     def flush(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        if self._held and not self._write_held():
+            raise SinkStalled(f"{len(self._held)} entries wait for the disk")
+        os.fsync(self._fd)
 
-    def close(self) -> None:
-        if not self._file.closed:
-            self.flush()
-            self._file.close()
+    def close(self, timeout: float = 5.0) -> None:
+        """Gives the disk `timeout` seconds for what is held; what is left is lost, and logged."""
+        if self._fd < 0:
+            return
+        deadline = time.monotonic() + timeout
+        while not self._write_held() and time.monotonic() < deadline:
+            time.sleep(CLOSE_RETRY_S)
+        if self._held:
+            logger.error("audit file %s: %d entries were never written (the disk refused them)", self.path,
+                         len(self._held))
+        try:
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _write_held(self) -> bool:
+        """Writes the held lines in order, as far as the disk takes them; True when none is left."""
+        try:
+            while self._held:
+                data = self._held[0]
+                if not self._offset and self._size and self._size + len(data) > self.max_bytes:
+                    self._rotate()
+                written = os.write(self._fd, memoryview(data)[self._offset :])
+                self._offset += written
+                self._size += written
+                if self._offset == len(data):
+                    self._held.popleft()
+                    self._held_bytes -= len(data)
+                    self._offset = 0
+        except OSError as exc:  # ENOSPC, EDQUOT, EFBIG, EIO: the disk's answer, never the entry's text
+            if not self._refusing:
+                reason = errno.errorcode.get(exc.errno, type(exc).__name__)
+                logger.error("audit file %s refused a write (%s): holding its entries in memory, and refusing "
+                             "new requests, until the disk takes them", self.path, reason)
+            self._refusing = True
+            return False
+        if self._refusing:
+            logger.warning("audit file %s takes writes again: the entries it held are written", self.path)
+            self._refusing = False
+        return True
 
     def _rotate(self) -> None:
-        self.close()
+        os.fsync(self._fd)
         for index in range(self.backup_count - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._file = self._open()
+        rotated, self._fd = self._fd, self._open()
+        os.close(rotated)
 
 
 def _last_line(fd: int, size: int, block: int = 1 << 16) -> bytes:
@@ -129,9 +209,10 @@ class RedisStreamSink:
     """XADDs entries to a Redis Stream from a background thread.
 
     `write` only queues, so a slow or unreachable Redis never holds up a request. While
-    Redis is down, up to `buffer_size` entries wait and are retried with backoff; beyond
-    that new entries are dropped and counted in `dropped` (the file sink still has
-    them). `healthy` says whether the last attempt reached Redis. Give the client socket
+    Redis is down, up to `buffer_size` entries wait and are retried with backoff; a full
+    queue is `stalled` and `accepts` nothing more (the trail then refuses the record: it
+    is never dropped). What is still queued when `close()` gives up counts in `dropped`.
+    `healthy` says whether the last attempt reached Redis. Give the client socket
     timeouts: a hung connection otherwise holds the sender thread forever.
     """
 
@@ -168,13 +249,24 @@ class RedisStreamSink:
     def pending(self) -> int:
         return len(self._pending)
 
+    held = pending  # entries in memory, not yet in Redis
+
+    @property
+    def stalled(self) -> bool:
+        return len(self._pending) >= self.buffer_size
+
+    def accepts(self, line: str) -> bool:
+        return not self.stalled  # only the sender thread takes entries away, so this stays true until write()
+
     def write(self, line: str) -> None:
         with self._cond:
             if len(self._pending) >= self.buffer_size:
-                self.dropped += 1
-                return
+                raise SinkStalled(f"the queue holds {self.buffer_size} entries")  # the trail asks accepts() first
             self._pending.append(line)
             self._cond.notify()
+
+    def retry(self) -> None:
+        """The sender thread retries on its own."""
 
     def flush(self) -> None:
         """Does not wait for Redis (a checkpoint happens on a request's path); see drain()."""

@@ -12,9 +12,16 @@ writes a signed anchor (chain, seq, head, time) to the anchor sinks (a Redis Str
 file on other storage). A file alone cannot show its end was cut or extended; the
 anchors can, and their times tell a live writer from one that stopped.
 
-A failing sink does not fail the request that is being recorded: its copy of the chain
-gets a gap, which `tenantgate audit verify` reports as a deleted record, and the error
-is logged by seq number and sink type (never the record).
+Anchors are numbered and chained to the anchor before (`number`, `prev`), so an anchor
+deleted from its store while a later one remains is a gap verify reports.
+
+A record is kept or refused, never dropped: a sink whose store refuses writes (a full
+disk, a Redis queue at its bound) holds what it has in order and writes it once it can;
+while it does, the trail is not `accepting` (the gateway refuses new requests), and once
+a sink cannot hold a record too, `append` raises AuditRefused without giving it a seq
+(the gateway then answers 503 instead of acknowledging the request). A sink that raises
+on a write is counted in `sink_errors` and logged by seq number and sink type (never the
+record): its copy of the chain gets a gap, which `tenantgate audit verify` reports.
 """
 
 from __future__ import annotations
@@ -35,18 +42,28 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
-from gateway.audit.chain import genesis_digest, key_id, line_digest, sign
+from gateway.audit.chain import anchor_genesis_digest, genesis_digest, key_id, line_digest, sign
 from gateway.encoding import canonical_json
 
 logger = logging.getLogger("tenantgate.audit")
+RETRY_S = 0.5  # how soon a sink that holds entries tries its store again
 
 
 class AuditSink(Protocol):
     repairs: Sequence[dict]  # torn lines this sink ended on opening, for the trail to record (empty: none)
+    held: int  # entries it keeps in memory, not yet in its store
+    stalled: bool  # it holds entries its store refused, or as many as it may
 
-    def write(self, line: str) -> None: ...  # one entry, without the newline
+    def accepts(self, line: str) -> bool: ...  # whether write(line) would keep it (written, or held)
+    def write(self, line: str) -> None: ...  # one entry, without the newline; kept, never dropped
+    def retry(self) -> None: ...  # writes what it holds, if its store takes it now
     def flush(self) -> None: ...  # called after each checkpoint: make the entries so far durable
     def close(self) -> None: ...
+
+
+class AuditRefused(RuntimeError):
+    """A sink cannot keep the record (its store refuses writes and it holds all it may): the
+    record got no seq, so the request it describes must not be acknowledged."""
 
 
 def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
@@ -109,6 +126,7 @@ class AuditTrail:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
         self.sink_errors = 0
+        self.refused = 0  # records no sink could keep
         self._signer = signer
         self._key_id = key_id(signer.public_key()) if signer is not None else None
         self._lock = threading.Lock()
@@ -118,18 +136,19 @@ class AuditTrail:
         self._unsigned = 0  # records since the last checkpoint
         self._unsigned_since = 0.0  # when the oldest of them was written (monotonic)
         self._anchored_at = 0.0  # when the last anchor was written (monotonic)
+        self._anchors_written = 0  # the next anchor's number
+        self._anchor_head = anchor_genesis_digest(self.chain_id)  # the digest of the last anchor
         self._closed = False
         self._stop = threading.Event()
-        self._timer = None
         with self._lock:
             self._anchor()  # the chain exists from here: a chain no anchor announced is not ours
             for sink in self.sinks:  # a file sink that found a torn last line ended it; say so
                 for repair in sink.repairs:
                     self._append({"event": TORN_LINE_ENDED, **repair})
-        if signer is not None:
-            # Signs a quiet trail's last records within the interval, not at the next request.
-            self._timer = threading.Thread(target=self._tick, name="audit-checkpoint", daemon=True)
-            self._timer.start()
+        # Signs a quiet trail's last records within the interval, not at the next request, and
+        # writes what a sink held once its store takes it again.
+        self._timer = threading.Thread(target=self._tick, name="audit-checkpoint", daemon=True)
+        self._timer.start()
 
     @property
     def public_key(self):
@@ -141,8 +160,20 @@ class AuditTrail:
         """The seq the next entry will get."""
         return self._seq
 
+    @property
+    def accepting(self) -> bool:
+        """False while a sink holds entries its store refused (or as many as it may): no new work
+        should start whose record the trail may not be able to keep."""
+        return not any(sink.stalled for sink in self.sinks)
+
+    @property
+    def held(self) -> int:
+        """Entries the sinks keep in memory, not yet in their stores."""
+        return sum(sink.held for sink in self.sinks)
+
     def append(self, record: dict) -> dict:
-        """Chains and writes one record; returns the entry as written."""
+        """Chains and writes one record; returns the entry as written. Raises AuditRefused when a
+        sink cannot keep it (the record then has no seq, and the chain goes on without it)."""
         if not isinstance(record, dict):
             raise TypeError("an audit record is a dict")
         if RESERVED_FIELDS & record.keys():
@@ -162,8 +193,7 @@ class AuditTrail:
     def close(self) -> None:
         """Writes the final checkpoint and anchor, then flushes and closes every sink. Idempotent."""
         self._stop.set()
-        if self._timer is not None:
-            self._timer.join()
+        self._timer.join()
         with self._lock:
             if self._closed:
                 return
@@ -187,7 +217,12 @@ class AuditTrail:
             line = canonical_json(entry)
         except (TypeError, ValueError):
             raise ValueError(f"audit record {self._seq} is not plain JSON (or holds NaN)") from None
-        self._write(line)
+        full = [_name(sink) for sink in self.sinks if not sink.accepts(line)]
+        if full or not self._write(line):
+            self.refused += 1
+            logger.error("audit record refused at seq %d: %s cannot keep it (its store refuses writes); "
+                         "the request is not acknowledged", self._seq, ", ".join(full) or "no sink")
+            raise AuditRefused(f"no room for audit record {self._seq}")
         self._records += 1
         self._unsigned += 1
         if self._unsigned == 1:
@@ -196,20 +231,28 @@ class AuditTrail:
             self._checkpoint()
         return entry
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str) -> bool:
+        """Writes the entry to every sink; it takes its seq unless every sink failed it."""
+        kept = 0
         for sink in self.sinks:
             try:
                 sink.write(line)
+                kept += 1
             except Exception as exc:
                 # Names the seq and types only: a sink's exception message may quote the line.
                 self.sink_errors += 1
                 logger.error("audit sink %s failed to write seq %d (%s)", _name(sink), self._seq, _name(exc))
+        if self.sinks and not kept:
+            return False
         self._head = line_digest(line)
         self._seq += 1
+        return True
 
     def _signed(self, kind: str, final: bool) -> dict:
         document = {"type": kind, "chain": self.chain_id, "seq": self._seq, "head": self._head,
                     "count": self._records, "time": round(time.time(), 3), "key_id": self._key_id}
+        if kind == ANCHOR:
+            document |= {"number": self._anchors_written, "prev": self._anchor_head}
         return sign({**document, "final": True} if final else document, self._signer)
 
     def _checkpoint(self, final: bool = False) -> dict | None:
@@ -220,7 +263,8 @@ class AuditTrail:
         checkpoint = None
         if self._unsigned or (final and self._seq):
             checkpoint = self._signed(CHECKPOINT, final)
-            self._write(canonical_json(checkpoint))
+            if not self._write(canonical_json(checkpoint)):  # the next interval signs them
+                return None
             self._unsigned = 0
             self._flush(self.sinks, checkpoint["seq"])
         if final:
@@ -232,16 +276,26 @@ class AuditTrail:
             return
         # Durable first: an anchor must never vouch for entries a power cut can still take
         # away. A sink that cannot flush (a full disk) holds anchoring back; the timer retries.
-        if not self._flush(self.sinks, self._seq - 1):
+        if not self.accepting or not self._flush(self.sinks, self._seq - 1):
             return
         line = canonical_json(self._signed(ANCHOR, final))
+        # Every store takes the anchor or none does: a number skipped in one would read as a deleted anchor.
+        if not all(sink.accepts(line) for sink in self.anchors):
+            logger.error("audit anchor at seq %d held back: an anchor store refuses writes", self._seq)
+            self._anchored_at = time.monotonic()  # tried again in an interval
+            return
+        kept = 0
         for sink in self.anchors:
             try:
                 sink.write(line)
+                kept += 1
             except Exception as exc:
                 self.sink_errors += 1
                 logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
                              _name(exc))
+        if kept:
+            self._anchors_written += 1
+            self._anchor_head = line_digest(line)
         self._flush(self.anchors, self._seq)
         self._anchored_at = time.monotonic()
 
@@ -260,10 +314,13 @@ class AuditTrail:
         return self._unsigned > 0 and time.monotonic() - self._unsigned_since >= self.checkpoint_interval_s
 
     def _tick(self) -> None:
-        while not self._stop.wait(self.checkpoint_interval_s / 4):
+        while not self._stop.wait(min(self.checkpoint_interval_s / 4, RETRY_S)):
             with self._lock:
                 if self._closed:
                     return
+                for sink in self.sinks + self.anchors:
+                    if sink.stalled:
+                        sink.retry()
                 if self._overdue():
                     self._checkpoint()
                 if time.monotonic() - self._anchored_at >= self.checkpoint_interval_s:

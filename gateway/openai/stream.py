@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from engine import RequestOutput
 from gateway.deps import Gateway
-from gateway.errors import GatewayError
+from gateway.errors import AuditUnavailable, GatewayError
 from gateway.openai.answers import DONE, sse, usage
 from gateway.pipeline.accounting import finish, recorded
 from gateway.pipeline.admission import Admitted
@@ -79,7 +79,11 @@ async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
             await outputs.aclose()  # aborts the engine request if it is still running
             written = finish(gateway, admitted, status=status, outcome=outcome, error_code=error_code)
         if outcome == "completed":
-            await recorded(written)  # the end only once the record is in the trail
+            try:
+                await recorded(written)  # the end only once the record is in the trail
+            except AuditUnavailable as exc:  # no record, so no [DONE]: the stream ends in an error
+                yield encode(failed(exc))
+                return
             yield done()
 
     return StreamingResponse(body(), media_type="text/event-stream",

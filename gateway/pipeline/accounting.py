@@ -29,7 +29,11 @@ def accounted(gateway: Gateway, admitted: Admitted) -> Iterator[None]:
 def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
            error_code: str | None = None) -> asyncio.Task | None:
     """Settles the token budget, observes the GenAI metrics and writes the audit record (once per
-    request). error_code: the GatewayError's code when outcome is "error". Returns what recorded() waits for."""
+    request: a second call, as when recorded() refused a success, does nothing). error_code: the
+    GatewayError's code when outcome is "error". Returns what recorded() waits for."""
+    if admitted.finished:
+        return None
+    admitted.finished = True
     used = admitted.prompt_tokens + admitted.output_tokens
     # A task of its own: settling must happen even when the caller's task is being cancelled.
     settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
@@ -98,6 +102,8 @@ def finish(gateway: Gateway, admitted: Admitted, *, status: int, outcome: str,
 async def recorded(written: asyncio.Task | None) -> None:
     """Waits until finish()'s audit record is in the trail. A success is answered only after
     this: a gateway killed between the answer and the write would leave an acknowledged request
-    without its record. Shielded, so a caller who goes meanwhile can't cancel the write."""
+    without its record. Raises AuditUnavailable when the trail could not keep the record: then
+    the answer is a 503, never the success. Shielded, so a caller who goes meanwhile can't
+    cancel the write."""
     if written is not None:
         await asyncio.shield(written)

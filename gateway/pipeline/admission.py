@@ -20,6 +20,7 @@ from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingPar
 from gateway.auth.principal import Principal
 from gateway.deps import Gateway
 from gateway.errors import (
+    AuditUnavailable,
     ContextLengthExceeded,
     GatewayError,
     InvalidRequest,
@@ -117,6 +118,7 @@ class Admitted:
     # Tokens a deployment reported beyond what the request could have used, by usage field: not charged.
     usage_excess: dict[str, int] = field(default_factory=dict)
     trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
+    finished: bool = False  # accounting.finish() has settled and recorded it
 
     @property
     def request_id(self) -> str:
@@ -273,6 +275,11 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
     add_response_headers(request, {DECISION_ID_HEADER: decision_id})
     trace = trace_of(request)
     trace_request(trace, gateway, ask, decision_id)
+    if not gateway.audit.accepting:
+        # No work starts whose record the trail may not keep; nor does its refusal take the room
+        # that the records of requests already running need.
+        gateway.metrics.audit_unavailable.inc()
+        raise AuditUnavailable()
     try:
         judgement = await judge(gateway, request, document)
         # After the policy: a model the tenant may not use and one not served get the same 404,

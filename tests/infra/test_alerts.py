@@ -130,7 +130,8 @@ def test_rules_have_no_for_and_a_known_severity() -> None:
 def _exported_metrics() -> dict[str, str]:
     """Every sample name the gateway and the engine export, and its family's type."""
     metrics = GatewayMetrics()
-    metrics.watch_audit(SimpleNamespace(sink_errors=0), SimpleNamespace(pending=0, dropped=0))
+    metrics.watch_audit(SimpleNamespace(sink_errors=0, accepting=True, held=0, refused=0),
+                        SimpleNamespace(pending=0, dropped=0))
     metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0))
     scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0)
     PrometheusSink(metrics.registry).watch(SimpleNamespace(scheduler=scheduler, kv_usage=lambda: 0.0))

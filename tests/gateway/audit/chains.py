@@ -14,14 +14,22 @@ from gateway.audit.trail import AuditTrail
 
 class ListSink:
     repairs = ()
+    held = 0
+    stalled = False
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.flushes = 0
         self.closed = False
 
+    def accepts(self, line: str) -> bool:
+        return True
+
     def write(self, line: str) -> None:
         self.lines.append(line)
+
+    def retry(self) -> None:
+        pass
 
     def flush(self) -> None:
         self.flushes += 1

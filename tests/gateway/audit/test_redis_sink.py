@@ -5,9 +5,11 @@ import signal
 import statistics
 import time
 
+import pytest
+
 from gateway.audit.chain import verify
-from gateway.audit.sinks import RedisStreamSink, read_stream
-from gateway.audit.trail import AuditTrail
+from gateway.audit.sinks import RedisStreamSink, SinkStalled, read_stream
+from gateway.audit.trail import AuditRefused, AuditTrail
 from tests.gateway.audit.chains import record
 from devkit.server import free_port
 
@@ -80,16 +82,42 @@ def test_a_hung_redis_does_not_block_appends(redis_server, signing_key):
     client.close()
 
 
-def test_entries_beyond_the_buffer_are_dropped_and_counted(redis_server, signing_key):
+def test_a_full_queue_refuses_more_and_only_close_drops_what_is_left(redis_server, signing_key):
     unreachable = redis_server.client(port=free_port())
     sink = RedisStreamSink(unreachable, buffer_size=10, retry_max_s=0.05)
-    for i in range(25):
+    for i in range(10):
         sink.write(f'{{"n":{i}}}')
-    assert sink.dropped == 15 and sink.pending == 10
+    assert sink.stalled and not sink.accepts('{"n":10}') and sink.held == 10
+    with pytest.raises(SinkStalled):
+        sink.write('{"n":10}')
+    assert sink.dropped == 0 and sink.pending == 10
     assert wait_for(lambda: not sink.healthy)
     sink.close(timeout=0.1)
-    assert sink.dropped == 25 and sink.pending == 0
+    assert sink.dropped == 10 and sink.pending == 0
     unreachable.close()
+
+
+def test_records_beyond_the_queue_are_refused_without_a_seq_and_the_stream_stays_whole(redis_server, signing_key):
+    # On main the sink dropped them: the trail gave them seqs, and the central copy read as TAMPERED.
+    client = redis_server.client()
+    sink = RedisStreamSink(client, stream="audit:test", buffer_size=50, retry_max_s=0.05)
+    trail = AuditTrail([sink], signing_key, checkpoint_every=1000, checkpoint_interval_s=3600)
+    redis_server.stop(save=True)
+    kept = []
+    for i in range(80):
+        try:
+            kept.append(trail.append(record(i))["seq"])
+        except AuditRefused:
+            pass
+    assert kept == list(range(50)) and trail.refused == 30 and trail.seq == 50 and not trail.accepting
+    redis_server.start()
+    assert wait_for(lambda: trail.accepting) and sink.drain(10)
+    assert trail.append(record(80))["seq"] == 50
+    trail.close()
+    assert sink.dropped == 0
+    report = verify(read_stream(client, "audit:test"), signing_key.public_key())
+    assert (report.reason, report.records) == ("intact", 51)
+    client.close()
 
 
 def test_a_gap_in_the_central_copy_is_reported(redis_server, signing_key):
