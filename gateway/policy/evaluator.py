@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.policy.exceptions import PolicyEvaluationError
-from gateway.policy.loader import DEFAULT_POLICY_DIR, ENTRYPOINT, PolicySource, load_source, new_engine
+from gateway.policy.loader import DEFAULT_POLICY_DIR, ENTRYPOINT, PolicySource, load_source, new_engine, raw_decision
+from gateway.policy.prepared import PreparedPolicy, build_engine
 from gateway.policy.schema import Decision, parse_decision
 
 
@@ -17,7 +18,10 @@ class EmbeddedEvaluator:
 
     Policies and data are read once; each thread builds its own regorus Engine from
     them on first use (regorus' Engine is unsendable: pyo3 refuses to touch it from any
-    thread but its creator's, clone() included). With cache_size > 0, decisions are cached by
+    thread but its creator's, clone() included). An engine built elsewhere on the calling
+    thread (the gateway's loop builds one a slice at a time) may be given as `engine`.
+    An evaluation error is that input's alone: the engine stays, and the next input is
+    judged as if the error had never happened. With cache_size > 0, decisions are cached by
     the digest of the canonical input; the policy revision is part of the key, so a
     reload never serves a stale decision.
     """
@@ -28,11 +32,12 @@ class EmbeddedEvaluator:
         data_dir: Path | None = None,
         *,
         cache_size: int = 0,
-        source: PolicySource | None = None,
+        source: PolicySource | PreparedPolicy | None = None,
+        engine: object | None = None,
     ) -> None:
         self._source = source or load_source(policy_dir, data_dir)
         self._local = threading.local()
-        self._local.engine = new_engine(self._source)  # parses now, so errors surface here
+        self._local.engine = engine if engine is not None else _new_engine(self._source)  # errors surface here
         self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -42,36 +47,24 @@ class EmbeddedEvaluator:
         return self._source.revision
 
     @property
-    def source(self) -> PolicySource:
+    def source(self) -> PolicySource | PreparedPolicy:
         return self._source
 
     def _engine(self):
         engine = getattr(self._local, "engine", None)
         if engine is None:
-            engine = self._local.engine = new_engine(self._source)
+            engine = self._local.engine = _new_engine(self._source)
         return engine
 
     def release_engine(self) -> None:
         """Drops the calling thread's engine now, on this thread. An engine left to die with the
-        evaluator on another thread (a reload built on a worker, dropped on the event loop) is
-        refused by pyo3 and leaks; the thread that evaluates next builds its own."""
+        evaluator on another thread is refused by pyo3 and leaks; the thread that evaluates next
+        builds its own."""
         self._local.engine = None
 
     def evaluate_json(self, input_json: str) -> str:
         """Returns the raw decision JSON for an input given as JSON."""
-        engine = self._engine()
-        try:
-            engine.set_input_json(input_json)
-            return engine.eval_rule_as_json(ENTRYPOINT)
-        except (RuntimeError, ValueError) as exc:
-            # An engine that failed mid-evaluation is not reused; it is dropped here, on its own
-            # thread, not kept alive by this frame in the traceback the error carries elsewhere.
-            del engine
-            self._local.engine = None
-            first_line = str(exc).split("Stack backtrace:")[0].strip().splitlines()
-            raise PolicyEvaluationError(
-                f"policy evaluation failed: {first_line[-1] if first_line else type(exc).__name__}"
-            ) from None
+        return raw_decision(self._engine(), input_json)
 
     def evaluate(self, input_document: Mapping) -> dict:
         """Returns the decision as a plain dict, unvalidated (for tools and parity checks)."""
@@ -98,3 +91,7 @@ class EmbeddedEvaluator:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return decision
+
+
+def _new_engine(source: PolicySource | PreparedPolicy):
+    return build_engine(source) if isinstance(source, PreparedPolicy) else new_engine(source)

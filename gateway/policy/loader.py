@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.encoding import canonical_json
-from gateway.policy.exceptions import PolicyError, PolicySyntaxError
+from gateway.policy.exceptions import PolicyError, PolicyEvaluationError, PolicySyntaxError
 
 ENTRYPOINT = "data.tenantgate.decision"
 DEFAULT_POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
@@ -142,9 +142,33 @@ def new_engine(source: PolicySource):
 
     engine = regorus.Engine()
     for path, text in source.modules.items():
-        try:
-            engine.add_policy(path, text)
-        except RuntimeError as exc:
-            raise syntax_error(exc, path) from None
+        error = add_policy(engine, path, text)
+        if error is not None:
+            # Raised from a frame that no longer holds the engine: the traceback would keep the
+            # half-built engine alive, to die on whichever thread drops the error (pyo3 leaks it there).
+            del engine
+            raise error
     engine.add_data(source.data)
     return engine
+
+
+def add_policy(engine, path: str, text: str) -> PolicySyntaxError | None:
+    """Adds one module; a syntax error is returned, for the caller to raise once it has let go of the engine."""
+    try:
+        engine.add_policy(path, text)
+    except RuntimeError as exc:
+        return syntax_error(exc, path)
+    return None
+
+
+def raw_decision(engine, input_json: str) -> str:
+    """The decision JSON for one input. An error leaves the engine as good as before (regorus resets
+    its evaluation state at the start of each evaluation), so the caller keeps it."""
+    try:
+        engine.set_input_json(input_json)
+        return engine.eval_rule_as_json(ENTRYPOINT)
+    except (RuntimeError, ValueError) as exc:
+        lines = str(exc).split("Stack backtrace:")[0].strip().splitlines()
+        message = lines[-1] if lines else type(exc).__name__
+    del engine
+    raise PolicyEvaluationError(f"policy evaluation failed: {message}")
