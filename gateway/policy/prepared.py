@@ -32,12 +32,13 @@ SLICE_BYTES = 64 * 1024  # of data JSON per slice: well under a millisecond of r
 @dataclass(frozen=True)
 class PreparedPolicy:
     """What the loop needs of a checked revision: its digest, the module texts, the data as JSON
-    slices that merge into the whole document, and the registered tenants."""
+    slices that merge into the whole document, the registered tenants and the enabled ones."""
 
     revision: str
     modules: dict[str, str]
     data_slices: tuple[str, ...]
     tenant_ids: frozenset[str]
+    enabled_tenant_ids: frozenset[str] = frozenset()  # those whose data says enabled: true
 
 
 def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPolicy, object]:
@@ -51,6 +52,9 @@ def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPol
         modules=source.modules,
         data_slices=tuple(data_slices(source.data)),
         tenant_ids=frozenset(tenants) if isinstance(tenants, dict) else frozenset(),
+        enabled_tenant_ids=frozenset(tid for tid, tenant in tenants.items()
+                                     if isinstance(tenant, dict) and tenant.get("enabled") is True)
+        if isinstance(tenants, dict) else frozenset(),
     )
     del source, tenants
     engine = build_engine(prepared)
@@ -83,7 +87,7 @@ def write_prepared(policy_dir: str, data_dir: str, out: BinaryIO) -> None:
         out.write(json.dumps({"refused": str(exc)}).encode() + b"\n")
         return
     header = {"revision": prepared.revision, "modules": prepared.modules, "tenants": sorted(prepared.tenant_ids),
-              "slices": len(prepared.data_slices)}
+              "enabled": sorted(prepared.enabled_tenant_ids), "slices": len(prepared.data_slices)}
     out.write(json.dumps(header).encode() + b"\n")
     for text in prepared.data_slices:  # ASCII JSON (json.dumps escapes the rest): never a newline inside
         out.write(text.encode() + b"\n")
@@ -126,7 +130,7 @@ async def _read_prepared(stream: asyncio.StreamReader) -> PreparedPolicy | None:
             return None  # cut short
         slices.append(line[:-1].decode())
     return PreparedPolicy(revision=header["revision"], modules=header["modules"], data_slices=tuple(slices),
-                          tenant_ids=frozenset(header["tenants"]))
+                          tenant_ids=frozenset(header["tenants"]), enabled_tenant_ids=frozenset(header["enabled"]))
 
 
 def _sample_problem(engine, name: str, input_document: dict) -> str | None:

@@ -99,9 +99,7 @@ class EmbeddedPolicy:
         return tenant_id in self._tenants
 
     def tenant_enabled(self, tenant_id: str) -> bool:
-        tenants = self._evaluator.source.data.get("tenants")
-        tenant = tenants.get(tenant_id) if isinstance(tenants, dict) else None
-        return isinstance(tenant, dict) and tenant.get("enabled") is True
+        return tenant_id in self._evaluator.source.enabled_tenant_ids
 
     def tenant_ids(self) -> frozenset[str]:
         return self._tenants
