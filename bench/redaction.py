@@ -1,8 +1,9 @@
 """Redaction throughput, and the same corpus through the libraries we weighed against it.
 
 Printed: microseconds per message and MB/s of `Redactor.scrub` for a typical 4 KB chat
-message (ASCII, then with non-ASCII text), a 4 KB message dense with numbers, and one
-dense with findings. Target: a typical 4 KB message well under 1 ms.
+message (ASCII, then with non-ASCII text), a 4 KB message dense with numbers, one dense
+with findings, one dense with findings spelled otherwise (fullwidth, other scripts'
+digits, look-alike letters: the folding's slow path), and Japanese text. Target: a typical 4 KB message well under 1 ms.
 
 With `--compare`, the corpus of devkit/redaction_samples.py also goes through
 Presidio (pattern recognizers, no NLP model) and detect-secrets, where installed: recall
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.redaction import Redactor  # noqa: E402
-from devkit.redaction_samples import NEGATIVES, POSITIVES  # noqa: E402
+from devkit.redaction_samples import EVASIONS, NEGATIVES, POSITIVES, Positive  # noqa: E402
 
 TARGET_US = 1000.0
 TYPICAL = (
@@ -42,6 +44,8 @@ TYPICAL = (
     "        rows = list(csv.DictReader(f))\n    return {r['region']: float(r['total']) for r in rows}\n```\n"
     "Thanks, and please keep the tone formal but friendly. "
 )
+
+JAPANESE = "会議は２０２６年５月１２日の１４：３０から、参加者は１２名です。資料は前日までに共有してください。"
 
 
 def four_kb(text: str) -> str:
@@ -73,6 +77,8 @@ def throughput(redactor: Redactor) -> None:
         "typical chat, non-ASCII": four_kb(TYPICAL.replace("Dublin", "Dún Laoghaire €")),
         "ordinary sentences, number-dense": four_kb(" ".join(NEGATIVES)),
         "dense with findings": four_kb(" ".join(sample.text for sample in POSITIVES)),
+        "dense with findings spelled otherwise": four_kb(" ".join(sample.text for sample in EVASIONS.values())),
+        "Japanese chat, fullwidth digits": four_kb(JAPANESE),
     }
     print(f"{'message (4 KB)':36s} {'us/msg':>8s} {'MB/s':>7s}")
     for name, text in messages.items():
@@ -83,9 +89,14 @@ def throughput(redactor: Redactor) -> None:
     print(f"typical 4 KB message: {typical:.0f} us, {verdict} the {TARGET_US:.0f} us target")
 
 
-def score(name: str, spans_of: Callable[[str], list[tuple[int, int]]], kinds: set[str] | None) -> None:
+def score(
+    name: str,
+    spans_of: Callable[[str], list[tuple[int, int]]],
+    kinds: set[str] | None,
+    samples: tuple[Positive, ...] = POSITIVES,
+) -> None:
     """Recall: positives whose secret is wholly inside findings. FP: negatives with any finding."""
-    positives = [sample for sample in POSITIVES if kinds is None or sample.kind in kinds]
+    positives = [sample for sample in samples if kinds is None or sample.kind in kinds]
     caught = 0
     for sample in positives:
         at = sample.text.find(sample.secret)
@@ -102,10 +113,13 @@ def score(name: str, spans_of: Callable[[str], list[tuple[int, int]]], kinds: se
 def compare(redactor: Redactor) -> None:
     pii = {"EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS"}
     secrets = {sample.kind for sample in POSITIVES} - pii
-    ours = lambda text: [(f.start, f.end) for f in redactor.find(text)]  # noqa: E731
+    # scrub turns line breaks into spaces before it finds; find alone reads them as written
+    ours = lambda text: [(f.start, f.end) for f in redactor.find(re.sub("[\r\n]", " ", text))]  # noqa: E731
     score("tenantgate, all kinds", ours, None)
     score("tenantgate, personal data", ours, pii)
     score("tenantgate, secrets", ours, secrets)
+    spelled = tuple(EVASIONS.values())
+    score("tenantgate, spelled otherwise", ours, None, spelled)
     try:
         started = time.perf_counter()
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
@@ -133,6 +147,7 @@ def compare(redactor: Redactor) -> None:
         presidio = lambda text: [(r.start, r.end) for r in engine.analyze(text, language="en")]  # noqa: E731
         score("presidio (no NLP), personal data", presidio, pii)
         score("presidio (no NLP), secrets", presidio, secrets)
+        score("presidio (no NLP), spelled otherwise", presidio, pii, spelled)
     except ImportError:
         print("presidio-analyzer: not installed")
     try:
@@ -160,6 +175,7 @@ def compare(redactor: Redactor) -> None:
 
         score("detect-secrets, secrets", detect_secrets_spans, secrets)
         score("detect-secrets, personal data", detect_secrets_spans, pii)
+        score("detect-secrets, spelled otherwise", detect_secrets_spans, secrets, spelled)
     except ImportError:
         print("detect-secrets: not installed")
 
@@ -169,6 +185,7 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true", help="also run Presidio and detect-secrets")
     args = parser.parse_args()
     redactor = Redactor(os.urandom(32))
+    print("load average: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     throughput(redactor)
     if args.compare:
         compare(redactor)

@@ -1,6 +1,7 @@
 """The redaction corpus: sentences that carry one secret or personal datum each, and
 ordinary sentences that carry none. The detector tests, the canary test and the library
-evaluation in bench/redaction.py all read it, so they measure one thing.
+evaluation in bench/redaction.py all read it, so they measure one thing. `EVASIONS` holds
+the same kinds of secret spelled in other characters, one sentence per way of spelling.
 
 Every value is made here (test card numbers, IBANs from the registry's examples, keys
 derived from a hash), none is real.
@@ -226,4 +227,111 @@ NEGATIVES: tuple[str, ...] = (
     "Use --max-tokens=256 and --temperature=0.2.",
     "See https://learn.microsoft.com/azure/storage/common/storage-sas-overview for SAS.",
     "The regex [A-Za-z0-9+/]{86}== matches keys.",
+    # other scripts and spellings: folding (gateway/redaction/folding.py) must not make findings of them
+    "会議は２０２６年５月１２日の１４：３０から、参加者は１２名です。",
+    "السعر ١٢٫٥٠ دولار، والكمية ٣٤ قطعة.",
+    "कुल ४२ लोग आए, और बैठक २०२६ में हुई।",
+    "Отчёт за третий квартал: выручка выросла на 8 %, см. раздел 4.2.",
+    "Η αναφορά για το τρίτο τρίμηνο είναι έτοιμη.",
+    "It costs 1\u00a0299,00\u00a0€, about 10² × ½ of last year’s “budget”.",
+    "The ﬁnance team met on 12–14 May; see pages 10–12.",
+    "Let 𝐱 = 𝟏𝟐 and 𝐲 = 𝟑𝟒, then 𝐱 + 𝐲 = 𝟒𝟔.",
+    "The years 2019–2020 2021–2022 and 2023/2024 were busy.",
+    "Look at the website (dot com) or ask me at the desk.",
+    "Use x @ np.linalg.inv(a) for the inverse.",
+    "Quote ‘sk-learn’ and “GITHUB_PAT” as names, not keys.",
+    "Ｐｌｅａｓｅ ｓｕｍｍａｒｉｓｅ ｔｈｅ ｒｅｐｏｒｔ ｂｙ Ｆｒｉｄａｙ．",
 )
+
+
+def _card(separator: str, digits: str = "4609841280350749") -> str:
+    return separator.join(digits[i : i + 4] for i in range(0, len(digits), 4))
+
+
+def _digits_in(script_zero: str, text: str) -> str:
+    """`text` with its ASCII digits written in the script whose zero is `script_zero`."""
+    return "".join(chr(ord(script_zero) + int(char)) if char.isdigit() else char for char in text)
+
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(char) + 0xFEE0) if "!" <= char <= "~" else char for char in text)
+
+
+def _evasion(kind: str, secret: str, before: str = "Here it is: ", after: str = " thanks.") -> Positive:
+    return Positive(kind, secret, f"{before}{secret}{after}")
+
+
+_BODY = _alnum("evasion", 40)
+_IBAN = "DE89 3704 0044 0532 0130 00"
+
+# The same secrets spelled so that ASCII patterns miss them (issue 24, item 7). Each sentence
+# scrubs to exactly its text with the secret replaced by one placeholder of the kind.
+EVASIONS: dict[str, Positive] = {
+    # separators between a card's groups
+    "card with dots": _evasion("CREDIT_CARD", "4609.8412.8035.0749"),
+    "card with slashes": _evasion("CREDIT_CARD", _card("/")),
+    "card with underscores": _evasion("CREDIT_CARD", _card("_")),
+    "card with spaced hyphens": _evasion("CREDIT_CARD", _card(" - ")),
+    "card with no-break spaces": _evasion("CREDIT_CARD", _card("\u00a0")),
+    "card with thin spaces": _evasion("CREDIT_CARD", _card("\u2009")),
+    "card with narrow no-break spaces": _evasion("CREDIT_CARD", _card("\u202f")),
+    "card with ideographic spaces": _evasion("CREDIT_CARD", _card("\u3000")),
+    "card with en dashes": _evasion("CREDIT_CARD", _card("\u2013")),
+    "card with fullwidth hyphens": _evasion("CREDIT_CARD", _card("\uff0d")),
+    "card with middle dots": _evasion("CREDIT_CARD", _card("\u00b7")),
+    "card with line breaks": _evasion("CREDIT_CARD", _card("\n")),
+    "card with CRLFs": _evasion("CREDIT_CARD", _card("\r\n")),
+    "card with zero-width spaces": _evasion("CREDIT_CARD", _card("\u200b")),
+    "card with zero-width joiners": _evasion("CREDIT_CARD", _card("\u200d")),
+    "card with soft hyphens": _evasion("CREDIT_CARD", _card("\u00ad")),
+    "card with word joiners": _evasion("CREDIT_CARD", _card("\u2060")),
+    # digits of other forms and scripts
+    "card in fullwidth digits": _evasion("CREDIT_CARD", _fullwidth(_card(" "))),
+    "card in Arabic-Indic digits": _evasion("CREDIT_CARD", _digits_in("\u0660", _card(" "))),
+    "card in Persian digits": _evasion("CREDIT_CARD", _digits_in("\u06f0", _card("-"))),
+    "card in Devanagari digits": _evasion("CREDIT_CARD", _digits_in("\u0966", _card(" "))),
+    "card in mathematical bold digits": _evasion("CREDIT_CARD", _digits_in("\U0001d7ce", _card(""))),
+    "card in mixed scripts": _evasion("CREDIT_CARD", "4609 ८४१२ ８０３５ ٠٧٤٩"),
+    "card with combining underlines": _evasion("CREDIT_CARD", "".join(c + "\u0332" for c in _card(" "))),
+    "Amex with dots": _evasion("CREDIT_CARD", "3782.822463.10005"),
+    # IBANs in any case, any separator, any digits
+    "lower-case IBAN": _evasion("IBAN", _IBAN.lower()),
+    "lower-case compact IBAN": _evasion("IBAN", "gb29nwbk60161331926819"),
+    "mixed-case IBAN": _evasion("IBAN", "Gb29 NwBk 6016 1331 9268 19"),
+    "IBAN with hyphens": _evasion("IBAN", _IBAN.replace(" ", "-")),
+    "IBAN with no-break spaces": _evasion("IBAN", _IBAN.replace(" ", "\u00a0")),
+    "IBAN across a line break": _evasion("IBAN", "DE89 3704 0044\n0532 0130 00"),
+    "IBAN in fullwidth": _evasion("IBAN", _fullwidth(_IBAN)),
+    # e-mail addresses
+    "e-mail with a fullwidth at sign": _evasion("EMAIL", "jane.doe\uff20contoso.com"),
+    "e-mail with a small at sign": _evasion("EMAIL", "jane.doe\ufe6bcontoso.com"),
+    "e-mail in fullwidth": _evasion("EMAIL", _fullwidth("jane.doe@contoso.com")),
+    "e-mail with an ideographic full stop": _evasion("EMAIL", "jane.doe@contoso\u3002com"),
+    "e-mail with [at] and [dot]": _evasion("EMAIL", "jane.doe [at] contoso [dot] com"),
+    "e-mail with (AT) and (DOT)": _evasion("EMAIL", "Jane.Doe(AT)Contoso(DOT)com"),
+    "e-mail with {at}": _evasion("EMAIL", "jane.doe{at}contoso.com"),
+    "URL-encoded e-mail": _evasion("EMAIL", "jane.doe%40contoso.com", before="mailto:", after="?subject=hi"),
+    "HTML-encoded e-mail": _evasion("EMAIL", "jane.doe&#64;contoso.com"),
+    "e-mail with a named at entity": _evasion("EMAIL", "jane.doe&commat;contoso.com"),
+    "e-mail with diacritics": _evasion("EMAIL", "jöran.müller@exämple.de"),
+    "e-mail in Cyrillic": _evasion("EMAIL", "иван@почта.рф"),
+    "e-mail with a Punycode domain": _evasion("EMAIL", "info@xn--80ak6aa92e.xn--p1ai"),
+    "e-mail with Cyrillic look-alikes": _evasion("EMAIL", "jаnе@соntoso.com"),
+    # key prefixes and key names in other letters and cases
+    "API key with a Cyrillic s": _evasion("API_KEY", "\u0455k-" + _BODY),
+    "API key in fullwidth": _evasion("API_KEY", _fullwidth("sk-" + _BODY)),
+    "API key with an upper-case prefix": _evasion("API_KEY", "SK-" + _BODY),
+    "GitHub token with an upper-case prefix": _evasion("API_KEY", "GHP_" + _alnum("gh-upper", 36)),
+    "API key with a Greek omicron": _evasion("API_KEY", "sk-pr\u03bfj-" + _BODY),
+    "bearer in fullwidth": _evasion("BEARER", _fullwidth("Bearer") + " abc123def"),
+    "bearer with Cyrillic look-alikes": _evasion("BEARER", "Веаrеr abc123def"),
+    "bearer after a no-break space": _evasion("BEARER", "Bearer\u00a0abc123def"),
+    "password key in fullwidth": _evasion("PASSWORD", "hunter22", before=_fullwidth("password=")),
+    "password key with Cyrillic look-alikes": _evasion("PASSWORD", "hunter22", before="раssword: "),
+    "password key in curly quotes": _evasion("PASSWORD", "hunter22", before="“password”: “", after="”"),
+    "password after a fullwidth colon": _evasion("PASSWORD", "hunter22", before="password\uff1a"),
+    # numbers the other detectors read
+    "phone in fullwidth digits": _evasion("PHONE", "+" + _fullwidth("44 20 7946 0958")),
+    "IP address in fullwidth": _evasion("IP_ADDRESS", _fullwidth("10.0.0.1")),
+}
+

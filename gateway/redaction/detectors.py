@@ -4,8 +4,19 @@ Patterns anchor on what is rare in prose (a prefix, a key name, a checksum, a se
 layout) so ordinary words, years, versions, prices and times survive. When findings
 overlap they merge into one placeholder of the earliest kind below.
 
-Patterns marked `lowercase=True` are written in lower case and run on the lower-cased
-text; `left=` patterns are written reversed (see matching.Left).
+Patterns read the text folded (folding.py), so ASCII classes also catch fullwidth and
+other scripts' digits, look-alike letters, Unicode spaces and dashes. Patterns marked
+`lowercase=True` are written in lower case and run on the lower-cased folded text; `left=`
+patterns are written reversed (see matching.Left).
+
+Spellings caught: cards grouped by one kind of separator (space . - / _, up to three, so
+" - " and a CRLF too), IBANs in any case with spaces, hyphens or dots, vendor key prefixes
+in any case, e-mail addresses with `[at]`/`(dot)` in brackets, `%40`, `&#64;` or
+`&commat;`, and with Latin, Greek or Cyrillic letters. Not caught, by choice: the bare
+words "at" and "dot" (prose: "look at example dot com"), card groups apart by mixed
+separators or in other groupings (lists of years and decimals would pass for cards),
+spaces around a plain "@" (Python's `x @ np.linalg.inv`), digits spelled as words or
+letters ("four one", "O" for 0), and encodings of the whole value (base64, hex).
 """
 
 from __future__ import annotations
@@ -28,6 +39,14 @@ _PEM_CHUNK = (
     r"(?:(?:Proc-Type|DEK-Info):\s*\S+|[A-Za-z0-9+/]{16,}={0,2}|[A-Za-z0-9+/]*={1,2}"
     r"|[A-Za-z]*[0-9+/][A-Za-z0-9+/]*)"
 )
+# E-mail addresses in Latin (with diacritics), Greek and Cyrillic letters. Not CJK: text in
+# those scripts has no spaces, so an address could not be told from the words around it.
+_LETTER = r"A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0386\u0388-\u03ff\u0400-\u04ff"
+_LOCAL_PART = rf"[{_LETTER}0-9_.%+-]+"
+_LABEL = rf"[{_LETTER}0-9](?:[{_LETTER}0-9-]{{0,61}}[{_LETTER}0-9])?"
+_DOT = r"(?:\.| ?[\[({<](?i:dot)[\])}>] ?|%2[eE])"
+_DOMAIN = rf"(?:{_LABEL}{_DOT})+(?:[{_LETTER}]{{2,24}}|(?i:xn--)[A-Za-z0-9-]{{1,59}})(?![{_LETTER}0-9-])"
+_CARD_SEPARATOR = r"[ ._/-]"
 # "Section 4.2.1.3" is a section, not an address: these words, reversed, may not precede.
 _NOT_BEFORE_IPV4 = "|".join(f" ?{word[::-1]}" for word in ("section", "chapter", "clause", "version", "release", "§"))
 
@@ -46,9 +65,10 @@ def _key_value(kind: str, key: str, rest: str, least: int, value: str = _VALUE, 
 
 
 def _prefixed(prefix: str, rest: str) -> Detector:
-    """An API key recognised by its vendor's literal prefix."""
-    literal = re.escape(prefix)
-    return detector("API_KEY", rf"{literal}(?<![A-Za-z0-9_-]{literal}){rest}")
+    """An API key recognised by its vendor's literal prefix, in any case ("SK-", "Ghp_"): a
+    key whose prefix was re-cased still carries its secret. `rest` is written in lower case."""
+    literal = re.escape(prefix.lower())
+    return detector("API_KEY", rf"{literal}(?<![a-z0-9_-]{literal}){rest}", lowercase=True)
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -103,17 +123,19 @@ DETECTORS: tuple[Detector, ...] = (
         width=5,
     ),
     _key_value("ENTRA_CLIENT_SECRET", "client", "[_-]?secret", 4),
-    _prefixed("sk-", "[A-Za-z0-9_-]{20,}"),  # OpenAI, Anthropic
-    _prefixed("gh", "[pousr]_[A-Za-z0-9]{36,}"),  # GitHub
-    _prefixed("github_pat_", "[A-Za-z0-9_]{22,}"),
-    _prefixed("A", "(?:KIA|SIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),  # AWS key id
-    _prefixed("xox", "[baprs]-[A-Za-z0-9-]{10,}"),  # Slack
-    _prefixed("AIza", "[A-Za-z0-9_-]{35}"),  # Google
+    _prefixed("sk-", "[a-z0-9_-]{20,}"),  # OpenAI, Anthropic
+    _prefixed("gh", "[pousr]_[a-z0-9]{36,}"),  # GitHub
+    _prefixed("github_pat_", "[a-z0-9_]{22,}"),
+    # AWS key ids are upper case by construction: "akia" and 16 letters is a word.
+    detector("API_KEY", r"A(?<![A-Za-z0-9_-]A)(?:KIA|SIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    _prefixed("xox", "[baprs]-[a-z0-9-]{10,}"),  # Slack
+    _prefixed("AIza", "[a-z0-9_-]{35}"),  # Google
     detector(  # Stripe
         "API_KEY",
-        r"_live_[A-Za-z0-9]{16,}",
-        left=r"(?:ks|kr)(?![A-Za-z0-9_-])",
+        r"_live_[a-z0-9]{16,}",
+        left=r"(?:ks|kr)(?![a-z0-9_-])",
         width=3,
+        lowercase=True,
     ),
     _key_value("API_KEY", "api", "[_ -]?key", 4),  # also x-api-key, apiKey
     _key_value("API_KEY", "aws", "[_-]?secret[_-]?access[_-]?key", 4),
@@ -127,24 +149,28 @@ DETECTORS: tuple[Detector, ...] = (
         left=r"[_-]?(?:ssecca|hserfer|di)(?![a-z0-9])",  # access_token, refresh-token, idtoken
         width=9,
     ),
-    detector(
-        "EMAIL",
-        r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9-])",
-        left=r"[A-Za-z0-9._%+-]+",
-        width=256,
-    ),
-    # Grouped like a card (4-4-4-4, 4-6-5) with one kind of separator, or contiguous.
+    detector("EMAIL", rf"@{_DOMAIN}", left=_LOCAL_PART, width=256),
+    # Spelled out, "jane [at] contoso (dot) com" (the bare words "at" and "dot" are prose),
+    # or encoded: "jane%40contoso.com" in a URL, "jane&#64;contoso.com" in HTML.
+    detector("EMAIL", rf"at[\])}}>] ?{_DOMAIN}", left=rf"[\[({{<] ?{_LOCAL_PART}", width=258, lowercase=True),
+    detector("EMAIL", rf"%40{_DOMAIN}", left=_LOCAL_PART, width=256),
+    detector("EMAIL", rf"&(?:#0*64|#x0*40|commat);{_DOMAIN}", left=_LOCAL_PART, width=256, lowercase=True),
+    # Grouped like a card (4-4-4-4, 4-6-5) with one kind of separator (up to three of
+    # space . - / _, so " - " and a CRLF's two spaces too), or contiguous.
     detector(
         "CREDIT_CARD",
-        r"(?<![0-9.,])(?<![0-9][ -])(?:[0-9]{13,19}"
-        r"|[0-9]{4}(?P<s>[ -])[0-9]{4}(?P=s)[0-9]{4}(?P=s)[0-9]{1,4}(?:(?P=s)[0-9]{3})?"
-        r"|[0-9]{4}(?P<t>[ -])[0-9]{6}(?P=t)[0-9]{4,5})(?![0-9]|[.,][0-9]|[ -][0-9])",
+        rf"(?<![0-9.,])(?<![0-9]{_CARD_SEPARATOR})(?:[0-9]{{13,19}}"
+        rf"|[0-9]{{4}}(?P<s>{_CARD_SEPARATOR}{{1,3}})[0-9]{{4}}(?P=s)[0-9]{{4}}(?P=s)[0-9]{{1,4}}(?:(?P=s)[0-9]{{3}})?"
+        rf"|[0-9]{{4}}(?P<t>{_CARD_SEPARATOR}{{1,3}})[0-9]{{6}}(?P=t)[0-9]{{4,5}})"
+        rf"(?![0-9]|[.,][0-9]|{_CARD_SEPARATOR}[0-9])",
         numeric=True,
         validate=validators.credit_card,
     ),
+    # Any case ("de89 3704 ..."); groups of four apart by a space, hyphen or dot, or none.
     detector(
         "IBAN",
-        r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Za-z0-9])",
+        r"(?<![a-z0-9])[a-z]{2}[0-9]{2}(?:[ .-]?[a-z0-9]{4}){2,7}(?:[ .-]?[a-z0-9]{1,3})?(?![a-z0-9])",
+        lowercase=True,
         numeric=True,
         validate=validators.iban,
     ),

@@ -9,7 +9,8 @@ times slower. So patterns start with a literal ("eyJ", "@", "."), case-insensiti
 run on the lower-cased text, and what lies left of the literal (an e-mail's local part,
 an address's first octet) is matched by `Left`, a pattern run backwards from the
 literal. The three detectors that must start at a digit (cards, national phone numbers,
-IBANs) only search the windows around runs of eight or more digits.
+IBANs) only search the windows around runs of eight or more digits. Detectors read folded
+text (folding.py) and report spans of it; the redactor maps them back to the text as written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-NUMERIC_RUN = re.compile(r"[0-9](?:[ ().-]{0,2}[0-9]){7,}")
+NUMERIC_RUN = re.compile(r"[0-9](?:[ ()._/-]{0,3}[0-9]){7,}")
 # How far a numeric detector's match may reach beyond its run: an IBAN's country code and
 # letters before the digits, its letters after them.
 _NUMERIC_BEFORE = 36

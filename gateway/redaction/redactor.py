@@ -4,9 +4,12 @@
 included. `scrub` makes text safe to write on one log line: control characters, line and
 paragraph separators become spaces (so nothing forges a log line), invisible format
 characters go (so a zero-width space cannot hide a secret from the detectors), then each
-finding becomes a typed placeholder such as "[EMAIL:1a2b3c4d]". The digest is a keyed
-HMAC of the value: the same e-mail gives the same placeholder across records under one
-key, and without the key it cannot be reversed by guessing. Bearer tokens get no digest.
+finding becomes a typed placeholder such as "[EMAIL:1a2b3c4d]". The detectors read the
+text folded (folding.py: fullwidth and other scripts' digits, look-alike letters, Unicode
+spaces and dashes), but what is replaced is the text as written, and the rest of it is
+written as it came, not folded. The digest is a keyed HMAC of the folded value: the same
+e-mail gives the same placeholder across records and spellings under one key, and without
+the key it cannot be reversed by guessing. Bearer tokens get no digest.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from gateway.redaction.detectors import DETECTORS
+from gateway.redaction.folding import fold
 from gateway.redaction.matching import Detector, numeric_windows
 from gateway.redaction.pointers import copy_without, removal_tree
 
@@ -70,7 +74,7 @@ class Redactor:
         last = 0
         for start, end, kind, digest in findings:
             pieces.append(text[last:start])
-            pieces.append(f"[{kind}:{self.digest(text[start:end])}]" if digest else f"[{kind}]")
+            pieces.append(f"[{kind}:{self.digest(fold(text[start:end]).text)}]" if digest else f"[{kind}]")
             last = end
         pieces.append(text[last:])
         return "".join(pieces)
@@ -78,20 +82,23 @@ class Redactor:
     def find(self, text: str) -> list[Finding]:
         """The findings in `text`, in order, overlapping ones merged into one.
 
+        The detectors read `text` folded (folding.py); findings are spans of `text` as written.
         A merged finding covers the union of its parts, so no part of any finding survives,
         and takes the kind of its earliest detector in precedence order.
         """
-        lowered = text.lower()
-        if len(lowered) != len(text):  # only "İ" lower-cases to two characters
-            lowered = text.replace("\u0130", "i").lower()
-        whole = ((0, len(text)),)
+        folded = fold(text)
+        spelled = folded.text
+        lowered = spelled.lower()
+        if len(lowered) != len(spelled):  # only "İ" lower-cases to two characters
+            lowered = spelled.replace("\u0130", "i").lower()
+        whole = ((0, len(spelled)),)
         windows = None
         found: list[tuple[int, int, int]] = []
         for rank, detector in enumerate(self._detectors):
             if detector.numeric and windows is None:
-                windows = numeric_windows(text)
-            for start, end in detector.spans(text, lowered, windows if detector.numeric else whole):
-                found.append((start, end, rank))
+                windows = numeric_windows(spelled)
+            for start, end in detector.spans(spelled, lowered, windows if detector.numeric else whole):
+                found.append((*folded.original_span(start, end), rank))
         if not found:
             return []
         found.sort()

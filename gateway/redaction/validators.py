@@ -31,6 +31,7 @@ IBAN_LENGTHS = {
 }  # fmt: skip
 
 _NOT_DIGIT = re.compile(r"\D")
+_IBAN_SEPARATOR = re.compile(r"[ .-]")
 _CONNECTION_SECRET = re.compile(r"(?i)(?:AccountKey|SharedAccessKey|SharedAccessSignature)=")
 
 
@@ -45,13 +46,13 @@ def credit_card(text: str) -> int:
 
 
 def iban(text: str) -> int:
-    """Country code, check digits and BBAN of the country's length, mod 97 == 1.
+    """Country code, check digits and BBAN of the country's length, mod 97 == 1, in any case.
 
     A candidate may have run on into a following word ("BE68 5390 0754 7034 CASH"):
     then only its first characters, up to the country's length, are checked and kept.
     """
-    length = IBAN_LENGTHS.get(text[:2])
-    compact = text.replace(" ", "")
+    length = IBAN_LENGTHS.get(text[:2].upper())
+    compact = _IBAN_SEPARATOR.sub("", text).upper()
     if length is None or len(compact) < length:
         return 0
     candidate = compact[:length]
@@ -61,7 +62,7 @@ def iban(text: str) -> int:
         return len(text)
     kept = 0
     for end, char in enumerate(text, start=1):
-        kept += char != " "
+        kept += _IBAN_SEPARATOR.fullmatch(char) is None
         if kept == length:
             return end
     return 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import re
 import subprocess
 import time
 import uuid
@@ -20,6 +22,10 @@ from pathlib import Path
 
 import httpx
 import redis
+from stdnum import luhn
+from stdnum.iso7064 import mod_97_10
+
+from gateway.redaction import fold
 
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA
 from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready
@@ -32,6 +38,10 @@ class Canaries:
 
     def __init__(self, label: str) -> None:
         self.tag = f"cnry{label}{uuid.uuid4().hex[:12]}"
+        generator = random.Random(self.tag)
+        self.card, self.card_fullwidth_digits = _luhn_card(generator), _luhn_card(generator)
+        self.card_fullwidth = "".join(chr(0xFF10 + int(digit)) for digit in self.card_fullwidth_digits)
+        self.iban = _german_iban(generator)
 
     def __getitem__(self, place: str) -> str:
         return f"{self.tag}{place}"
@@ -43,14 +53,48 @@ class Canaries:
         return {"email": f"{self['email']}@example.com", "apikey": f"sk-{self['apikey']}AbCdEf012345",
                 "jwt": jwt, "password": f"password={self['password']}"}
 
+    def spelled(self) -> dict[str, str]:
+        """The same kinds spelled so that ASCII patterns would miss them; removed in every mode."""
+        return {"dotted card": ".".join(self.card[i:i + 4] for i in range(0, 16, 4)),
+                "fullwidth card": " ".join(self.card_fullwidth[i:i + 4] for i in range(0, 16, 4)),
+                "lower-case iban": " ".join(self.iban[i:i + 4] for i in range(0, 22, 4)).lower(),
+                "fullwidth at": f"{self['fwemail']}\uff20example\uff0ecom",
+                "cyrillic prefix": f"\u0455k-{self['cyrkey']}AbCdEf012345"}
+
     def prompt(self) -> str:
         s = self.sensitive()
+        spelled = ", ".join(self.spelled().values())
         return (f"{ORDINARY}. Plain marker {self['word']}. Contact {s['email']}, use {s['apikey']} "
-                f"and {s['jwt']} with {s['password']}.")
+                f"and {s['jwt']} with {s['password']}. Also {spelled}.")
 
     def all_markers(self) -> list[str]:
         return [self[p] for p in ("word", "email", "apikey", "jwt", "password", "user", "metadata", "header",
-                                  "agent", "badtoken", "invalid")]
+                                  "agent", "badtoken", "invalid", "fwemail", "cyrkey")]
+
+    def numbers(self) -> list[str]:
+        """The card and account numbers, as they read with every separator taken out."""
+        return [self.card, self.card_fullwidth_digits, self.iban]
+
+
+def _luhn_card(generator: random.Random) -> str:
+    digits = "4" + "".join(generator.choice("0123456789") for _ in range(14))
+    for check in "0123456789":
+        if luhn.is_valid(digits + check):
+            return digits + check
+    raise AssertionError("some check digit is Luhn-valid")
+
+
+def _german_iban(generator: random.Random) -> str:
+    bban = "".join(generator.choice("0123456789") for _ in range(18))
+    return f"DE{mod_97_10.calc_check_digits(bban + 'DE')}{bban}"
+
+
+def _as_read(text: str) -> str:
+    """A sink's text as the detectors read it (JSON escapes undone, folded), in upper case and
+    without separators, so a number found here was in the sink in some spelling."""
+    unescaped = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
+    unescaped = unescaped.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return re.sub(r"[^0-9A-Z]", "", fold(unescaped).text.upper())
 
 
 def _env(issuer_url: str, redis_url: str, audit_file: Path, key: Path) -> dict[str, str]:
@@ -142,6 +186,11 @@ def test_no_canary_reaches_a_sink_the_policy_forbids(local_issuer, redis_server,
             allowed = ordinary and name in ("stdout", "audit file", "redis stream")
             if marker in text and not allowed:
                 leaks.append((name, marker))
+        read = _as_read(text)
+        for canaries in (none_mode, redacted_mode):
+            leaks += [(name, number) for number in canaries.numbers() if number in read]
+            leaks += [(name, marker) for marker in canaries.all_markers() if marker.upper() in read
+                      and marker not in text and marker not in (redacted_mode["word"], redacted_mode["metadata"])]
     assert leaks == [], "\n".join(map(str, leaks))
 
     # Redacted mode keeps what is not sensitive: the ordinary words and the plain marker.
