@@ -201,6 +201,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = _field_path(tuple(first.get("loc", ())))
     # pydantic's msg describes the rule ("Input should be a valid integer"), never the input.
     message = "unknown field" if first.get("type") == "extra_forbidden" else str(first.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")  # a validator's own words, without pydantic's tag
     return (f"{param}: {message}" if param else message), param
 
 
