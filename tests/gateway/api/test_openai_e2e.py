@@ -130,7 +130,7 @@ def test_missing_and_invalid_tokens_are_401_with_a_challenge(gateway) -> None:
     anonymous = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "demo", "messages": CHAT})
     assert anonymous.status_code == 401
     assert anonymous.headers["www-authenticate"].startswith("Bearer")
-    assert anonymous.json()["error"]["type"] == "authentication_error"
+    assert anonymous.json()["error"]["type"] == "invalid_request_error"
     with openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="not-a-token", max_retries=0) as client:
         with pytest.raises(openai.AuthenticationError):
             client.models.list()
