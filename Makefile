@@ -38,7 +38,8 @@ generate: install
 	$(BIN)/tenantgate generate --prompt "$(PROMPT)" $(ARGS)
 
 # Install with test extras and run every test. OPA, helm and the OpenTelemetry Collector are
-# built once with Go, the infra checkers go to .venv-infra, redis-server, haproxy and chromium
+# built once with Go, the infra checkers go to .venv-infra, the client libraries tests/clients
+# drives the gateway with to .venv-clients (one venv each), redis-server, haproxy and chromium
 # come from Debian; with TENANTGATE_REQUIRE_TOOLS=1 a missing tool fails its tests instead of
 # skipping them.
 test: install-dev
@@ -48,6 +49,7 @@ test: install-dev
 	scripts/install-haproxy.sh
 	scripts/install-chromium.sh
 	scripts/install-otelcol.sh
+	scripts/install-clients.sh
 	$(BIN)/lint-imports
 	TENANTGATE_REQUIRE_TOOLS=1 PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 

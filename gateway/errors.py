@@ -48,10 +48,14 @@ class ContextLengthExceeded(InvalidRequest):
 
     code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, context_tokens: int, whose: str = "This model's") -> None:
-        super().__init__(f"{whose} maximum context length is {context_tokens} tokens, and the prompt has "
-                         f"{prompt_tokens} tokens, which leaves no room for a completion; reduce the length "
-                         "of the messages or the prompt", param="messages")
+    def __init__(self, prompt_tokens: int, context_tokens: int, *, tenants: bool = False) -> None:
+        # OpenAI's wording whichever window binds: clients (LiteLLM's ContextWindowExceededError,
+        # its fallbacks) recognise the error by it. Which window it was follows it.
+        window = "this tenant's policy" if tenants else "the model"
+        super().__init__(f"This model's maximum context length is {context_tokens} tokens. However, your messages "
+                         f"resulted in {prompt_tokens} tokens, which leaves no room for a completion. Please "
+                         f"reduce the length of the messages or the prompt (the window is set by {window}).",
+                         param="messages")
 
 
 class Unauthenticated(GatewayError):
@@ -60,7 +64,7 @@ class Unauthenticated(GatewayError):
     anyone could test which tenants are customers."""
 
     status_code = 401
-    type = "authentication_error"
+    type = "invalid_request_error"  # OpenAI's type for a refused key
     code = "invalid_token"
     MESSAGE = "the access token is invalid or is not accepted by this service"
 
@@ -129,15 +133,27 @@ class ResponseNotFound(GatewayError):
 
 
 class RateLimited(GatewayError):
+    """A spent budget. The type is OpenAI's: the kind of budget, `requests` or `tokens`."""
+
     status_code = 429
-    type = "rate_limit_exceeded"
+    type = "requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, retry_after_s: float, *, code: str | None = None,
+    def __init__(self, message: str, retry_after_s: float, *, code: str | None = None, kind: str = "requests",
                  headers: dict[str, str] | None = None) -> None:
         seconds = max(1, int(retry_after_s + 0.999))
         super().__init__(message, code=code, headers={**(headers or {}), "Retry-After": str(seconds)})
+        self.type = kind
         self.retry_after_s = seconds
+
+
+class NeverAdmissible(RateLimited):
+    """A request larger than a whole budget: no wait lets it through, so the answer says not to
+    retry (`x-should-retry: false`, which the openai SDKs obey) and has no Retry-After."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 0, kind="tokens")
+        self.headers = {"x-should-retry": "false"}
 
 
 class Unavailable(GatewayError):
@@ -197,6 +213,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = _field_path(tuple(first.get("loc", ())))
     # pydantic's msg describes the rule ("Input should be a valid integer"), never the input.
     message = "unknown field" if first.get("type") == "extra_forbidden" else str(first.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")  # a validator's own words, without pydantic's tag
     return (f"{param}: {message}" if param else message), param
 
 

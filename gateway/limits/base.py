@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.errors import RateLimited
+from gateway.errors import NeverAdmissible, RateLimited
 
 WINDOW_S = 60.0  # the budgets are per minute, and a whole minute's budget may be spent at once
 
@@ -28,6 +28,7 @@ class Admission:
     principal_requests_per_minute: int
     principal_tokens_per_minute: int
     concurrent_requests: int
+    embeds: bool = False  # an embeddings call reserves its input alone: there is no max_tokens
 
 
 @dataclass(slots=True, weakref_slot=True)  # the Redis limiter renews only tickets still held
@@ -60,9 +61,11 @@ def check_admissible(admission: Admission) -> None:
         raise RateLimited("this tenant's policy allows no requests at present", WINDOW_S)
     budget = min(a.tokens_per_minute, a.principal_tokens_per_minute)
     if a.tokens > budget:
-        raise RateLimited(
-            f"the request reserves {a.tokens} tokens (prompt plus max_tokens), more than the "
-            f"{budget} tokens per minute this caller may use; lower max_tokens", WINDOW_S)
+        reserved, change = (("its input", "send less input per request (fewer or shorter texts)") if a.embeds
+                            else ("prompt plus max_tokens", "lower max_tokens or shorten the prompt"))
+        raise NeverAdmissible(
+            f"the request reserves {a.tokens} tokens ({reserved}), more than the {budget} tokens per minute "
+            f"this caller may use, so it can never be admitted, however long it waits; {change}")
 
 
 def rate_limit_headers(a: Admission, now_s: float, tats_s: Sequence[float]) -> dict[str, str]:
@@ -95,7 +98,8 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{text}" if minutes else text
 
 
-# Which budget refused, by the index the limiters report.
+# Which budget refused, by the index the limiters report, and its kind (OpenAI's error type).
+KINDS = ("requests", "tokens", "requests", "tokens", "requests")
 REFUSED = (
     "the tenant's requests-per-minute limit is reached",
     "the tenant's tokens-per-minute limit is reached",

@@ -7,7 +7,7 @@ import threading
 import time
 
 from gateway.errors import RateLimited
-from gateway.limits.base import REFUSED, WINDOW_S, Admission, Ticket, check_admissible, rate_limit_headers
+from gateway.limits.base import KINDS, REFUSED, WINDOW_S, Admission, Ticket, check_admissible, rate_limit_headers
 
 
 class InProcessLimiter:
@@ -36,7 +36,8 @@ class InProcessLimiter:
             waits = [tat - now - WINDOW_S for tat in new_tats]
             worst = max(range(len(waits)), key=waits.__getitem__)
             if waits[worst] > 0:
-                raise RateLimited(REFUSED[worst], waits[worst], headers=rate_limit_headers(admission, now, tats))
+                raise RateLimited(REFUSED[worst], waits[worst], kind=KINDS[worst],
+                                  headers=rate_limit_headers(admission, now, tats))
             in_flight = self._in_flight.setdefault(admission.tenant, set())
             if len(in_flight) >= admission.concurrent_requests:
                 raise RateLimited(REFUSED[4], 1.0, headers=rate_limit_headers(admission, now, tats))

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import RateLimited
 from gateway.limits.base import (
+    KINDS,
     REFUSED,
     WINDOW_S,
     Admission,
@@ -173,7 +174,8 @@ class RedisLimiter:
         if int(result[0]) != 1:
             if int(result[2]) == 0:
                 raise QuotaStoreUnavailable()  # released before it ran (no caller waits for this answer)
-            raise RateLimited(REFUSED[int(result[2]) - 1], int(result[1]) / 1000,
+            refused = int(result[2]) - 1
+            raise RateLimited(REFUSED[refused], int(result[1]) / 1000, kind=KINDS[refused],
                               headers=_headers(a, result[3:]))
         ticket = Ticket(admission, headers=_headers(a, result[1:]))
         self._live[a.request_id] = ticket

@@ -198,7 +198,7 @@ def _denial(judgement: Judgement, prompt_tokens: int) -> GatewayError:
         return ModelDenied(reasons, judgement.revision)
     windows = [CONTEXT_DENIED_REASON.fullmatch(reason) for reason in reasons]
     if windows and all(windows):
-        return ContextLengthExceeded(prompt_tokens, int(windows[0][1]), "This tenant's")
+        return ContextLengthExceeded(prompt_tokens, int(windows[0][1]), tenants=True)
     return PolicyDenied(reasons, judgement.revision)
 
 
@@ -216,13 +216,12 @@ def envelope_for(gateway: Gateway, principal: Principal, judgement: Judgement) -
 def effective_max_tokens(decision: Decision, context_cap: int | None, requested: int | None,
                          prompt_tokens: int) -> int:
     """The decision's max_tokens, clamped again by the context caps (the policy may be older than the model)."""
-    context = decision.limits.max_context_tokens
-    whose = "This tenant's"
+    context, tenants = decision.limits.max_context_tokens, True
     if context_cap is not None and context_cap < context:
-        context, whose = context_cap, "This model's"
+        context, tenants = context_cap, False
     room = context - prompt_tokens
     if room < 1:
-        raise ContextLengthExceeded(prompt_tokens, context, whose)
+        raise ContextLengthExceeded(prompt_tokens, context, tenants=tenants)
     wanted = decision.limits.max_tokens if requested is None else requested
     return max(1, min(wanted, decision.limits.max_tokens, room))
 
@@ -311,7 +310,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         # Each choice may generate max_tokens; the prompt runs (and counts) once.
         reserved = prompt_tokens + ask.n * max_tokens
         with trace.stage("quota", **{"tenantgate.quota.tokens": reserved}) as span:
-            ticket = await reserve(gateway, principal, decision, ask.request_id, reserved)
+            ticket = await reserve(gateway, principal, decision, ask.request_id, reserved, embeds=ask.embeds)
             span.set_attribute("tenantgate.quota.accounted", ticket.accounted)
     except GatewayError as exc:
         judgement = judgement or getattr(exc, "judgement", None)
@@ -361,7 +360,7 @@ def audit_refusal(gateway: Gateway, ask: Ask, principal: Principal, judgement: J
 
 
 async def reserve(gateway: Gateway, principal: Principal, decision: Decision, request_id: str,
-                  tokens: int) -> Ticket:
+                  tokens: int, *, embeds: bool = False) -> Ticket:
     """Admits the request against its budgets; fail closed when the quota store is down,
     unless the tenant's decision allows fail-open (then served, unaccounted)."""
     limits = decision.limits
@@ -371,7 +370,7 @@ async def reserve(gateway: Gateway, principal: Principal, decision: Decision, re
         requests_per_minute=limits.requests_per_minute, tokens_per_minute=limits.tokens_per_minute,
         principal_requests_per_minute=limits.principal_requests_per_minute,
         principal_tokens_per_minute=limits.principal_tokens_per_minute,
-        concurrent_requests=limits.concurrent_requests,
+        concurrent_requests=limits.concurrent_requests, embeds=embeds,
     )
     try:
         ticket = await gateway.limiter.admit(admission)

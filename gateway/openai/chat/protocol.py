@@ -24,17 +24,26 @@ class Message(RequestModel):
     name: Annotated[str, Field(max_length=64)] | None = None
     tool_call_id: str | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None  # an assistant's
+    # What OpenAI's own assistant messages carry, so an answer can be sent back as it came
+    # (`messages.append(choice.message)`, or its model_dump()). A refusal is what the assistant
+    # said; annotations (citations) describe its content and are dropped; audio and a legacy
+    # function_call can only be null, as the gateway answers them.
+    refusal: str | None = None
+    annotations: list[dict] | None = Field(default=None, exclude=True)
+    audio: None = None
+    function_call: None = None
 
     @model_validator(mode="after")
-    def _tool_calls_are_an_assistants(self) -> "Message":
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
+    def _an_assistants_fields(self) -> "Message":
+        for name in ("tool_calls", "refusal", "annotations"):
+            if getattr(self, name) is not None and self.role != "assistant":
+                raise ValueError(f"only assistant messages carry {name}")
         return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
-        return self.content or ""
+        return self.content or self.refusal or ""
 
 
 class ResponseFormatText(RequestModel):

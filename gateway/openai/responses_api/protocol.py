@@ -102,6 +102,16 @@ class TextConfig(RequestModel):
     verbosity: Literal["medium"] | None = None  # the one value a model without the knob honours
 
 
+# `include` values this gateway honours: the output text's logprobs, and reasoning.encrypted_content,
+# which is vacuous here (there are no reasoning items; the Agents SDK asks for it with store: false).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDABLE = frozenset({LOGPROBS_INCLUDE, "reasoning.encrypted_content"})
+# OpenAI's other values: each names output of a built-in tool or an input image, neither of which is here.
+NOT_INCLUDABLE = frozenset({"file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                            "message.input_image.image_url", "computer_call_output.output.image_url",
+                            "code_interpreter_call.outputs"})
+
+
 class ResponsesRequest(RequestModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     input: str | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -118,6 +128,24 @@ class ResponsesRequest(RequestModel):
     previous_response_id: Annotated[str, Field(max_length=64)] | None = None
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
+    include: Annotated[list[str], Field(max_length=16)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # with include's logprobs
+
+    @field_validator("include")
+    @classmethod
+    def _includable(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            if item in NOT_INCLUDABLE:  # one of OpenAI's names, safe to repeat
+                raise ValueError(f"{item} cannot be included here: the gateway has no built-in tools and "
+                                 "takes no input images; the values it honours are " + ", ".join(sorted(INCLUDABLE)))
+            if item not in INCLUDABLE:
+                raise ValueError("not a value include takes; the values honoured here are "
+                                 + ", ".join(sorted(INCLUDABLE)))
+        return value
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -155,6 +183,8 @@ class ResponsesRequest(RequestModel):
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
                 "metadata": self.metadata}
+        if self.wants_logprobs:
+            body |= {"logprobs": True, "top_logprobs": self.top_logprobs or 0}
         if self.tools:
             body["tools"] = [tool.chat_tool() for tool in self.tools]
         if self.tool_choice is not None:

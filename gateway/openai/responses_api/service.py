@@ -22,7 +22,7 @@ from gateway.deps import Gateway
 from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import answer, chat_ask
-from gateway.openai.answers import joined, usage
+from gateway.openai.answers import chat_logprobs, joined, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.stream import event_stream
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -98,8 +98,9 @@ def response_usage(admitted: Admitted) -> dict:
 class ResponseRenderer:
     """The response object and its output message, as they stand at each point of a request."""
 
-    def __init__(self, body: ResponsesRequest, admitted: Admitted, *, stored: bool) -> None:
+    def __init__(self, body: ResponsesRequest, admitted: Admitted, *, stored: bool, token_text=None) -> None:
         self.body = body
+        self.token_text = token_text  # with include's logprobs: the model's token text, for each entry
         self.admitted = admitted
         self.stored = stored
         self.id = admitted.request_id
@@ -109,21 +110,27 @@ class ResponseRenderer:
     def incomplete(self) -> bool:
         return self.admitted.finish_reason == "length"  # max_output_tokens, or the policy's cap on it
 
-    def part(self, text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def logprobs(self, outputs: list[RequestOutput]) -> list[dict]:
+        """The output text's logprobs, chat's entries, when `include` asks for them; else none."""
+        if self.token_text is None:
+            return []
+        return chat_logprobs(self.token_text, [lp for o in outputs for lp in o.logprobs])
+
+    def part(self, text: str, logprobs: list[dict] | None = None) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
     @property
     def status(self) -> str:
         return "incomplete" if self.incomplete else "completed"
 
-    def message(self, text: str | None) -> dict:
+    def message(self, text: str | None, logprobs: list[dict] | None = None) -> dict:
         """The output message; text None: still being written."""
         return {"id": self.message_id, "type": "message", "status": "in_progress" if text is None else self.status,
-                "role": "assistant", "content": [] if text is None else [self.part(text)]}
+                "role": "assistant", "content": [] if text is None else [self.part(text, logprobs)]}
 
-    def output(self, text: str, calls: list[dict]) -> list[dict]:
+    def output(self, text: str, calls: list[dict], outputs: list[RequestOutput] = ()) -> list[dict]:
         """The output items: the message (unless the answer is calls alone), then one function_call per call."""
-        return ([self.message(text)] if text or not calls else []) + [
+        return ([self.message(text, self.logprobs(list(outputs)))] if text or not calls else []) + [
             {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "status": self.status, "call_id": call["id"],
              "name": call["function"]["name"], "arguments": call["function"]["arguments"]} for call in calls]
 
@@ -144,6 +151,7 @@ class ResponseRenderer:
             "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
             "tools": [tool.model_dump() for tool in body.tools or []],
             "top_p": 1.0 if body.top_p is None else body.top_p,
+            "top_logprobs": body.top_logprobs or 0,
             "truncation": "disabled", "usage": response_usage(self.admitted) if done else None,
             "user": body.user, "metadata": body.metadata or {},
         }
@@ -202,7 +210,8 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
     response_id = "resp_" + uuid.uuid4().hex
     admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE, format_param="text.format"))
     retention = admitted.judgement.decision.responses
-    render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store)
+    token_text = gateway.models[body.model].tokenizer.token_text if chat.logprobs else None
+    render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store, token_text=token_text)
 
     async def keep(text: str, calls: list[dict], output: list[dict]) -> None:
         if render.stored:
@@ -219,8 +228,9 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
                                  "classification); send the conversation as input items", param=asked)
         if body.stream:
             return await _stream(gateway, admitted, request, chat, render, keep)
-        text, calls = answer_of(chat, await collect(gateway, admitted, request))
-        output = render.output(text, calls)
+        outputs = await collect(gateway, admitted, request)
+        text, calls = answer_of(chat, outputs)
+        output = render.output(text, calls, outputs)
         await keep(text, calls, output)
         await recorded(finish(gateway, admitted, status=200, outcome="completed"))
         return JSONResponse(render.response(output), headers={"X-Request-Id": response_id})
@@ -253,8 +263,8 @@ async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: 
         return [{"type": "response.output_item.added", "output_index": 0, "item": render.message(None)},
                 {"type": "response.content_part.added", **at, "part": render.part("")}]
 
-    def text_delta(text: str) -> list[dict]:
-        return [{"type": "response.output_text.delta", **at, "delta": text, "logprobs": []}] if text else []
+    def text_delta(text: str, logprobs: list[dict] | None = None) -> list[dict]:
+        return [{"type": "response.output_text.delta", **at, "delta": text, "logprobs": logprobs or []}] if text else []
 
     def opening() -> list[dict]:
         return [{"type": "response.created", "response": render.response(None)},
@@ -263,14 +273,14 @@ async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: 
 
     def deltas(output) -> list[dict]:
         held.append(output)
-        return [] if tools else text_delta(output.new_text)
+        return [] if tools else text_delta(output.new_text, render.logprobs([output]))
 
     def item_events(index: int, item: dict) -> list[dict]:
         if item["type"] == "message":
-            text = item["content"][0]["text"]
-            return [*(message_opening() if tools else []), *(text_delta(text) if tools else []),
-                    {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
-                    {"type": "response.content_part.done", **at, "part": render.part(text)},
+            text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
+            return [*(message_opening() if tools else []), *(text_delta(text, logprobs) if tools else []),
+                    {"type": "response.output_text.done", **at, "text": text, "logprobs": logprobs},
+                    {"type": "response.content_part.done", **at, "part": item["content"][0]},
                     {"type": "response.output_item.done", "output_index": 0, "item": item}]
         call = {"item_id": item["id"], "output_index": index}
         return [{"type": "response.output_item.added", "output_index": index,
@@ -281,7 +291,7 @@ async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: 
 
     def closing() -> list[dict]:
         text, calls = answer_of(chat, held)
-        answered.update(text=text, calls=calls, output=render.output(text, calls))
+        answered.update(text=text, calls=calls, output=render.output(text, calls, held))
         return [event for index, item in enumerate(answered["output"]) for event in item_events(index, item)]
 
     def done() -> bytes:

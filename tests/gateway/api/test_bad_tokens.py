@@ -15,7 +15,7 @@ from tests.utils.bad_tokens import CASE_IDS, bad_token_cases
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 # The one answer for every refused token, whatever the reason.
 REFUSED = {"error": {"message": "the access token is invalid or is not accepted by this service",
-                     "type": "authentication_error", "param": None, "code": "invalid_token"}}
+                     "type": "invalid_request_error", "param": None, "code": "invalid_token"}}
 CHALLENGE = ('Bearer realm="tenantgate", error="invalid_token", '
              'error_description="the access token is invalid or is not accepted by this service"')
 
@@ -43,7 +43,7 @@ def test_bad_token_is_401(gateway, corpus, case: str) -> None:
     assert response.status_code == 401, (case, response.status_code, response.text)
     assert response.headers["www-authenticate"].startswith("Bearer")
     error = response.json()["error"]
-    assert error["type"] == "authentication_error"
+    assert error["type"] == "invalid_request_error"
     if token:  # a token was presented: the answer says nothing of why it was refused
         assert response.json() == REFUSED, (case, response.text)
         assert response.headers["www-authenticate"] == CHALLENGE

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.errors import GatewayError
 from devkit.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
@@ -65,7 +66,7 @@ def test_context_overflow_is_400_before_the_engine(gateway) -> None:
 def test_unregistered_tenant_is_refused_before_any_key_fetch(gateway) -> None:
     fetches = gateway.issuer.jwks_requests if hasattr(gateway.issuer, "jwks_requests") else None
     error = _assert_openai_error(_post(gateway, CHAT, tenant=UNREGISTERED), 401)
-    assert error["type"] == "authentication_error"
+    assert error["type"] == "invalid_request_error"
     if fetches is not None:
         assert gateway.issuer.jwks_requests == fetches
 
@@ -77,8 +78,40 @@ def test_rate_limit_is_429_with_retry_after(gateway) -> None:
     assert limited, [r.status_code for r in responses]
     assert all(r.status_code in (200, 429) for r in responses)
     error = _assert_openai_error(limited[0], 429)
-    assert error["code"] == "rate_limit_exceeded"
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"  # OpenAI's: the budget's kind
     assert 1 <= int(limited[0].headers["retry-after"]) <= 60
+
+
+def _documented_errors() -> dict[tuple[int, str], str]:
+    """docs/api.md's error table: (status, code) -> its type cell."""
+    text = (Path(__file__).parents[3] / "docs" / "api.md").read_text()
+    table = text[text.index("| Status | `type` | `code` | When |"):].split("\n\n")[0].splitlines()[2:]
+    rows = {}
+    for row in table:
+        status, type_cell, codes = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        for code in codes.replace("`", "").split(","):
+            rows[(int(status), code.strip())] = type_cell
+    return rows
+
+
+def _error_classes(cls=GatewayError):
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _error_classes(sub)
+
+
+def test_the_documented_error_types_are_the_ones_answered(gateway) -> None:
+    """Each error the gateway raises has its row in docs/api.md, with the type it is answered with;
+    the routes' 404 and 405, made by the handler, likewise."""
+    documented = _documented_errors()
+    answered = {(cls.status_code, cls.code, cls.type) for cls in _error_classes()}
+    answered |= {(429, "rate_limit_exceeded", "tokens")}  # RateLimited's kind, per budget
+    for path, method in (("/v1/nope", "GET"), ("/v1/models", "DELETE")):
+        error = _assert_openai_error(httpx.request(method, gateway.base_url + path), 404 if path == "/v1/nope" else 405)
+        answered.add((404 if path == "/v1/nope" else 405, error["code"], error["type"]))
+    for status, code, type_ in answered:
+        assert (status, code) in documented, (status, code)
+        assert f"`{type_}`" in documented[(status, code)], (status, code, type_)
 
 
 def test_metrics_are_on_their_own_port_only(gateway) -> None:
@@ -121,7 +154,7 @@ def test_a_forged_token_for_a_tenant_whose_discovery_fails_leaves_readiness_alon
     with serving(app) as base:
         forged = forger.mint(ALPHA, audience="api://tenantgate")
         response = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {forged}"})
-        assert _assert_openai_error(response, 401)["type"] == "authentication_error"
+        assert _assert_openai_error(response, 401)["type"] == "invalid_request_error"
         assert faulty_issuer.refused_requests == 1  # the keys were tried, and the issuer said no
         ready = httpx.get(base + "/readyz")
         assert ready.status_code == 200 and ready.json() == {"status": "ready"}

@@ -45,8 +45,10 @@ def test_a_prompt_over_the_tenants_window_is_400_context_length_exceeded_with_it
     for caught in (chat, completion):
         assert caught.value.code == "context_length_exceeded"
         message = caught.value.body["message"]
-        assert "maximum context length is 1024 tokens" in message
-        prompt_tokens = int(message.split("the prompt has ")[1].split(" ")[0])
+        # OpenAI's wording, which clients such as LiteLLM recognise, whichever window binds.
+        assert message.startswith("This model's maximum context length is 1024 tokens. However, your messages "
+                                  "resulted in ") and message.endswith("(the window is set by this tenant's policy).")
+        prompt_tokens = int(message.split("resulted in ")[1].split(" ")[0])
         assert prompt_tokens > 1024
         # The refusal names its audit record, which says why.
         decision_id = caught.value.response.headers["x-tenantgate-decision-id"]

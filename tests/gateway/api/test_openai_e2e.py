@@ -24,6 +24,25 @@ def test_chat_completion_returns_text_and_usage(gateway) -> None:
     assert completion.system_fingerprint.startswith("fp_")
 
 
+def test_an_answer_sent_back_as_the_sdk_returned_it_continues_the_conversation(gateway) -> None:
+    """The SDK docs' loop: the answer object, or its model_dump() (refusal, annotations, audio and
+    function_call as null), goes back into messages. A non-null audio or function_call still has
+    no meaning here, and a refusal only an assistant's."""
+    client = gateway.client(ALPHA)
+    first = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=3)
+    message = first.choices[0].message
+    for sent in (message, message.model_dump(), message.model_dump() | {"annotations": [], "refusal": "no"}):
+        again = client.chat.completions.create(model="demo", max_tokens=3,
+                                               messages=[*CHAT, sent, {"role": "user", "content": "More."}])
+        assert again.choices[0].message.content
+    for field, value, role in [("audio", {"id": "audio_1"}, "assistant"), ("function_call", {"name": "f",
+                               "arguments": "{}"}, "assistant"), ("refusal", "no", "user")]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="demo", max_tokens=1,
+                                           messages=[*CHAT, {"role": role, "content": "x", field: value}])
+        assert caught.value.body["param"] in (f"messages.1.{field}", "messages.1"), caught.value.body
+
+
 def test_chat_stream_matches_non_streaming_and_reports_usage(gateway) -> None:
     client = gateway.client(ALPHA)
     whole = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=10, temperature=0)
@@ -111,7 +130,7 @@ def test_missing_and_invalid_tokens_are_401_with_a_challenge(gateway) -> None:
     anonymous = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "demo", "messages": CHAT})
     assert anonymous.status_code == 401
     assert anonymous.headers["www-authenticate"].startswith("Bearer")
-    assert anonymous.json()["error"]["type"] == "authentication_error"
+    assert anonymous.json()["error"]["type"] == "invalid_request_error"
     with openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="not-a-token", max_retries=0) as client:
         with pytest.raises(openai.AuthenticationError):
             client.models.list()

@@ -277,7 +277,9 @@ def test_without_a_response_store_storing_and_continuing_are_refused(gateway: Ga
     ({"input": "x", "max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
     ({"input": "x", "temperature": 2.5}, "invalid_value", "temperature"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "unknown_parameter", "reasoning"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "unknown_parameter", "include"),
+    ({"input": "x", "include": ["web_search_call.results"]}, "invalid_value", "include"),
+    ({"input": "x", "include": ["anything.else"]}, "invalid_value", "include"),
+    ({"input": "x", "include": [], "top_logprobs": 21}, "invalid_value", "top_logprobs"),
     ({"input": "x", "text": {"format": {"type": "text"}, "extra": 1}}, "unknown_parameter", "text.extra"),
 ])
 def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, code: str, param: str) -> None:
@@ -286,6 +288,31 @@ def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, code: str, par
     error = response.json()["error"]
     assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error")
     assert response.headers["x-request-id"]
+
+
+def test_include_is_honoured_or_refused_naming_the_value(gateway: Gateway) -> None:
+    """The Agents SDK sends `include` on every call ([] by default): accepted. The output text's
+    logprobs are given when asked for, streamed or not; a value naming a built-in tool's output is
+    400 at `include`, naming it."""
+    client = gateway.client()
+    assert client.responses.create(model="demo", input="x", include=[], max_output_tokens=2).status == "incomplete"
+    plain = client.responses.create(model="demo", input="x", max_output_tokens=3, temperature=0)
+    assert plain.output[0].content[0].logprobs == []
+    asked = client.responses.create(model="demo", input="x", max_output_tokens=3, temperature=0, top_logprobs=2,
+                                    include=["message.output_text.logprobs", "reasoning.encrypted_content"])
+    logprobs = asked.output[0].content[0].logprobs
+    assert len(logprobs) == 3 and "".join(lp.token for lp in logprobs) == asked.output_text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in logprobs)
+    events = list(client.responses.create(model="demo", input="x", max_output_tokens=3, temperature=0, stream=True,
+                                          include=["message.output_text.logprobs"]))
+    assert sum(len(e.logprobs) for e in events if e.type == "response.output_text.delta") == 3
+    streamed = events[-1].response  # response.incomplete: cut at max_output_tokens
+    assert [lp.token for lp in streamed.output[0].content[0].logprobs] == [lp.token for lp in logprobs]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="demo", input="x", include=["file_search_call.results"])
+    error = refused.value.body
+    assert (error["param"], error["code"]) == ("include", "invalid_value")
+    assert error["message"].startswith("include: file_search_call.results cannot be included here")
 
 
 def test_builtin_tools_are_refused_and_text_format_is_enforced(gateway: Gateway) -> None:

@@ -156,7 +156,7 @@ def test_admin_usage_serves_the_same_figures_to_operators_only(metered) -> None:
     assert as_csv.status_code == 200 and _by_principal(list(csv.DictReader(io.StringIO(as_csv.text)))) == metered.told
 
     unauthenticated = _admin(metered, None)
-    assert unauthenticated.status_code == 401 and unauthenticated.json()["error"]["type"] == "authentication_error"
+    assert unauthenticated.status_code == 401 and unauthenticated.json()["error"]["type"] == "invalid_request_error"
     assert _admin(metered, "not-a-token").status_code == 401
     caller = metered.issuer.mint(ALPHA, audience=AUDIENCE)  # a valid token of a tenant's user, not an operator
     refused = _admin(metered, caller)

@@ -58,7 +58,7 @@ def test_without_a_session_every_page_is_401_with_the_login_page(client) -> None
     assert client.get("/console", headers={"Cookie": "tenantgate_console=forged"}).status_code == 401
     assert client.get("/console/login").status_code == 200
     answer = client.get("/admin/console")
-    assert answer.status_code == 401 and answer.json()["error"]["type"] == "authentication_error"
+    assert answer.status_code == 401 and answer.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_a_token_without_the_operator_role_is_refused(gateway, client) -> None:

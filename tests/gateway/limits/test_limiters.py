@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -42,11 +43,12 @@ async def test_requests_per_minute_admits_the_minutes_budget_then_refuses(limite
     count, refusal = await _admitted(limiter, lambda: admission(tenant, rpm=5), 10)
     assert count == 5
     assert "requests-per-minute" in refusal.message and 1 <= refusal.retry_after_s <= 12
+    assert refusal.type == "requests"  # OpenAI's error type: the kind of budget
 
 
 async def test_tokens_per_minute_counts_the_reservation(limiter, tenant) -> None:
     count, refusal = await _admitted(limiter, lambda: admission(tenant, tokens=300, tpm=1000), 10)
-    assert count == 3 and "tenant's tokens-per-minute" in refusal.message
+    assert count == 3 and "tenant's tokens-per-minute" in refusal.message and refusal.type == "tokens"
 
 
 async def test_unused_tokens_are_returned_at_settle(limiter, tenant) -> None:
@@ -95,10 +97,17 @@ def _zero_principal(tenant: str, field: str) -> Admission:
     return Admission(**values)
 
 
-async def test_a_reservation_larger_than_the_budget_is_refused_with_a_reason(limiter, tenant) -> None:
+async def test_a_reservation_larger_than_the_budget_is_refused_for_good(limiter, tenant) -> None:
+    """No wait lets it through: the answer says not to retry (the openai SDK obeys x-should-retry)
+    and has no Retry-After; an embeddings call, which has no max_tokens, is told to send less input."""
     with pytest.raises(RateLimited) as caught:
         await limiter.admit(admission(tenant, tokens=5000, tpm=1000))
-    assert "lower max_tokens" in caught.value.message
+    refusal = caught.value
+    assert "can never be admitted" in refusal.message and "lower max_tokens" in refusal.message
+    assert refusal.headers == {"x-should-retry": "false"} and refusal.type == "tokens"
+    with pytest.raises(RateLimited) as caught:
+        await limiter.admit(dataclasses.replace(admission(tenant, tokens=5000, tpm=1000), embeds=True))
+    assert "max_tokens" not in caught.value.message and "send less input" in caught.value.message
 
 
 async def test_redis_keys_share_one_hash_tag(redis_server, tenant) -> None:

@@ -1,0 +1,55 @@
+"""langchain-openai (tests/clients/requirements/langchain-openai.txt): tools, structured output and
+embeddings as its docs show them.
+
+Each tool call is forced and its one argument is an enum of one value; each structured answer is an
+enum of two; so the schema, not the model, decides what a well-behaved gateway returns. Embeddings
+are compared with the same string embedded through the openai SDK."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.clients.conftest import ClientGateway, result, run_flow
+
+WEATHER_CALL = [{"name": "get_weather", "args": {"city": "Paris"}}]
+
+
+@pytest.fixture(scope="module")
+def report(client_gateway: ClientGateway) -> dict:
+    return run_flow("langchain-openai", "langchain_flow", client_gateway)
+
+
+def test_bind_tools_with_a_strict_schema_makes_the_forced_call(report: dict) -> None:
+    outcome = result(report, "bind_tools_strict")
+    assert outcome["tool_calls"] == WEATHER_CALL and outcome["invalid_tool_calls"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 25 item 5 (not done): a schema that leaves additionalProperties "
+                   "unsaid lets SmolLM2 add keys the tool lacks (it wrote {'city': 'Paris', 'type': 'city'})")
+def test_bind_tools_with_langchains_default_schema_makes_the_forced_call(report: dict) -> None:
+    outcome = result(report, "bind_tools_default")
+    assert outcome["tool_calls"] == WEATHER_CALL and outcome["invalid_tool_calls"] == 0
+
+
+def test_structured_output_by_json_schema_returns_the_model(report: dict) -> None:
+    outcome = result(report, "structured_output_json_schema")
+    assert outcome["type"] == "Capital" and outcome["city"] in ("Paris", "Rome")
+
+
+def test_structured_output_by_function_calling_returns_the_model(report: dict) -> None:
+    """The schema leaves additionalProperties unsaid (item 5); pydantic ignores extra keys, so this
+    holds as long as the forced call closes its object, which SmolLM2 does here at temperature 0."""
+    outcome = result(report, "structured_output_function_calling")
+    assert outcome["type"] == "Capital" and outcome["city"] in ("Paris", "Rome")
+
+
+def test_embeddings_of_text_are_the_texts_vector(report: dict) -> None:
+    outcome = result(report, "embeddings_text")
+    assert outcome["dimensions"] == 384 and outcome["cosine_to_the_text"] >= 0.9999
+
+
+@pytest.mark.xfail(strict=True, reason="issue 25 item 3 (not done): OpenAIEmbeddings at its defaults sends "
+                   "cl100k token ids, which the gateway runs as BERT ids (and tiktoken must fetch cl100k_base)")
+def test_embeddings_at_langchains_defaults_are_the_texts_vector(report: dict) -> None:
+    outcome = result(report, "embeddings_defaults")
+    assert outcome["dimensions"] == 384 and outcome["cosine_to_the_text"] >= 0.9999
