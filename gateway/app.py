@@ -124,7 +124,8 @@ def build_limiter(settings: Settings) -> Limiter:
         return InProcessLimiter()
     from gateway.limits.redis import RedisLimiter, redis_client
 
-    client = redis_client(url, timeout_s=settings.redis_timeout_s, entra=settings.redis_entra)
+    client = redis_client(url, timeout_s=settings.redis_timeout_s, entra=settings.redis_entra,
+                          max_connections=settings.redis_max_connections)
     return RedisLimiter(client, breaker_s=settings.redis_breaker_s, lease_s=settings.concurrency_lease_s)
 
 

@@ -124,6 +124,8 @@ class Settings(BaseSettings):
     redis_entra: bool = False  # authenticate to Azure Managed Redis / Azure Cache with an Entra token
     redis_timeout_s: float = Field(0.25, gt=0, le=10)
     redis_breaker_s: float = Field(1.0, ge=0, le=60)
+    # Connections to Redis per pool; a caller waits up to redis_timeout_s for one to come free.
+    redis_max_connections: int = Field(256, ge=1, le=65536)
     # A request in flight holds a lease this long, renewed every third of it while it runs: a slot
     # whose release was lost (a replica died, a settle never reached Redis) frees itself after this.
     concurrency_lease_s: float = Field(30.0, ge=1, le=3600)

@@ -3,9 +3,11 @@
 One Lua script per decision checks and updates all of a request's budgets atomically,
 on Redis' clock (so replica clocks do not matter). The keys of one tenant share a hash
 tag, `tg:{<tenant digest>}:…`, so the script also runs on Redis Cluster. Connection
-settings are bounded (timeouts, no retry loop), and after a failure the limiter stops
-asking for `breaker_s`, so an outage costs a request at most one timeout and most
-requests none; it recovers on its own when Redis answers again.
+settings are bounded (timeouts, no retry loop, a sized pool whose callers wait a bounded
+time for a connection), and after a failure the limiter stops asking for `breaker_s`, so an
+outage costs a request at most one timeout and most requests none; it recovers on its own
+when Redis answers again. A pool that stays busy for a caller's whole wait refuses that caller
+only: it is this replica's load, not evidence that Redis is down.
 
 A request in flight holds a lease in its tenant's set, `lease_s` long, that this replica
 renews while the request runs, so the slot of a replica that died frees itself quickly.
@@ -27,7 +29,8 @@ from collections import defaultdict
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError, RedisError
 
 from gateway.errors import RateLimited
 from gateway.limits.base import (
@@ -146,6 +149,9 @@ class RedisLimiter:
 
     def _unavailable(self, exc: BaseException) -> QuotaStoreUnavailable:
         self.failures += 1
+        if isinstance(exc, PoolExhausted):  # this replica's own load, not Redis: the breaker stays shut
+            logger.warning("quota store pool exhausted: a request waited its whole timeout for a connection")
+            return QuotaStoreUnavailable()
         if time.monotonic() >= self._down_until:
             logger.error("quota store unreachable (%s); requests fail closed unless their policy allows fail-open",
                          type(exc).__name__)
@@ -163,6 +169,8 @@ class RedisLimiter:
         try:
             result = await self._admit(keys=[*keys(a), tombstone_key(a)],
                                        args=[*costs, a.request_id, a.concurrent_requests, self._lease_ms])
+        except PoolExhausted as exc:  # no command was sent: nothing to release
+            raise self._unavailable(exc) from None
         except (RedisError, OSError) as exc:
             # The script may have run, or may still run when a hung Redis wakes: the caller is
             # refused either way, so the admission must not keep a lease.
@@ -267,15 +275,59 @@ def _headers(a: Admission, tats_us) -> dict[str, str]:
     return rate_limit_headers(a, 0.0, [int(t) / 1e6 for t in tats_us])
 
 
-def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default"
-                 ) -> aioredis.Redis:
-    """A client with bounded timeouts and no retry loop. Password and TLS come from the URL
+class PoolExhausted(MaxConnectionsError):
+    """Every pooled connection stayed busy for the pool's whole wait: this replica's own load,
+    not evidence that Redis is down."""
+
+
+class _ReconnectingHealthCheck:
+    """A connection whose health check (a PING before a command, once it was idle) reconnects and
+    pings once more when the first PING fails: PING is idempotent, and a connection that a
+    restarted Redis dropped should cost its caller a reconnect, not a refusal. A second failure
+    is real evidence, and the command's caller sees it."""
+
+    async def check_health(self) -> None:
+        if not self.health_check_interval or asyncio.get_running_loop().time() <= self.next_health_check:
+            return
+        try:
+            await self._send_ping()
+        except (RedisConnectionError, OSError) as exc:
+            await self._ping_failed(exc, 1)  # redis-py's own way out: the dead socket is closed
+            await self.connect()
+            await self._send_ping()
+
+
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """A sized pool whose callers wait (at most `timeout`) for a connection, first come first
+    served, instead of failing at once as redis-py's default pool does past 100 connections."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        base = self.connection_class  # Connection, or SSLConnection for rediss://
+        self.connection_class = type(f"Reconnecting{base.__name__}", (_ReconnectingHealthCheck, base), {})
+
+    async def get_connection(self, *args, **kwargs):
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except RedisConnectionError as exc:
+            if isinstance(exc.__cause__, asyncio.TimeoutError):
+                raise PoolExhausted("no pooled connection to the quota store came free in time") from None
+            raise
+
+
+def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default",
+                 max_connections: int = 256, pool_timeout_s: float | None = None) -> aioredis.Redis:
+    """A client with bounded timeouts and no retry loop, on a sized pool whose callers wait at
+    most pool_timeout_s (default: timeout_s) for a connection. Password and TLS come from the URL
     (`rediss://:password@host:port`); with entra, the password is an Entra ID token from
-    azure-identity (managed identity, workload identity or the developer's login)."""
+    azure-identity (managed identity, workload identity or the developer's login). A pooled
+    connection idle for a second is pinged before it is used, so one that a restarted Redis
+    dropped is reopened instead of failing a caller's command."""
     options = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False,
-                   retry=Retry(NoBackoff(), 0), health_check_interval=30)
+                   retry=Retry(NoBackoff(), 0), health_check_interval=1, max_connections=max_connections,
+                   timeout=timeout_s if pool_timeout_s is None else pool_timeout_s)
     if entra:
         from redis_entraid.cred_provider import create_from_default_azure_credential
 
         options["credential_provider"] = create_from_default_azure_credential((entra_scope,))
-    return aioredis.Redis.from_url(url, **options)
+    return aioredis.Redis.from_pool(BoundedPool.from_url(url, **options))  # from_pool: aclose closes the pool too
