@@ -79,7 +79,6 @@ class EmbeddedPolicy:
         self._signature = self._files_signature()
         prepared, engine = checked(self._policy_dir, self._data_dir)
         self._evaluator = EmbeddedEvaluator(source=prepared, engine=engine, cache_size=cache_size)
-        self._tenants = prepared.tenant_ids
         self._failing: dict[str, tuple[str, float]] = {}  # tenant -> (revision, refused until): a failed evaluation
         self._task: asyncio.Task | None = None
         self.reload_failures = 0
@@ -116,13 +115,13 @@ class EmbeddedPolicy:
 
     def tenant_known(self, tenant_id: str) -> bool:
         """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
-        return tenant_id in self._tenants
+        return tenant_id in self._evaluator.source.tenant_ids
 
     def tenant_enabled(self, tenant_id: str) -> bool:
         return tenant_id in self._evaluator.source.enabled_tenant_ids
 
     def tenant_ids(self) -> frozenset[str]:
-        return self._tenants
+        return self._evaluator.source.tenant_ids
 
     def ready(self) -> bool:
         return True  # a policy that failed to load never got this far
@@ -140,7 +139,7 @@ class EmbeddedPolicy:
             return False
         engine = await build_engine_cooperatively(prepared)
         evaluator = EmbeddedEvaluator(source=prepared, engine=engine, cache_size=self._cache_size)
-        old, self._evaluator, self._tenants = self._evaluator.revision, evaluator, prepared.tenant_ids
+        old, self._evaluator = self._evaluator.revision, evaluator
         self._failing = {}
         logger.info("policy reloaded: %s -> %s", old, evaluator.revision)
         return True
