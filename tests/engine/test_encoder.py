@@ -2,6 +2,7 @@
 its asyncio front (AsyncEncoder): what shares a step, and what a vector then depends on."""
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,20 +57,36 @@ def test_a_checkpoint_that_is_not_bert_is_refused(tmp_path: Path) -> None:
         Encoder(tmp_path, device="cpu")
 
 
-async def test_shared_requests_of_two_tenants_share_a_step_and_get_their_vectors_alone(encoder: Encoder) -> None:
+async def test_shared_requests_of_two_tenants_share_a_step_and_get_their_vectors_alone(
+    encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ids = encoder.tokenize(TEXTS)
     short, long = ids[:5], [ids[-7]] * 2  # short inputs padded to 256 beside the long ones
+    # Tenant c's step is held until a's and b's requests have queued, whatever this machine's
+    # speed (a sleep raced it: a step that ended first let a run alone, CI saw 3 steps).
+    started, release = threading.Event(), threading.Event()
+    embed = encoder.embed
+
+    def held(inputs: list[list[int]]) -> torch.Tensor:
+        started.set()
+        assert release.wait(30)
+        return embed(inputs)
+
+    monkeypatch.setattr(encoder, "embed", held)
     front = AsyncEncoder(encoder)
     try:
-        # Tenant c's step (one step's worth, in a lane of its own) runs while a and b queue.
         busy = asyncio.ensure_future(front.embed([ids[-7]] * encoder.batch_size,
                                                  envelope("tenant-c", isolation="tenant")))
-        await asyncio.sleep(0.2)
-        a, b = await asyncio.gather(front.embed(short, envelope("tenant-a")), front.embed(long, envelope("tenant-b")))
+        assert await asyncio.to_thread(started.wait, 30)
+        both = asyncio.gather(front.embed(short, envelope("tenant-a")), front.embed(long, envelope("tenant-b")))
+        await asyncio.sleep(0)  # both requests reach the scheduler before c's step ends
+        release.set()
+        a, b = await both
         await busy
         assert front.steps == 2  # c's, then one for a's and b's inputs together
     finally:
         front.shutdown()
+    monkeypatch.undo()
     for together, alone in ((a, encoder.embed(short)), (b, encoder.embed(long))):
         assert cosines(together, alone).min() >= 1 - 1e-6
         assert (together - alone).abs().max() < 1e-5
