@@ -331,7 +331,6 @@ class PrometheusSink:
             f"last {HIT_RATIO_WINDOW} requests of each scope", ["scope"], unit="ratio", registry=r,
         )
         self._recent: dict[str, deque[tuple[int, int]]] = {}  # scope -> (hit, query) tokens per request
-        self.kv_blocks = Gauge("tenantgate_kv_blocks", "KV blocks by state", ["state"], registry=r)
         self.batch_size = Histogram(
             "tenantgate_batch_size", "Sequences per step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
         )
@@ -344,7 +343,8 @@ class PrometheusSink:
 
     def watch(self, engine) -> None:
         """Gauges read from the engine at scrape time (so an idle engine reads true too): requests
-        running and waiting, preemptions, the share of KV blocks in use."""
+        running and waiting, preemptions, the KV pool by state and the share of it in use. (The pool
+        was once set from step records: requests aborted on an idle engine left it stale.)"""
         self.registry.register(_EngineCollector(engine))
 
     def request(self, record: RequestRecord) -> None:
@@ -366,9 +366,6 @@ class PrometheusSink:
     def step(self, record: StepRecord) -> None:
         self.batch_size.observe(record.num_seqs)
         self.steps.labels(record.regime, record.lane).inc()
-        self.kv_blocks.labels("free").set(record.free_kv_blocks)
-        self.kv_blocks.labels("cached").set(record.cached_kv_blocks)
-        self.kv_blocks.labels("used").set(record.used_kv_blocks)
         self.kv_waste.set(record.kv_waste)
 
 
@@ -386,5 +383,11 @@ class _EngineCollector:
                                 "or preempted)", value=len(scheduler.waiting))
         yield CounterMetricFamily("tenantgate_engine_preemptions", "Sequences preempted to free KV blocks",
                                   value=scheduler.num_preemptions)
+        pool = scheduler.block_manager  # lengths only, as kv_usage reads them
+        free, cached = pool.num_free_blocks, pool.num_cached_blocks
+        blocks = GaugeMetricFamily("tenantgate_kv_blocks", "KV blocks by state", labels=["state"])
+        for state, value in (("free", free), ("cached", cached), ("used", max(0, pool.num_blocks - free - cached))):
+            blocks.add_metric([state], value)
+        yield blocks
         yield GaugeMetricFamily("tenantgate_kv_cache_usage", "Share of KV blocks held by requests (free and "
                                 "evictable cached blocks are not)", value=self._engine.kv_usage(), unit="ratio")

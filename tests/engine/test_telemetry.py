@@ -67,6 +67,7 @@ def test_kv_gauge_reads_zero_used_once_requests_finish(tiny_dir, make_engine) ->
     metrics = PrometheusSink()
     engine = make_engine(model=str(tiny_dir))
     engine.sinks.append(metrics)
+    metrics.watch(engine)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     engine.generate([SECRET_TEXT, "a second prompt of other words"], params, envelope())
 
@@ -135,6 +136,31 @@ def test_engine_gauges_read_the_scheduler_and_pool_at_scrape_time(tiny_dir, make
     assert sample("tenantgate_engine_preemptions_total") == engine.scheduler.num_preemptions > 0
     assert (sample("tenantgate_engine_requests_running"), sample("tenantgate_engine_requests_waiting")) == (0, 0)
     assert sample("tenantgate_kv_cache_usage_ratio") == 0  # finished prompts stay cached, and evictable
+
+
+def test_the_kv_pool_gauge_reads_true_after_aborts_on_an_idle_engine(tiny_dir, make_engine) -> None:
+    """Aborting every request frees its blocks with no step after it: the pool gauge must say so
+    (it was set from step records only, and kept the aborted requests' blocks as used)."""
+    metrics = PrometheusSink()
+    engine = make_engine(model=str(tiny_dir), block_size=4, num_kv_blocks=24, max_model_len=96, max_num_seqs=2)
+    engine.sinks.append(metrics)
+    metrics.watch(engine)
+
+    def pool(state: str) -> float | None:
+        return metrics.registry.get_sample_value("tenantgate_kv_blocks", {"state": state})
+
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"r{i}", f"prompt number {i} with a few words more", params, envelope())
+    engine.step()
+    assert pool("used") == engine.kv_stats().num_used_blocks > 0
+    for i in range(2):
+        engine.abort_request(f"r{i}")
+    assert not engine.has_unfinished_requests()
+    stats = engine.kv_stats()
+    assert stats.num_used_blocks == 0
+    assert (pool("used"), pool("free"), pool("cached")) == (0, stats.num_free_blocks, stats.num_cached_blocks)
+    assert pool("free") + pool("cached") == 24
 
 
 def test_prefix_hit_ratio_is_over_each_scopes_recent_requests(tiny_dir, make_engine, monkeypatch) -> None:

@@ -52,7 +52,9 @@ def console(local_issuer, demo_model_dir, redis_binary, tmp_path_factory) -> Ite
     engine = LLMEngine(EngineConfig(model=str(demo_model_dir), num_kv_blocks=24, block_size=16, max_num_seqs=4,
                                     max_model_len=384), sinks=[sink])
     metrics = GatewayMetrics()
-    engine.sinks.append(PrometheusSink(metrics.registry))
+    engine_metrics = PrometheusSink(metrics.registry)
+    engine.sinks.append(engine_metrics)
+    engine_metrics.watch(engine)
     app = create_app(settings, backend=EngineBackend(engine, model_name="demo"), metrics=metrics)
     try:
         with serving(app) as base_url:
