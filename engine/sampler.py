@@ -165,7 +165,9 @@ def warp_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop = mass_before >= torch.tensor(top_ps, device=device)[:, None]
+        # A row at top_p 1 drops nothing: its mass before the tail can round up to 1 in float32.
+        reach = torch.tensor([p if p < 1 else float("inf") for p in top_ps], device=device)
+        drop = mass_before >= reach[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     min_ps = [p.min_p for p in params]
