@@ -271,7 +271,8 @@ def exact_bfloat16_dots() -> None:
     Triton 3.7's interpreter holds bfloat16 as raw 16-bit integers and, converting only
     fp8 operands, multiplies those integers in tl.dot (garbage). A bfloat16's bits are the
     top half of a float32's, so widening them gives the exact operands; products then add
-    up in float32, as on the GPU.
+    up (in float64, rounded once to float32), so a tile's bits depend on its operands alone,
+    as on the GPU.
     """
     import numpy as np
     import triton.language as tl
@@ -286,7 +287,14 @@ def exact_bfloat16_dots() -> None:
         return interpreter.TensorHandle(data, tl.float32)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+        a, b = widen(a), widen(b)
+        if d.data.dtype != np.float32 or not (a.dtype.scalar.is_floating() and b.dtype.scalar.is_floating()):
+            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        # float32 and narrower products are exact in float64, and their float64 sum rounds to the
+        # same float32 wherever a row sits in its tile; numpy's float32 matmul does not promise that
+        # (on an AVX2 OpenBLAS a row's bits change with its place), which no GPU tile does.
+        exact = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
+        return interpreter.TensorHandle(exact + d.data, d.dtype.scalar)
 
     interpreter.InterpreterBuilder.create_dot = create_dot
 
