@@ -117,6 +117,12 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         return len(self.evictable)
 
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks held by requests (neither free nor cached). Safe to read from another thread while
+        the engine steps: lengths only, each read atomic (so never below 0 between two of them)."""
+        return max(0, self.num_blocks - self.num_free_blocks - self.num_cached_blocks)
+
     # -- prefix cache ---------------------------------------------------------------
 
     def _root(self, seq: Sequence) -> bytes | None:

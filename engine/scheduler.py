@@ -322,9 +322,8 @@ class Scheduler:
 
     def kv_usage(self) -> float:
         """The share of KV blocks held by requests (free and evictable cached blocks are not). Safe to
-        read from another thread while the engine steps: lengths only, each read atomic."""
-        bm = self.block_manager
-        return max(0.0, 1 - (bm.num_free_blocks + bm.num_cached_blocks) / bm.num_blocks)
+        read from another thread while the engine steps (BlockManager.num_held_blocks)."""
+        return self.block_manager.num_held_blocks / self.block_manager.num_blocks
 
     def tenant_kv_usage(self) -> dict[bytes, TenantKV]:
         """Every tenant charged with KV: the blocks it holds, those it keeps cached, its share."""

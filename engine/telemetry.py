@@ -383,10 +383,10 @@ class _EngineCollector:
                                 "or preempted)", value=len(scheduler.waiting))
         yield CounterMetricFamily("tenantgate_engine_preemptions", "Sequences preempted to free KV blocks",
                                   value=scheduler.num_preemptions)
-        pool = scheduler.block_manager  # lengths only, as kv_usage reads them
-        free, cached = pool.num_free_blocks, pool.num_cached_blocks
+        pool = scheduler.block_manager  # lengths only: safe beside the stepping engine thread
         blocks = GaugeMetricFamily("tenantgate_kv_blocks", "KV blocks by state", labels=["state"])
-        for state, value in (("free", free), ("cached", cached), ("used", max(0, pool.num_blocks - free - cached))):
+        for state, value in (("free", pool.num_free_blocks), ("cached", pool.num_cached_blocks),
+                             ("used", pool.num_held_blocks)):
             blocks.add_metric([state], value)
         yield blocks
         yield GaugeMetricFamily("tenantgate_kv_cache_usage", "Share of KV blocks held by requests (free and "

@@ -133,7 +133,7 @@ def _exported_metrics() -> dict[str, str]:
     metrics.watch_audit(SimpleNamespace(sink_errors=0, accepting=True, held=0, refused=0),
                         SimpleNamespace(pending=0, dropped=0))
     metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0))
-    pool = SimpleNamespace(num_blocks=8, num_free_blocks=8, num_cached_blocks=0)
+    pool = SimpleNamespace(num_free_blocks=8, num_cached_blocks=0, num_held_blocks=0)
     scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0, block_manager=pool)
     PrometheusSink(metrics.registry).watch(SimpleNamespace(scheduler=scheduler, kv_usage=lambda: 0.0))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
