@@ -43,6 +43,7 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine import Tokenizer, resolve_model_path  # noqa: E402
 from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
 from devkit.issuer import LocalIssuer  # noqa: E402
 from devkit.schemas import expensive_schema  # noqa: E402
@@ -97,8 +98,9 @@ def bench_data(directory: Path, model: str, extra_tenants: int) -> Path:
 
 
 class Bench:
-    def __init__(self, base_url: str, issuer: LocalIssuer, model: str) -> None:
-        self.base_url, self.model = base_url, model
+    def __init__(self, base_url: str, issuer: LocalIssuer, model: str, tokenizer: Tokenizer) -> None:
+        self.base_url, self.model, self.tokenizer = base_url, model, tokenizer
+        self.long_words = CONTEXT_TOKENS // 2  # shrunk to what fits (long_messages)
         token = {t: issuer.mint(t, audience=AUDIENCE, lifetime_s=4 * 3600) for t in (VICTIM, AGGRESSOR, BROKEN)}
         self.victim_token = token[VICTIM]
         self.aggressor = self._client(token[AGGRESSOR])
@@ -139,12 +141,21 @@ class Bench:
         inputs = [[1 + (self.nonce + i) % 9] * EMBEDDING_INPUT_TOKENS for i in range(EMBEDDING_INPUTS)]
         await self.aggressor.embeddings.create(model=EMBEDDING_MODEL, input=inputs)
 
+    def long_messages(self) -> list[dict]:
+        """A new prompt each time (no prefix cache makes it cheap) that fills the tenant's context
+        window less the answer, counted with the model's own tokenizer and chat template."""
+        self.nonce += 1
+        while True:
+            words = " ".join(f"item{(self.nonce * 7919 + i) % 100000}" for i in range(self.long_words))
+            messages = [{"role": "user", "content": f"Summarise: {words}"}]
+            excess = len(self.tokenizer.encode_chat(messages)) - (CONTEXT_TOKENS - MAX_TOKENS)
+            if excess <= 0:
+                return messages
+            self.long_words -= max(1, excess // 3)
+
     async def long_n4(self) -> None:
-        self.nonce += 1  # a new prompt each time: no prefix cache makes it cheap
-        words = " ".join(f"item{(self.nonce * 7919 + i) % 100000}" for i in range(CONTEXT_TOKENS // 6))  # ~4 tokens a word: the window, less the answer
         await self.aggressor.chat.completions.create(
-            model=self.model, n=CHOICES, max_tokens=MAX_TOKENS, temperature=0.8,
-            messages=[{"role": "user", "content": f"Summarise: {words}"}])
+            model=self.model, n=CHOICES, max_tokens=MAX_TOKENS, temperature=0.8, messages=self.long_messages())
 
     async def burst(self) -> None:
         await asyncio.gather(*(self.aggressor.chat.completions.create(
@@ -190,9 +201,10 @@ class Bench:
 
 
 def start_gateway(tmp: Path, model: str, issuer: LocalIssuer, extra_tenants: int, timeout_s: float,
-                  stack: ExitStack) -> str:
+                  stack: ExitStack, contended_tokens: int | None = None) -> str:
     port = free_port()
-    env = gateway_env(**{
+    engine = {"TENANTGATE_CONTENDED_BATCHED_TOKENS": str(contended_tokens)} if contended_tokens else {}
+    env = gateway_env(**engine, **{
         "TENANTGATE_MODEL": model, "TENANTGATE_AUTHORITY": issuer.base_url, "TENANTGATE_V1_ISSUER_HOST": issuer.base_url,
         "TENANTGATE_AUDIENCES": AUDIENCE, "TENANTGATE_POLICY_DATA_DIR": str(bench_data(tmp, model, extra_tenants)),
         "TENANTGATE_AUDIT_FILE": str(tmp / "audit.jsonl"), "TENANTGATE_AUDIT_STDOUT": "false",
@@ -237,8 +249,9 @@ async def run(args: argparse.Namespace) -> bool:
     os.environ.setdefault(CACHE_DIR_ENV, str(default_cache_dir()))
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="tenantgate-noisy-") as tmp:
         issuer = stack.enter_context(LocalIssuer().start())
-        base = start_gateway(Path(tmp), args.model, issuer, args.extra_tenants, args.startup_timeout, stack)
-        bench = Bench(base, issuer, args.model)
+        base = start_gateway(Path(tmp), args.model, issuer, args.extra_tenants, args.startup_timeout, stack,
+                             args.contended_tokens)
+        bench = Bench(base, issuer, args.model, Tokenizer.from_dir(resolve_model_path(args.model, progress=False)))
         await bench.round("quiet", min(5.0, args.round_s), args.rate)  # warm-up, not counted
         rounds = [await bench.round("quiet", args.round_s, args.rate)]
         for _ in range(args.repeat):
@@ -259,6 +272,7 @@ def main() -> None:
     parser.add_argument("--aggressors", default=",".join(AGGRESSORS))
     parser.add_argument("--extra-tenants", type=int, default=5000)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument("--contended-tokens", type=int, help="the engine's contended step budget (default: its own)")
     args = parser.parse_args()
     try:
         ok = asyncio.run(run(args))

@@ -203,10 +203,14 @@ class BlockManager:
         """Blocks seq must gain so that its table covers num_tokens slots."""
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
-    def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = (), last_resort: bool = False) -> bool:
-        """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or nothing."""
+    def allocate(
+        self, seq: Sequence, num_tokens: int, prefix: list[int] = (), last_resort: bool = False,
+        keep_own_cache: bool = False,
+    ) -> bool:
+        """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or
+        nothing. keep_own_cache: none of the tenant's own cached blocks are taken for it."""
         needed = self.blocks_needed(seq, num_tokens) - len(prefix)
-        sources = self._plan(seq.tenant, needed, prefix, last_resort)
+        sources = self._plan(seq.tenant, needed, prefix, last_resort, keep_own_cache)
         if len(sources) < needed:
             return False
         for block_id in prefix:
@@ -235,7 +239,9 @@ class BlockManager:
         if child.block_table:
             self._holders[child.seq_id] = child
 
-    def _plan(self, tenant: bytes, needed: int, exclude: Iterable[int], last_resort: bool) -> list[bytes | None]:
+    def _plan(
+        self, tenant: bytes, needed: int, exclude: Iterable[int], last_resort: bool, keep_own_cache: bool = False,
+    ) -> list[bytes | None]:
         """Where tenant's next blocks come from, up to needed of them: None for the free list,
         else the owner whose least recently used cached block is taken. Running blocks and
         the excluded (prefix) blocks are never taken. Fewer than needed: no more can be had."""
@@ -257,7 +263,7 @@ class BlockManager:
                 num_free -= 1
                 owner = None
             else:
-                owner = self._evict_from(tenant, quota, shares, charged, evictable, last_resort)
+                owner = self._evict_from(tenant, quota, shares, charged, evictable, last_resort, keep_own_cache)
                 if owner is None:
                     break
                 evictable[owner] -= 1
@@ -274,9 +280,10 @@ class BlockManager:
         charged: Counter,
         evictable: Mapping[bytes, int],
         last_resort: bool,
+        keep_own_cache: bool = False,
     ) -> bytes | None:
         """Whose cached block tenant may take when no free block is open to it (None: nobody's)."""
-        own = tenant if evictable.get(tenant) else None
+        own = tenant if evictable.get(tenant) and not keep_own_cache else None
         if charged[tenant] >= quota:
             return own
         floor = max(0, charged[tenant] - shares.get(tenant, 0) + 1)  # the taker's excess once it has the block

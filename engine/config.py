@@ -186,6 +186,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # The step's budget while more than one tenant has work (engine/scheduler.py): what one
+    # tenant's long prompt may add to each step of another tenant's request.
+    contended_batched_tokens: int = 256
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     gpu_memory_utilization: float | None = None  # CUDA: the share of device memory the engine may fill
@@ -203,7 +206,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
-        for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
+                     "contended_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

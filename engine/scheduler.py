@@ -7,9 +7,12 @@ starts level with the least-served active lane), so a tenant with a deep queue c
 starve the others. Inside the shared lane, waiting requests are admitted tenant by
 tenant, again by least service, and within a tenant by priority, then arrival.
 
-Within the lane, running sequences go first (a decode costs one token, an unfinished
-prefill takes what is left of its prompt up to the budget); waiting sequences are then
+Within the lane, running decodes go first (one token each), then prompt tokens: running
+prefills take what is left of their prompt up to the budget, and waiting sequences are
 admitted into whatever budget and KV remains, starting from their longest cached prefix.
+While more than one tenant has work, the budget is the contended one and each tenant with
+prompt tokens in the lane gets an equal part of it first (see step_budget), so one tenant's
+long prompt adds a bounded step, not a whole one, to each of another tenant's tokens.
 KV shares (see BlockManager). When a sequence cannot grow, a victim is preempted: the
 latest arrival of the tenant furthest over its share, if that tenant is further over
 than the growing sequence's tenant will be; otherwise the growing tenant's own latest
@@ -63,6 +66,11 @@ def _arrival(seq: Sequence) -> tuple[int, int]:
     return (seq.arrival_index, seq.choice)
 
 
+def _need(seq: Sequence) -> int:
+    """Tokens a running seq still needs before it samples (1: a decode)."""
+    return seq.prefill_end(seq.num_computed_tokens) - seq.num_computed_tokens
+
+
 def _queue_key(seq: Sequence) -> tuple[int, int]:
     return (-seq.envelope.priority, seq.arrival_index)
 
@@ -71,6 +79,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.contended_batched_tokens = config.contended_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # arrival order
@@ -134,44 +143,100 @@ class Scheduler:
                     return batch
         return ScheduledBatch()
 
+    def step_budget(self) -> int:
+        """The step's token budget: all of max_num_batched_tokens while one tenant has work; while
+        more than one has, the contended budget, so another tenant's next token never waits behind
+        a whole step of one tenant's long prompt (chunked prefill only: unchunked, a prompt must fit)."""
+        if not self.chunked_prefill:
+            return self.max_num_batched_tokens
+        first = next(iter(self.running or self.waiting), None)
+        if first is None or all(seq.tenant == first.tenant for seq in (*self.running, *self.waiting)):
+            return self.max_num_batched_tokens
+        return min(self.contended_batched_tokens, self.max_num_batched_tokens)
+
     def _schedule_lane(self, lane: tuple, last_resort: bool = False) -> ScheduledBatch:
         batch = ScheduledBatch(lane=lane)
-        exclusive = lane[0] == Isolation.EXCLUSIVE.value
+        step_budget = self.step_budget()
 
         in_lane = [seq for seq in self.running if seq.lane == lane]
-        if exclusive:  # one request alone, with all of its choices
+        if lane[0] == Isolation.EXCLUSIVE.value:  # one request alone, with all of its choices
             in_lane = [seq for seq in in_lane if seq.choices is in_lane[0].choices]
-        for seq in in_lane:
+        # Decodes first: a decode costs one token, and no prompt may hold back another's next token.
+        decodes = [seq for seq in in_lane if _need(seq) == 1]
+        prefills = [seq for seq in in_lane if _need(seq) > 1]
+        self._grow_into(decodes, batch, step_budget, None)
+
+        # Prompt tokens: each tenant with prompt work in the lane gets an equal part of what is
+        # left first (its running prefills, then its waiting requests), then the leftover goes
+        # to whoever still has prompt left.
+        tenants = {seq.tenant for seq in prefills} | {seq.tenant for seq in self.waiting if seq.lane == lane}
+        part = (step_budget - batch.num_tokens) // max(1, len(tenants))
+        allowance = Counter(dict.fromkeys(tenants, part))
+        self._grow_into(prefills, batch, step_budget, allowance)
+        self._admit_waiting(lane, batch, step_budget, allowance, last_resort)
+        if len(tenants) > 1:
+            self._grow_into([*prefills, *batch.admitted], batch, step_budget, None)
+            self._admit_waiting(lane, batch, step_budget, None, last_resort)
+
+        self.lane_service[lane] += batch.num_tokens
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            self.tenant_service[seq.tenant] += n
+        return batch
+
+    def _grow_into(self, seqs: list[Sequence], batch: ScheduledBatch, step_budget: int,
+                   allowance: Counter[bytes] | None) -> None:
+        """Schedule (more of) each running seq's next tokens, within the step's budget and its
+        tenant's allowance, if given."""
+        for seq in seqs:
             # Counted from the batch: a sequence preempted out of it gives its tokens back.
-            budget = self.max_num_batched_tokens - batch.num_tokens
+            budget = step_budget - batch.num_tokens
             if budget <= 0:
                 break
             if seq not in self.running:  # preempted earlier in this step
                 continue
-            num_new = min(seq.prefill_end(seq.num_computed_tokens) - seq.num_computed_tokens, budget)
-            if self._grow(seq, seq.num_computed_tokens + num_new, batch):
+            i = batch.seqs.index(seq) if seq in batch.seqs else None
+            scheduled = 0 if i is None else batch.num_new_tokens[i]
+            start = seq.num_computed_tokens + scheduled
+            num_new = min(seq.prefill_end(start) - start, budget)
+            if allowance is not None:
+                num_new = min(num_new, allowance[seq.tenant])
+            if num_new <= 0 or not self._grow(seq, start + num_new, batch):
+                continue
+            if allowance is not None:
+                allowance[seq.tenant] -= num_new
+            if i is None:
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
+            else:
+                batch.num_new_tokens[batch.seqs.index(seq)] += num_new  # (a preemption may have moved it)
 
+    def _admit_waiting(self, lane: tuple, batch: ScheduledBatch, step_budget: int,
+                       allowance: Counter[bytes] | None, last_resort: bool) -> None:
+        """Admit waiting seqs of the lane into what is left of the budget (and of their tenant's
+        allowance, if given), starting from their longest cached prefix."""
         # Admitting new work right after a preemption would only thrash the pool.
         while not batch.preempted and self._num_seats() < self.max_num_seqs:
-            budget = self.max_num_batched_tokens - batch.num_tokens
+            budget = step_budget - batch.num_tokens
             if budget <= 0:
                 break
-            if exclusive and batch.seqs:
+            if lane[0] == Isolation.EXCLUSIVE.value and batch.seqs:
                 break
-            seq = self._next_waiting(lane)
+            seq = self._next_waiting(lane, allowance)
             if seq is None or self._num_seats() + seq.num_seats > self.max_num_seqs:
                 break
             prefix, hashes = self.block_manager.match_prefix(seq)
             num_cached = len(prefix) * self.block_manager.block_size
             remaining = seq.prefill_end(num_cached) - num_cached
             num_new = min(remaining, budget)
+            if allowance is not None:
+                num_new = min(num_new, allowance[seq.tenant])
             if num_new < remaining and not self.chunked_prefill:
                 break
             self.block_manager.set_quota(seq.tenant, seq.envelope.kv_block_quota)
             if not self._admit(seq, num_cached + num_new, prefix, batch, last_resort):
                 break
+            if allowance is not None:
+                allowance[seq.tenant] -= num_new
             self.waiting.remove(seq)
             self.num_prefix_hit_tokens += num_cached
             seq.block_hashes = hashes
@@ -187,11 +252,6 @@ class Scheduler:
             bisect.insort(self.running, seq, key=_arrival)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
-
-        self.lane_service[lane] += batch.num_tokens
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            self.tenant_service[seq.tenant] += n
-        return batch
 
     def advance(self, batch: ScheduledBatch, start: float, end: float) -> None:
         """The batch ran from start to end: meter its KV and engine time, count its computed
@@ -229,8 +289,10 @@ class Scheduler:
             bisect.insort(self.running, child, key=_arrival)
         seq.num_pending_forks = 0
 
-    def _next_waiting(self, lane: tuple) -> Sequence | None:
+    def _next_waiting(self, lane: tuple, allowance: Counter[bytes] | None = None) -> Sequence | None:
         candidates = [seq for seq in self.waiting if seq.lane == lane]
+        if allowance is not None:
+            candidates = [seq for seq in candidates if allowance[seq.tenant] > 0]
         if not candidates:
             return None
         if lane[0] == Isolation.SHARED.value:
@@ -242,6 +304,15 @@ class Scheduler:
     def _grow(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
         """Allocate for seq, preempting others as needed; False if seq itself had to go."""
         bm = self.block_manager
+        # Another tenant's running work over its share gives way before a tenant's own cached
+        # blocks do: a flood that fills the pool must not cost a neighbour its prefix cache.
+        while not bm.allocate(seq, num_tokens, keep_own_cache=True):
+            victim = self._over_share_victim(seq.tenant, 1, batch) if bm.below_quota(seq.tenant) else None
+            if victim is None:
+                break
+            self._preempt(victim, batch)
+        else:
+            return True
         while not bm.allocate(seq, num_tokens):
             victim = None
             if bm.below_quota(seq.tenant):  # at its quota, others' blocks are no use to it

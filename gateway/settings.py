@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     gpu_memory_utilization: float = Field(0.9, ge=0, le=1)
     enforce_eager: bool = False  # CUDA: decode without CUDA graphs
     max_num_seqs: int = Field(64, gt=0)
+    # A step's token budget, and its budget while more than one tenant has work: what one tenant's
+    # long prompt adds to each step of another tenant's request (docs/engine.md, "Scheduling").
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    contended_batched_tokens: int = Field(256, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     record_key: SecretStr = SecretStr("")
     # Structured outputs: a JSON schema that takes longer than this to compile is refused (400

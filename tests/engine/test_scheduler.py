@@ -215,3 +215,60 @@ def test_advance_does_the_steps_bookkeeping_so_a_later_prompt_hits_the_published
     assert b.num_cached_tokens == 8 and scheduler.num_prefix_hit_tokens == 8
     assert scheduler.peak_kv_stats().num_used_blocks == 3  # the peak is kept at advance, not at every schedule
     scheduler.check_invariants()
+
+
+def test_another_tenants_work_over_its_share_gives_way_before_a_tenants_own_cache() -> None:
+    # 12 blocks, quotas of 12: shares of 6 once both are active. a keeps 2 cached blocks and
+    # runs a1 (2 blocks); b's two prompts take the other 8, 2 over its share.
+    bm = BlockManager(12, 4)
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, max_num_seqs=8), bm)
+    a_env, b_env = envelope("a", quota=12), envelope("b", quota=12)
+    a_cached = cache_blocks(bm, a_env, 2, 100)
+    a1 = make_seq("a1", 8, a_env)
+    b1, b2 = make_seq("b1", 16, b_env), make_seq("b2", 16, b_env)
+    for seq in (a1, b1, b2):
+        scheduler.add(seq)
+    run_step(scheduler)
+    assert bm.num_free_blocks == 0 and (bm.charged[a1.tenant], bm.charged[b1.tenant]) == (4, 8)
+    batch = run_step(scheduler)  # a1's decode needs a third block, within a's share
+    assert batch.preempted == [b2]  # b's latest, over b's share, not a's cached blocks
+    assert a1 in batch.seqs and still_cached(bm, a_cached)
+    bm.check_invariants(scheduler.live_sequences())
+
+
+def contended(max_tokens: int = 100, contended_tokens: int = 20) -> Scheduler:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=max_tokens, contended_batched_tokens=contended_tokens,
+                          max_num_seqs=8)
+    return Scheduler(config, BlockManager(256, 4))
+
+
+def test_a_long_prompt_costs_another_tenants_request_only_contended_steps() -> None:
+    scheduler = contended()
+    b = make_seq("b", 600, envelope("b"))
+    scheduler.add(b)
+    assert run_step(scheduler).num_new_tokens == [100]  # alone, b has the whole budget
+    a = make_seq("a", 6, envelope("a"))
+    scheduler.add(a)
+    for _ in range(3):  # a's prompt, then its decodes, each in a step of at most 20 tokens
+        batch = run_step(scheduler)
+        assert a in batch.seqs and batch.num_tokens == 20
+        assert batch.num_new_tokens[batch.seqs.index(a)] == (6 if a.num_output_tokens == 1 else 1)
+    assert a.num_output_tokens == 3
+    scheduler.finish(a, FinishReason.LENGTH)
+    assert run_step(scheduler).num_new_tokens == [100]  # alone again: the whole budget
+
+
+def test_tenants_with_prompts_get_equal_parts_of_a_contended_step_and_the_leftover_is_used() -> None:
+    scheduler = contended()
+    b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
+    scheduler.add(b)
+    run_step(scheduler)
+    scheduler.add(c)
+    batch = run_step(scheduler)
+    assert batch.seqs == [b, c] and batch.num_new_tokens == [10, 10]
+    d = make_seq("d", 4, envelope("d"))
+    scheduler.add(d)
+    batch = run_step(scheduler)  # three parts of 6; d needs 4, and b, the first in line, takes the 4 left
+    assert dict(zip(batch.seqs, batch.num_new_tokens)) == {b: 10, c: 6, d: 4}
+    batch = run_step(scheduler)  # d decodes first; b and c split the rest
+    assert dict(zip(batch.seqs, batch.num_new_tokens)) == {d: 1, b: 10, c: 9}
