@@ -69,10 +69,14 @@ class GatewayMetrics:
             "tenantgate_deployment_usage_excess_tokens", "Tokens a deployment target reported beyond what the "
             "request could have used (prompt: the ids sent or the body's bytes; completion: max_tokens x n), "
             "not charged, by target and token type.", ["target", "type"], registry=self.registry)
+        # No tenant label on a histogram: it would cost every tenant 17 series per label set (8 KB of
+        # /metrics a tenant). Histograms are per route and model; the per-tenant figure is a counter.
         self.tokens = Histogram(
-            "gen_ai_client_token_usage", "Number of input and output tokens used, per request, by type and "
-            "tenant (digest).", [*_GEN_AI, "gen_ai_token_type", "tenant"], buckets=TOKEN_BUCKETS,
-            registry=self.registry)
+            "gen_ai_client_token_usage", "Number of input and output tokens used, per request, by type.",
+            [*_GEN_AI, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=self.registry)
+        self.tenant_tokens = Counter(
+            "tenantgate_tenant_tokens", "Input and output tokens used, by tenant (a keyed digest, never the "
+            "tenant id) and type.", ["tenant", "gen_ai_token_type"], registry=self.registry)
         self.server_duration = Histogram(
             "gen_ai_server_request_duration", "Generative AI server request duration: from the hand-over to a "
             "deployment to the last byte of the answer; error_type set when it ended in an error.",
@@ -95,9 +99,11 @@ class GatewayMetrics:
         """The GenAI metrics of one request a deployment was asked to run. The time to first token
         and per output token are the conventions' "for successful responses" only."""
         attributes = (OPERATIONS.get(route, route), PROVIDER, model, model)  # the response names the served model
-        self.tokens.labels(*attributes, "input", tenant).observe(input_tokens)
+        self.tokens.labels(*attributes, "input").observe(input_tokens)
+        self.tenant_tokens.labels(tenant, "input").inc(input_tokens)
         if route != "embeddings":
-            self.tokens.labels(*attributes, "output", tenant).observe(output_tokens)
+            self.tokens.labels(*attributes, "output").observe(output_tokens)
+            self.tenant_tokens.labels(tenant, "output").inc(output_tokens)
         self.server_duration.labels(*attributes, error_type or "").observe(duration_s)
         if error_type is not None or first_token_s is None:
             return

@@ -202,6 +202,7 @@ def test_dashboard_covers_the_gateway_and_the_engine() -> None:
         "gen_ai_server_request_duration_seconds_bucket",  # latency
         "gen_ai_server_time_to_first_token_seconds_bucket",
         "gen_ai_client_token_usage_sum",
+        "tenantgate_tenant_tokens_total",  # tokens by tenant: a counter (no histogram carries the tenant)
         "gen_ai_server_time_per_output_token_seconds_bucket",
         "tenantgate_gateway_request_duration_seconds_bucket",  # the whole request, by route and outcome
         "tenantgate_quota_rejections_total",

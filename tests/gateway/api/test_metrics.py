@@ -47,7 +47,6 @@ CONVENTIONS = {
     },
 }
 UNIT_SUFFIXES = {"s": "seconds", "{token}": ""}  # annotations in braces have no Prometheus unit
-EXTRA_LABELS = {"gen_ai.client.token.usage": {"tenant"}}  # the tenant's keyed digest, as on every metric
 
 
 def prometheus_name(name: str, unit: str) -> str:
@@ -125,7 +124,8 @@ def test_genai_metrics_follow_the_semantic_conventions_tables(gateway) -> None:
         family = after[prometheus_name(name, convention["unit"])]
         assert family.type == convention["type"], name
         assert family.unit == UNIT_SUFFIXES[convention["unit"]], name
-        labels = {label(key) for key in convention["attributes"]} | EXTRA_LABELS.get(name, set())
+        # The conventions' attributes and nothing else: no tenant (tenantgate_tenant_tokens_total is per tenant).
+        labels = {label(key) for key in convention["attributes"]}
         buckets = {}
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -154,8 +154,16 @@ def test_genai_metrics_follow_the_semantic_conventions_tables(gateway) -> None:
     token_types = {(row["gen_ai_operation_name"], row["gen_ai_token_type"]) for row in ran["gen_ai_client_token_usage"]}
     assert token_types == {("chat", "input"), ("chat", "output"), ("text_completion", "input"),
                            ("text_completion", "output"), ("embeddings", "input")}
-    assert all(row["tenant"] not in (ALPHA, EPSILON) and len(row["tenant"]) == 12
-               for row in ran["gen_ai_client_token_usage"])
+    # Tokens per tenant: a counter, by the tenant's keyed digest (the histograms carry no tenant).
+    def tenant_tokens(families) -> dict[tuple, float]:
+        family = families.get("tenantgate_tenant_tokens")
+        return {} if family is None else {(s.labels["tenant"], s.labels["gen_ai_token_type"]): s.value
+                                          for s in family.samples if s.name == "tenantgate_tenant_tokens_total"}
+    old_tokens, new_tokens = tenant_tokens(before), tenant_tokens(after)
+    used = {key for key, value in new_tokens.items() if value > old_tokens.get(key, 0)}
+    alpha = gateway.state.audit.tenant_digest(ALPHA)[:12]
+    assert {(alpha, "input"), (alpha, "output")} <= used
+    assert all(tenant not in (ALPHA, EPSILON) and len(tenant) == 12 for tenant, _ in used)
     # error.type only when the operation ended in an error (the caller left): "" is Prometheus' absent label.
     errors = {row["error_type"] for row in ran["gen_ai_server_request_duration_seconds"]}
     assert errors == {"", "client_disconnected"}
@@ -195,7 +203,7 @@ def test_tenant_labels_are_keyed_digests_unless_the_policy_allows_the_name(gatew
     families = scrape(gateway)
     requests = {(s.labels["tenant"], s.labels["decision"]) for s in families["tenantgate_requests"].samples
                 if s.name == "tenantgate_requests_total"}
-    tokens = {s.labels["tenant"] for s in families["gen_ai_client_token_usage"].samples}
+    tokens = {s.labels["tenant"] for s in families["tenantgate_tenant_tokens"].samples}
     assert {("Gamma Test", "allow"), ("Gamma Test", "deny")} <= requests
     assert "Gamma Test" in tokens
     alpha = gateway.state.audit.tenant_digest(ALPHA)[:12]
