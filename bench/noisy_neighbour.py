@@ -13,6 +13,10 @@ one kind that its policy admits:
 - burst:      bursts of chats up to its concurrency limit, again and again;
 - policy:     requests of a tenant whose policy data fails evaluation (each one a 503 for it).
 
+The aggressor's client runs in a process of its own, so the victim's latency never includes
+its work on the victim client's event loop (both still share this machine's cores with the
+gateway, as the load average printed with each round shows).
+
 Printed per round: the victim's requests, errors, p50 and p99 latency, and the load average;
 then, per aggressor, the victim's p99 against the quiet p99 (all quiet rounds of the same run,
 which interleave with the aggressor rounds on this noisy machine). Target (issue 24): the victim's
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -98,10 +103,13 @@ def bench_data(directory: Path, model: str, extra_tenants: int) -> Path:
 
 
 class Bench:
-    def __init__(self, base_url: str, issuer: LocalIssuer, model: str, tokenizer: Tokenizer) -> None:
-        self.base_url, self.model, self.tokenizer = base_url, model, tokenizer
+    """The victim's side runs in this process; the aggressor's in a process of its own (Attacker), so
+    the victim's latency never includes the aggressor client's work on the same event loop."""
+
+    def __init__(self, base_url: str, token: dict[str, str], model: str, tokenizer: Tokenizer | None = None,
+                 attacker: Attacker | None = None) -> None:
+        self.base_url, self.model, self.tokenizer, self.attacker = base_url, model, tokenizer, attacker
         self.long_words = CONTEXT_TOKENS // 2  # shrunk to what fits (long_messages)
-        token = {t: issuer.mint(t, audience=AUDIENCE, lifetime_s=4 * 3600) for t in (VICTIM, AGGRESSOR, BROKEN)}
         self.victim_token = token[VICTIM]
         self.aggressor = self._client(token[AGGRESSOR])
         self.broken = self._client(token[BROKEN])
@@ -186,7 +194,7 @@ class Bench:
     async def round(self, name: str, seconds: float, rate: float) -> Round:
         into = Round(name)
         until = time.monotonic() + seconds
-        aggressor = asyncio.create_task(self.aggress(name, until, into)) if name != "quiet" else None
+        aggressor = asyncio.create_task(self.attacker.attack(name, seconds)) if name != "quiet" else None
         if aggressor is not None:
             await asyncio.sleep(min(2.0, seconds / 5))  # the attack under way before the victim measures
         victims = []
@@ -195,9 +203,43 @@ class Bench:
             await asyncio.sleep(1 / rate)
         await asyncio.gather(*victims)
         if aggressor is not None:
-            await aggressor  # the attacker's last requests end before the next round measures
+            into.aggressor_outcomes = await aggressor  # its last requests end before the next round measures
         into.load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         return into
+
+
+class Attacker:
+    """The aggressor's client, in a child process: attack(kind, seconds) runs there and returns its
+    answers by status."""
+
+    def __init__(self, base_url: str, token: dict[str, str], model: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_attacker_main, args=(child, base_url, token, model), daemon=True)
+        self._process.start()
+        if self._conn.recv() != "ready":
+            raise RuntimeError("the aggressor's process did not start")
+
+    async def attack(self, kind: str, seconds: float) -> dict[str, int]:
+        self._conn.send((kind, seconds))
+        return await asyncio.to_thread(self._conn.recv)
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._process.join(30)
+
+
+def _attacker_main(conn, base_url: str, token: dict[str, str], model: str) -> None:
+    async def serve() -> None:
+        bench = Bench(base_url, token, model, Tokenizer.from_dir(resolve_model_path(model, progress=False)))
+        conn.send("ready")
+        while (order := await asyncio.to_thread(conn.recv)) is not None:
+            kind, seconds = order
+            into = Round(kind)
+            await bench.aggress(kind, time.monotonic() + seconds, into)
+            conn.send(into.aggressor_outcomes)
+
+    asyncio.run(serve())
 
 
 def start_gateway(tmp: Path, model: str, issuer: LocalIssuer, extra_tenants: int, timeout_s: float,
@@ -251,7 +293,10 @@ async def run(args: argparse.Namespace) -> bool:
         issuer = stack.enter_context(LocalIssuer().start())
         base = start_gateway(Path(tmp), args.model, issuer, args.extra_tenants, args.startup_timeout, stack,
                              args.contended_tokens)
-        bench = Bench(base, issuer, args.model, Tokenizer.from_dir(resolve_model_path(args.model, progress=False)))
+        token = {t: issuer.mint(t, audience=AUDIENCE, lifetime_s=4 * 3600) for t in (VICTIM, AGGRESSOR, BROKEN)}
+        attacker = Attacker(base, token, args.model)
+        stack.callback(attacker.close)
+        bench = Bench(base, token, args.model, attacker=attacker)
         await bench.round("quiet", min(5.0, args.round_s), args.rate)  # warm-up, not counted
         rounds = [await bench.round("quiet", args.round_s, args.rate)]
         for _ in range(args.repeat):
