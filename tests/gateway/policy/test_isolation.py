@@ -18,7 +18,7 @@ from gateway.policy.service import EmbeddedPolicy
 from tests.gateway.api.conftest import ALPHA, DATA_DIR
 from tests.gateway.policy.conftest import SAMPLES
 
-CROWD = 10_000  # tenants beside the test ones: enough that rebuilding an engine costs ~0.5 s
+CROWD = 20_000  # tenants beside the test ones: the old loop-side reload stalled 366 ms here (70 ms at 10,000)
 ATTACKER = crowd_ids(CROWD + 1)[-1]
 
 
@@ -63,8 +63,9 @@ async def test_the_event_loop_keeps_answering_while_a_large_policy_reloads(tmp_p
 
     assert after.revision != before.revision and after.decision == before.decision
     assert not policy.tenant_known(ATTACKER) and policy.tenant_known(ALPHA)
-    # On main the reload parsed, digested and built 10,000 tenants holding the GIL (~0.5-1 s at once).
-    assert max(gaps) < 0.15, f"the loop stalled {max(gaps) * 1000:.0f} ms during the reload"
+    # Before abab7b2 the reload parsed, digested and built the data holding the GIL: at 20,000
+    # tenants the loop stalled 366 ms (measured on this suite's machine); sliced, 14 ms.
+    assert max(gaps) < 0.1, f"the loop stalled {max(gaps) * 1000:.0f} ms during the reload"
 
 
 async def test_a_tenant_whose_evaluation_fails_is_refused_without_spending_the_loop_again(tmp_path, monkeypatch) -> None:
