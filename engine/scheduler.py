@@ -152,7 +152,8 @@ class Scheduler:
         first = next(iter(self.running or self.waiting), None)
         if first is None or all(seq.tenant == first.tenant for seq in (*self.running, *self.waiting)):
             return self.max_num_batched_tokens
-        return min(self.contended_batched_tokens, self.max_num_batched_tokens)
+        # Never below max_num_seqs: every decode gets its token, and a prefill beside them at least one.
+        return min(max(self.contended_batched_tokens, self.max_num_seqs), self.max_num_batched_tokens)
 
     def _schedule_lane(self, lane: tuple, last_resort: bool = False) -> ScheduledBatch:
         batch = ScheduledBatch(lane=lane)

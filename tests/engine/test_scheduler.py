@@ -272,3 +272,14 @@ def test_tenants_with_prompts_get_equal_parts_of_a_contended_step_and_the_leftov
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == {b: 10, c: 6, d: 4}
     batch = run_step(scheduler)  # d decodes first; b and c split the rest
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == {d: 1, b: 10, c: 9}
+
+
+def test_a_contended_step_is_never_smaller_than_max_num_seqs() -> None:
+    # A contended budget under max_num_seqs would skip the latest decodes while the earliest kept going.
+    scheduler = contended(max_tokens=100, contended_tokens=2)
+    seqs = [make_seq(f"s{i}", 1, envelope(f"t{i % 2}")) for i in range(8)]
+    for seq in seqs:
+        scheduler.add(seq)
+    assert run_step(scheduler).num_tokens == 8  # one-token prompts: all 8 admitted at once
+    batch = run_step(scheduler)
+    assert sorted(batch.seqs, key=lambda s: s.request_id) == seqs and batch.num_new_tokens == [1] * 8
