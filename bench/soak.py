@@ -11,12 +11,22 @@ share (--abuse, default 0.2) misbehaves: streams dropped after their first token
 bodies (a 4xx expected), bad tokens (401 expected), and bursts of requests from Contoso, whose
 300 tokens per minute run out (429 expected once they do).
 
-What it proves (issue 11): under that load
+Then, with the same load running, two fault phases of --phase-s seconds each (--phases):
+- disk: the audit file lives on a tmpfs of its own (mounting it needs root); the phase fills it,
+  holds it full, then frees it. While it is full, requests may be refused (503 audit_unavailable,
+  or a stream ended by that error), never acknowledged without their record;
+- redis: redis-server is stopped, held down, and started again on its port (its AOF keeps the
+  audit stream, the anchors and the leases). While it is down, admissions fail closed (429
+  quota_store_unavailable); once it answers, none is refused.
+
+What it proves (issues 11 and 24): under that load
 - no request gets a 5xx, a transport error or a broken stream, and every answer is one the
   request could expect (a bad token is never served, a good one never refused but for quota);
 - the server's RSS after the load is about what it was after the warm-up;
 - when the load stops, every concurrency lease in Redis and every KV block is free;
-- the audit trail the gateway wrote (file and stream) passes `tenantgate audit verify --strict`.
+- the audit trail the gateway wrote (file and stream) passes `tenantgate audit verify --strict`;
+- every acknowledged request (a 200, a stream to its end) has its record in the file trail, the
+  full disk included; and no request is refused for the quota store while Redis answers.
 
 Printed: statuses by code (and the 5xx count), p50/p99 latency and TTFT per route and stream,
 completion tokens/s, RSS at start/end/peak, leases and KV blocks in use at the end, the verify
@@ -26,6 +36,7 @@ could not run (the error is printed); everything it started is stopped and remov
     .venv/bin/python bench/soak.py                                   # 300 s, 8 workers, smollm2-135m-instruct
     .venv/bin/python bench/soak.py --model demo --duration 60        # a quick smoke
     .venv/bin/python bench/soak.py --duration 120 --concurrency 4    # a loaded or small machine
+    .venv/bin/python bench/soak.py --phases redis                    # no root: no full-disk phase
 """
 
 from __future__ import annotations
@@ -55,7 +66,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine import served_model_name  # noqa: E402
 from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
+from devkit.disk import fill  # noqa: E402
 from devkit.issuer import LocalIssuer  # noqa: E402
+from gateway.audit.sinks import rotated_files  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
 from devkit.redis import RedisServer, find_redis_server  # noqa: E402
 from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402
@@ -67,6 +80,10 @@ SETTLE_S = 2.0
 AUDIENCE = "api://tenantgate"
 AUDIT_STREAM = "soak:audit"
 KV_USED = 'tenantgate_kv_blocks{state="used"}'
+PHASES = ("disk", "redis")
+AUDIT_DISK_BYTES = 64 << 20  # the audit file's own tmpfs: room for the soak's records, quick to fill
+DISK_LEFT_BYTES = 64 << 10  # what filling it leaves: a few dozen records more, then ENOSPC
+RECOVERY_TIMEOUT_S = 60.0
 
 NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # steady traffic: its limits raised out of the way
 FABRIKAM = "8d4e2b10-7c6f-4a91-b3d5-e6f708192a3b"  # concurrent_requests 2: some requests refused with 429
@@ -124,6 +141,27 @@ class Result:
     latency_s: float
     ttft_s: float | None = None
     completion_tokens: int = 0
+    started: float = 0.0  # time.monotonic() when it was sent
+    request_id: str | None = None  # the answer's id (a 200)
+    code: str | None = None  # the error's code (a refusal)
+
+    @property
+    def ended(self) -> float:
+        return self.started + self.latency_s
+
+
+@dataclass
+class Fault:
+    """A fault phase: from its start until the store took writes (answered) again; a request that
+    overlaps it may be refused with `code`."""
+
+    name: str
+    code: str
+    began: float
+    ended: float
+
+    def covers(self, result: Result) -> bool:
+        return result.started <= self.ended and result.ended >= self.began
 
 
 # -- setting up: data, keys, servers ----------------------------------------------------------
@@ -147,13 +185,13 @@ def audit_keygen(directory: Path) -> tuple[Path, Path]:
 
 
 def start_gateway(args: argparse.Namespace, tmp: Path, issuer: LocalIssuer, redis_url: str, key: Path,
-                  stack: ExitStack) -> tuple[subprocess.Popen, str, str]:
+                  audit_file: Path, stack: ExitStack) -> tuple[subprocess.Popen, str, str]:
     port, metrics_port = free_port(), free_port()
     env = gateway_env(**{
         "TENANTGATE_MODEL": args.model, "TENANTGATE_KV_CACHE_MEMORY_BYTES": str(args.kv_cache_bytes),
         "TENANTGATE_AUTHORITY": issuer.base_url, "TENANTGATE_V1_ISSUER_HOST": issuer.base_url,
         "TENANTGATE_AUDIENCES": AUDIENCE, "TENANTGATE_POLICY_DATA_DIR": str(soak_data(tmp, args.model)),
-        "TENANTGATE_REDIS_URL": redis_url, "TENANTGATE_AUDIT_FILE": str(tmp / "audit.jsonl"),
+        "TENANTGATE_REDIS_URL": redis_url, "TENANTGATE_AUDIT_FILE": str(audit_file),
         "TENANTGATE_AUDIT_SIGNING_KEY": str(key), "TENANTGATE_AUDIT_REDIS_STREAM": AUDIT_STREAM,
         "TENANTGATE_AUDIT_STDOUT": "false", "TENANTGATE_METRICS_PORT": str(metrics_port),
     })
@@ -252,8 +290,8 @@ class Load:
                       temperature=rng.choice([0.0, 0.7]), stream=stream)
         if stream and not disconnect:
             common["stream_options"] = {"include_usage": True}
-        start = time.perf_counter()
-        ttft, tokens, finished = None, 0, False
+        start, started = time.perf_counter(), time.monotonic()
+        ttft, tokens, finished, answer_id, code = None, 0, False, None, None
         try:
             if route == "chat":
                 messages = [{"role": "user", "content": question}]
@@ -265,9 +303,11 @@ class Load:
             if not stream:
                 tokens = response.usage.completion_tokens if response.usage else 0
                 finished = all(c.finish_reason for c in response.choices)
+                answer_id = response.id
             else:
                 async with response:
                     async for chunk in response:
+                        answer_id = chunk.id
                         for choice in chunk.choices:
                             text = choice.delta.content if route == "chat" else choice.text
                             if text and ttft is None:
@@ -280,15 +320,16 @@ class Load:
                     finished = finished or disconnect
             status = "200" if finished else "incomplete"
         except openai.APIError as exc:
-            status = failure(exc)
-        return Result(kind, route, stream, status, status in expected, time.perf_counter() - start, ttft, tokens)
+            status, code = failure(exc), getattr(exc, "code", None)
+        return Result(kind, route, stream, status, status in expected, time.perf_counter() - start, ttft, tokens,
+                      started, answer_id if status == "200" and not disconnect else None, code)
 
     async def invalid(self, rng: random.Random) -> Result:
         """A body the gateway must refuse with a 4xx: wrong types, ranges, roles, fields, model, JSON."""
         client = self.clients[NORTHWIND]
         messages = [{"role": "user", "content": rng.choice(SHORT)}]
         cases = [
-            dict(messages=messages, n=2),
+            dict(messages=messages, n=1000),  # past any tenant's max_choices and the engine's 128
             dict(messages=messages, temperature="warm"),
             dict(messages=messages, max_tokens=-5),
             dict(messages=[{"role": "wizard", "content": "hello"}]),
@@ -296,7 +337,7 @@ class Load:
             dict(messages=messages, extra_body={"cache_salt": "mine"}),  # clients never set cache knobs
             dict(messages=messages, model="no-such-model"),
         ]
-        start = time.perf_counter()
+        start, started, code = time.perf_counter(), time.monotonic(), None
         choice = rng.randrange(len(cases) + 1)
         try:
             if choice == len(cases):  # not JSON at all; the SDK cannot send this, so plain httpx does
@@ -307,9 +348,10 @@ class Load:
                 await client.chat.completions.create(**({"model": self.model, "max_tokens": 16} | cases[choice]))
                 status = "200"
         except (openai.APIError, httpx.TransportError) as exc:
-            status = failure(exc)
+            status, code = failure(exc), getattr(exc, "code", None)
         expected = status.isdigit() and 400 <= int(status) < 500
-        return Result("invalid", "chat", False, status, expected, time.perf_counter() - start)
+        return Result("invalid", "chat", False, status, expected, time.perf_counter() - start, started=started,
+                      code=code if status != "200" else f"case {choice}")
 
 
 def failure(exc: Exception) -> str:
@@ -341,6 +383,65 @@ async def soak(load: Load, pid: int, concurrency: int, duration_s: float, sample
     finally:
         stop_event.set()
         await sampler
+
+
+# -- the fault phases ---------------------------------------------------------------------------
+
+
+def mount_tmpfs(directory: Path, size_bytes: int) -> str | None:
+    """`directory` becomes a tmpfs of size_bytes; None, or why it could not (mounting needs root)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(directory)],
+                          capture_output=True, text=True, check=False)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
+
+
+async def wait_until(condition, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not recovered after {timeout_s:g} s")
+        await asyncio.sleep(0.1)
+
+
+async def full_disk(disk: Path, metrics_url: str, hold_s: float) -> Fault:
+    """Fills the audit file's disk, holds it full, frees it; ends once the trail takes records again."""
+    began = time.monotonic()
+    await asyncio.to_thread(fill, disk / "filler", leave_bytes=DISK_LEFT_BYTES)
+    await asyncio.sleep(hold_s)
+    (disk / "filler").unlink()
+    await wait_until(lambda: scrape(metrics_url).get("tenantgate_audit_accepting") == 1.0)
+    return Fault("disk", "audit_unavailable", began, time.monotonic())
+
+
+async def redis_restart(redis_server: RedisServer, hold_s: float) -> Fault:
+    """Stops redis-server, holds it down, starts it on its port; ends once it answers PING."""
+    began = time.monotonic()
+    await asyncio.to_thread(redis_server.stop)
+    await asyncio.sleep(hold_s)
+    await asyncio.to_thread(redis_server.start)  # returns once it answers
+    return Fault("redis", "quota_store_unavailable", began, time.monotonic())
+
+
+async def phase(load: Load, concurrency: int, seconds: float, fault) -> Fault:
+    """The load for `seconds`, with the fault (a coroutine) starting a quarter of the way in."""
+    async def inject() -> Fault:
+        await asyncio.sleep(seconds / 4)
+        return await fault
+
+    _, injected = await asyncio.gather(load.run(concurrency, seconds), inject())
+    return injected
+
+
+def recorded_ids(audit_file: Path) -> set[str]:
+    """request_id of every record in the file trail (rotated files too)."""
+    ids = set()
+    for path in rotated_files(audit_file):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("type") == "record" and "request_id" in entry:
+                ids.add(entry["request_id"])
+    return ids
 
 
 async def warm_up(load: Load) -> None:
@@ -444,7 +545,13 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=600, help="seconds for the gateway to be ready "
                         "(the first run converts the model's GGUF into the cache)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--phases", default=",".join(PHASES), help="fault phases after the load, under the same "
+                        "load: disk (a full audit disk; needs root to mount a tmpfs), redis (a Redis restart); '' for none")
+    parser.add_argument("--phase-s", type=float, default=30, help="seconds of load in each fault phase")
     args = parser.parse_args()
+    phases = [p for p in args.phases.split(",") if p]
+    if set(phases) - set(PHASES) or not 4 <= args.phase_s <= MAX_DURATION_S:
+        parser.error(f"--phases takes {', '.join(PHASES)}; --phase-s must be in [4, {MAX_DURATION_S}]")
     if not 0 < args.duration <= MAX_DURATION_S or not 1 <= args.concurrency <= 256 or not 0 <= args.abuse <= 0.5:
         parser.error(f"--duration must be in (0, {MAX_DURATION_S}], --concurrency in [1, 256], --abuse in [0, 0.5]")
     binary = find_redis_server()
@@ -461,26 +568,46 @@ def main() -> int:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tenantgate-soak-")))
         (tmp / "redis").mkdir()
-        redis_server = RedisServer(binary, tmp / "redis").start()
+        # The AOF keeps the audit stream, the anchors and the leases across the redis phase's restart.
+        redis_server = RedisServer(binary, tmp / "redis", appendonly=True).start()
         stack.callback(redis_server.stop)
+        disk = tmp / "audit-disk"
+        if "disk" in phases:
+            refused = mount_tmpfs(disk, AUDIT_DISK_BYTES)
+            if refused is not None:
+                print(f"soak: cannot mount a tmpfs for the full-disk phase ({refused}); run as root, or leave "
+                      "the phase out with --phases redis", file=sys.stderr)
+                return 1
+            stack.callback(subprocess.run, ["umount", "--lazy", str(disk)], check=False)
+        else:
+            disk.mkdir()
+        audit_file = disk / "audit.jsonl"
         issuer = stack.enter_context(LocalIssuer(port=0))
         private_key, public_key = audit_keygen(tmp / "keys")
         started = time.monotonic()
-        server, base, metrics_url = start_gateway(args, tmp, issuer, redis_server.url, private_key, stack)
+        server, base, metrics_url = start_gateway(args, tmp, issuer, redis_server.url, private_key, audit_file,
+                                                   stack)
         print(f"gateway ready in {time.monotonic() - started:.1f} s (pid {server.pid})")
 
-        async def drive() -> tuple[Load, float, float, float, list[float]]:
+        async def drive() -> tuple[Load, float, float, float, list[float], list[Fault]]:
             load = Load(base, issuer, model, args.abuse, args.seed)
             try:
                 await warm_up(load)
                 rss_start, samples = rss_mib(server.pid), []
                 elapsed = await soak(load, server.pid, args.concurrency, args.duration, samples)
+                rss_end = rss_mib(server.pid)  # after the steady load: the fault phases hold records in memory
+                faults = []
+                for name in phases:
+                    hold_s = args.phase_s / 3
+                    fault = (full_disk(disk, metrics_url, hold_s) if name == "disk"
+                             else redis_restart(redis_server, hold_s))
+                    faults.append(await phase(load, args.concurrency, args.phase_s, fault))
                 await asyncio.sleep(SETTLE_S)  # the audit record waits a moment for the engine's record
-                return load, elapsed, rss_start, rss_mib(server.pid), samples
+                return load, elapsed, rss_start, rss_end, samples, faults
             finally:
                 await load.aclose()
 
-        load, elapsed, rss_start, rss_end, samples = asyncio.run(drive())
+        load, elapsed, rss_start, rss_end, samples, faults = asyncio.run(drive())
         results = load.results
         metrics = scrape(metrics_url)
         kv_end, kv_after_tiny = metrics[KV_USED], None
@@ -500,10 +627,22 @@ def main() -> int:
         exit_code, killed = stop(server)
 
         command, verify_note = verify_command(public_key, redis_server.url)
-        file_rc, file_out = run_verify([*command, "--rotated", str(tmp / "audit.jsonl")])
+        file_rc, file_out = run_verify([*command, "--rotated", str(audit_file)])
+        recorded = recorded_ids(audit_file)
         stream_rc, stream_out = run_verify([*command, "--redis", redis_server.url, "--stream", AUDIT_STREAM])
 
-    n_5xx = sum(1 for r in results if r.status.startswith("5"))
+    # A request that overlapped a fault may have been refused for it: the answer its phase expects.
+    by_fault = Counter()
+    for r in results:
+        fault = next((f for f in faults if f.code == r.code and f.covers(r)), None)
+        if fault is not None and r.status in ("503", "429", "stream-error"):
+            r.expected = True
+            by_fault[fault.name] += 1
+    acknowledged = [r.request_id for r in results if r.request_id is not None]
+    unrecorded = [i for i in acknowledged if i not in recorded]
+    refused_while_up = sum(1 for r in results if r.code == "quota_store_unavailable"
+                           and not any(f.name == "redis" and f.covers(r) for f in faults))
+    n_5xx = sum(1 for r in results if r.status.startswith("5") and not r.expected)
     broken = sum(1 for r in results if not r.status.isdigit())
     unexpected = sum(1 for r in results if not r.expected)
     tokens = sum(r.completion_tokens for r in results if r.status == "200")
@@ -516,12 +655,26 @@ def main() -> int:
         "gateway exits on SIGTERM": exit_code in (0, -signal.SIGTERM) and not killed,
         "audit file verifies": file_rc == 0,
         "audit stream verifies": stream_rc == 0,
+        "every acknowledged request has its record": not unrecorded,
+        "no quota-store refusal while Redis answers": refused_while_up == 0,
     }
+    for fault in faults:  # a phase that refused nothing did not test anything
+        checks[f"the {fault.name} phase refused requests while its store was down"] = by_fault[fault.name] > 0
 
     print(f"\nrequests: {len(results)} in {elapsed:.1f} s ({len(results) / elapsed:.1f}/s), "
           f"{unexpected} unexpected answers")
     print("\n".join(statuses(results)))
     print(f"  5xx: {n_5xx}   transport errors / broken streams: {broken}")
+    start = results[0].started if results else 0.0
+    for fault in faults:
+        during = [r for r in results if fault.covers(r)]
+        print(f"  {fault.name} phase: {fault.ended - fault.began:.1f} s down (from {fault.began - start:.0f} s), "
+              f"{len(during)} requests overlapped it, {by_fault[fault.name]} refused for it ({fault.code})")
+    for r in [r for r in results if not r.expected][:12]:
+        print(f"  unexpected: {r.kind} {r.route} {'stream' if r.stream else ''} {r.status} {r.code or ''} "
+              f"sent at {r.started - start:.1f} s, {r.latency_s * 1e3:.0f} ms")
+    print(f"  acknowledged requests: {len(acknowledged)}, without a record in the file trail: {len(unrecorded)}; "
+          f"quota-store refusals while Redis answered: {refused_while_up}")
     print("\nlatency of served requests (dropped streams left out)")
     print("\n".join(timings(results)))
     print(f"\ncompletion tokens: {tokens} ({tokens / elapsed:.1f} tokens/s)")
@@ -545,7 +698,7 @@ def main() -> int:
     if verify_note:
         print(verify_note)
     shown = " ".join("tenantgate" if c == TENANTGATE else c.replace(str(tmp), "$TMP") for c in command)
-    print(f"$ {shown} --rotated $TMP/audit.jsonl")
+    print(f"$ {shown} --rotated $TMP/audit-disk/audit.jsonl")
     print(f"  exit {file_rc}: {file_out}")
     print(f"$ ... --redis {redis_server.url} --stream {AUDIT_STREAM}")
     print(f"  exit {stream_rc}: {stream_out}")

@@ -5,8 +5,9 @@ on Redis' clock (so replica clocks do not matter). The keys of one tenant share 
 tag, `tg:{<tenant digest>}:…`, so the script also runs on Redis Cluster. Connection
 settings are bounded (timeouts, no retry loop, a sized pool whose callers wait a bounded
 time for a connection), and after a failure the limiter stops asking for `breaker_s`, so an
-outage costs a request at most one timeout and most requests none; it recovers on its own
-when Redis answers again. A pool that stays busy for a caller's whole wait refuses that caller
+outage costs a request at most one timeout and most requests none. While the breaker is open,
+one admission at a time still asks (half open): the first that Redis answers closes it, so no
+request is refused for longer than it takes Redis to answer once it is back. A pool that stays busy for a caller's whole wait refuses that caller
 only: it is this replica's load, not evidence that Redis is down.
 
 A request in flight holds a lease in its tenant's set, `lease_s` long, that this replica
@@ -139,6 +140,7 @@ class RedisLimiter:
         self._lease_ms = int(lease_s * 1000)
         self._retry_base_s, self._retry_cap_s = retry_base_s, retry_cap_s
         self._down_until = 0.0
+        self._probing = False  # an admission is asking Redis while the breaker is open
         # Tickets in flight, by request id. Weak: a ticket dropped without a settle stops being
         # renewed, and its lease runs out instead of living as long as the process.
         self._live: weakref.WeakValueDictionary[str, Ticket] = weakref.WeakValueDictionary()
@@ -161,7 +163,21 @@ class RedisLimiter:
     async def admit(self, admission: Admission) -> Ticket:
         check_admissible(admission)
         if time.monotonic() < self._down_until:
-            raise QuotaStoreUnavailable()
+            if self._probing:  # another admission is finding out: this one is refused at once
+                raise QuotaStoreUnavailable()
+            self._probing = True
+            try:
+                ticket = await self._admit_now(admission)
+            except RateLimited:
+                self._down_until = 0.0  # Redis answered, with a refusal of the budget's own
+                raise
+            finally:
+                self._probing = False
+            self._down_until = 0.0  # Redis answered: the breaker closes
+            return ticket
+        return await self._admit_now(admission)
+
+    async def _admit_now(self, admission: Admission) -> Ticket:
         a = admission
         minute_ms = WINDOW_S * 1000
         costs = [minute_ms / a.requests_per_minute, a.tokens * minute_ms / a.tokens_per_minute,

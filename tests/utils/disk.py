@@ -6,13 +6,12 @@ skips saying so (and fails in CI, where a skip would hide an unchecked part).
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from devkit.disk import fill  # noqa: F401 (the tests' fill)
 from tests.utils.tools import missing_tool
 
 
@@ -29,21 +28,3 @@ def tiny_filesystem(directory: Path, size_bytes: int) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "--lazy", str(directory)], check=True)
-
-
-def fill(path: Path, leave_bytes: int = 0) -> int:
-    """Writes zeros to `path` until the filesystem refuses (ENOSPC), then gives back `leave_bytes`;
-    returns the file's size."""
-    with path.open("wb", buffering=0) as file:
-        block = b"\0" * 4096
-        try:
-            while True:
-                file.write(block)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-        size = file.tell()
-        if leave_bytes:
-            file.truncate(max(0, size - leave_bytes))
-        os.fsync(file.fileno())
-    return path.stat().st_size

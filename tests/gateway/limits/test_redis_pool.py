@@ -64,3 +64,40 @@ async def test_after_a_redis_restart_the_pooled_connections_fail_no_caller(own_r
         assert limiter.ready() and time.monotonic() - started < 5
     finally:
         await limiter.aclose()
+
+
+async def test_the_first_admission_after_redis_answers_again_closes_an_open_breaker(own_redis_server) -> None:
+    # Admissions while Redis is down open a 30 s breaker; Redis is back long before it would end.
+    limiter = RedisLimiter(redis_client(own_redis_server.url, timeout_s=0.5), breaker_s=30.0)
+    tenant = uuid.uuid4().hex
+    try:
+        own_redis_server.stop()
+        assert set(await _admit_all(limiter, tenant, 5)) == {"QuotaStoreUnavailable"}  # fail closed
+        assert not limiter.ready()
+        own_redis_server.start()
+        outcomes = await _admit_all(limiter, tenant, 1) + await _admit_all(limiter, tenant, 20)
+        assert outcomes.count("ok") == 21, f"{21 - outcomes.count('ok')} refused while Redis was answering"
+        assert limiter.ready()
+    finally:
+        await limiter.aclose()
+
+
+async def test_while_the_breaker_is_open_one_admission_at_a_time_asks_redis(own_redis_server) -> None:
+    # A hung Redis: an admission that asks waits its whole timeout, so only one may be asking.
+    limiter = RedisLimiter(redis_client(own_redis_server.url, timeout_s=0.5), breaker_s=30.0)
+    tenant = uuid.uuid4().hex
+    try:
+        with own_redis_server.hung():
+            assert await _admit_all(limiter, tenant, 1) == ["QuotaStoreUnavailable"]  # opens the breaker
+            started = time.monotonic()
+            done = []
+
+            async def timed() -> None:
+                await _admit_all(limiter, tenant, 1)
+                done.append(time.monotonic() - started)
+
+            await asyncio.gather(*(timed() for _ in range(10)))
+        assert sorted(done)[-1] >= 0.4  # one asked, and waited for its timeout
+        assert sorted(done)[-2] < 0.1, sorted(done)  # the other nine were refused at once
+    finally:
+        await limiter.aclose()
