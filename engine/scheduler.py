@@ -175,8 +175,8 @@ class Scheduler:
         allowance = Counter(dict.fromkeys(tenants, part))
         self._grow_into(prefills, batch, step_budget, allowance)
         self._admit_waiting(lane, batch, step_budget, allowance, last_resort)
-        if len(tenants) > 1:
-            self._grow_into([*prefills, *batch.admitted], batch, step_budget, None)
+        if len(tenants) > 1:  # the leftover: only what free and cached blocks allow, never a preemption
+            self._grow_into([*prefills, *batch.admitted], batch, step_budget, None, spare=True)
             self._admit_waiting(lane, batch, step_budget, None, last_resort)
 
         self.lane_service[lane] += batch.num_tokens
@@ -185,9 +185,10 @@ class Scheduler:
         return batch
 
     def _grow_into(self, seqs: list[Sequence], batch: ScheduledBatch, step_budget: int,
-                   allowance: Counter[bytes] | None) -> None:
+                   allowance: Counter[bytes] | None, spare: bool = False) -> None:
         """Schedule (more of) each running seq's next tokens, within the step's budget and its
-        tenant's allowance, if given."""
+        tenant's allowance, if given. spare: only into blocks to be had without preempting (a seq
+        already in the batch must not preempt itself, or anyone, for more of the leftover)."""
         for seq in seqs:
             # Counted from the batch: a sequence preempted out of it gives its tokens back.
             budget = step_budget - batch.num_tokens
@@ -201,7 +202,12 @@ class Scheduler:
             num_new = min(seq.prefill_end(start) - start, budget)
             if allowance is not None:
                 num_new = min(num_new, allowance[seq.tenant])
-            if num_new <= 0 or not self._grow(seq, start + num_new, batch):
+            if num_new <= 0:
+                continue
+            if spare:
+                if not self.block_manager.allocate(seq, start + num_new):
+                    continue
+            elif not self._grow(seq, start + num_new, batch):
                 continue
             if allowance is not None:
                 allowance[seq.tenant] -= num_new

@@ -283,3 +283,16 @@ def test_a_contended_step_is_never_smaller_than_max_num_seqs() -> None:
     assert run_step(scheduler).num_tokens == 8  # one-token prompts: all 8 admitted at once
     batch = run_step(scheduler)
     assert sorted(batch.seqs, key=lambda s: s.request_id) == seqs and batch.num_new_tokens == [1] * 8
+
+
+def test_a_seq_takes_the_leftover_of_a_contended_step_only_from_blocks_it_can_have_without_a_preemption() -> None:
+    # A 4-block pool: a's part (10 tokens, 3 blocks) and b's prompt (4 tokens, 1 block) fill it.
+    # The 6 tokens left over would need a fifth block; a must not preempt itself (or anyone) for
+    # them: that emptied a step for good in the multi-tenant soak, each step preempting the same seq.
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, contended_batched_tokens=20,
+                                       max_num_seqs=8), BlockManager(4, 4))
+    a1, b1 = make_seq("a1", 20, envelope("a")), make_seq("b1", 4, envelope("b"))
+    scheduler.add(a1)
+    scheduler.add(b1)
+    batch = run_step(scheduler)
+    assert batch.preempted == [] and dict(zip(batch.seqs, batch.num_new_tokens)) == {a1: 10, b1: 4}
