@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from gateway.openai.closed_schemas import allows_more_keys, closed
 from gateway.openai.chat.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolCall, ToolChoice, render_calls, system_prompt
 from gateway.openai.protocol import JsonObject, RequestModel, SamplingFields
 
@@ -61,6 +62,13 @@ class JsonSchema(RequestModel):
     json_schema: JsonObject | None = Field(default=None, alias="schema")
     strict: bool | None = None  # the schema is always enforced, strict or not
 
+    @model_validator(mode="after")
+    def _strict(self) -> "JsonSchema":
+        if self.strict and self.json_schema is not None and allows_more_keys(self.json_schema):
+            raise ValueError(f"Invalid schema for response_format '{self.name}': under strict, "
+                             "'additionalProperties' must be false wherever it is supplied")
+        return self
+
 
 class ResponseFormatJsonSchema(RequestModel):
     type: Literal["json_schema"]
@@ -74,12 +82,13 @@ ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | Respo
 def schema_of(response_format: ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema | None
               ) -> str | None:
     """The JSON schema (as JSON text) the answer must match; None for free text. json_object is any
-    object; a json_schema without a schema any JSON value."""
+    object; a json_schema without a schema any JSON value; a schema's objects are closed where it
+    leaves extra keys unsaid (gateway/openai/closed_schemas.py)."""
     if isinstance(response_format, ResponseFormatJsonObject):
         return '{"type": "object"}'
     if isinstance(response_format, ResponseFormatJsonSchema):
         schema = response_format.json_schema.json_schema
-        return json.dumps({} if schema is None else schema, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps({} if schema is None else closed(schema), ensure_ascii=False, separators=(",", ":"))
     return None
 
 

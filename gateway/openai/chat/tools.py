@@ -15,8 +15,9 @@ import re
 import secrets
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from gateway.openai.closed_schemas import allows_more_keys, closed
 from gateway.openai.protocol import JsonObject, RequestModel
 
 MAX_TOOLS = 128
@@ -34,6 +35,13 @@ class FunctionDefinition(RequestModel):
     description: str | None = None
     parameters: JsonObject | None = None
     strict: bool | None = None  # the parameters schema is enforced whenever the call is constrained
+
+    @model_validator(mode="after")
+    def _strict(self) -> "FunctionDefinition":
+        if self.strict and self.parameters is not None and allows_more_keys(self.parameters):
+            raise ValueError(f"Invalid schema for function '{self.name}': under strict, "
+                             "'additionalProperties' must be false wherever it is supplied")
+        return self
 
 
 class Tool(RequestModel):
@@ -77,7 +85,8 @@ def render_calls(calls: list[ToolCall]) -> str:
 
 
 def parameters(tool: Tool) -> dict:
-    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+    """The arguments' schema as constrained: closed where it leaves extra keys unsaid."""
+    return closed(tool.function.parameters) if tool.function.parameters is not None else ANY_OBJECT
 
 
 def constrained_schema(tools: list[Tool], choice: ToolChoice | None) -> str | None:
