@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import served_model_name  # noqa: E402
 from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
-from devkit.disk import fill  # noqa: E402
+from devkit.disk import fill, mount_tmpfs, unmount  # noqa: E402
 from devkit.issuer import LocalIssuer  # noqa: E402
 from gateway.audit.sinks import rotated_files  # noqa: E402
 from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
@@ -82,7 +82,6 @@ AUDIT_STREAM = "soak:audit"
 KV_USED = 'tenantgate_kv_blocks{state="used"}'
 PHASES = ("disk", "redis")
 AUDIT_DISK_BYTES = 64 << 20  # the audit file's own tmpfs: room for the soak's records, quick to fill
-DISK_LEFT_BYTES = 64 << 10  # what filling it leaves: a few dozen records more, then ENOSPC
 RECOVERY_TIMEOUT_S = 60.0
 
 NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # steady traffic: its limits raised out of the way
@@ -388,14 +387,6 @@ async def soak(load: Load, pid: int, concurrency: int, duration_s: float, sample
 # -- the fault phases ---------------------------------------------------------------------------
 
 
-def mount_tmpfs(directory: Path, size_bytes: int) -> str | None:
-    """`directory` becomes a tmpfs of size_bytes; None, or why it could not (mounting needs root)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(directory)],
-                          capture_output=True, text=True, check=False)
-    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
-
-
 async def wait_until(condition, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not await asyncio.to_thread(condition):
@@ -407,7 +398,9 @@ async def wait_until(condition, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
 async def full_disk(disk: Path, metrics_url: str, hold_s: float) -> Fault:
     """Fills the audit file's disk, holds it full, frees it; ends once the trail takes records again."""
     began = time.monotonic()
-    await asyncio.to_thread(fill, disk / "filler", leave_bytes=DISK_LEFT_BYTES)
+    # No room left: at a low request rate, room for even a few dozen records lasted the whole hold,
+    # and the phase then refused nothing (its check failed, rightly: it had tested nothing).
+    await asyncio.to_thread(fill, disk / "filler")
     await asyncio.sleep(hold_s)
     (disk / "filler").unlink()
     await wait_until(lambda: scrape(metrics_url).get("tenantgate_audit_accepting") == 1.0)
@@ -545,8 +538,9 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=600, help="seconds for the gateway to be ready "
                         "(the first run converts the model's GGUF into the cache)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--phases", default=",".join(PHASES), help="fault phases after the load, under the same "
-                        "load: disk (a full audit disk; needs root to mount a tmpfs), redis (a Redis restart); '' for none")
+    parser.add_argument("--phases", default=",".join(PHASES), help="fault phases after the load, under the "
+                        "same load: disk (a full audit disk; needs root to mount a tmpfs), redis (a Redis restart); "
+                        "'' for none")
     parser.add_argument("--phase-s", type=float, default=30, help="seconds of load in each fault phase")
     args = parser.parse_args()
     phases = [p for p in args.phases.split(",") if p]
@@ -578,7 +572,7 @@ def main() -> int:
                 print(f"soak: cannot mount a tmpfs for the full-disk phase ({refused}); run as root, or leave "
                       "the phase out with --phases redis", file=sys.stderr)
                 return 1
-            stack.callback(subprocess.run, ["umount", "--lazy", str(disk)], check=False)
+            stack.callback(unmount, disk, check=False)
         else:
             disk.mkdir()
         audit_file = disk / "audit.jsonl"

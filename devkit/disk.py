@@ -1,10 +1,24 @@
-"""Filling a filesystem, for full-disk tests and the soak's full-disk phase."""
+"""A tiny tmpfs and filling it, for full-disk tests and the soak's full-disk phase."""
 
 from __future__ import annotations
 
 import errno
 import os
+import subprocess
 from pathlib import Path
+
+
+def mount_tmpfs(directory: Path, size_bytes: int) -> str | None:
+    """`directory` becomes the mount point of a tmpfs of size_bytes; None, or why it could not be
+    (mounting needs root, CAP_SYS_ADMIN). Undo it with unmount()."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(directory)],
+                          capture_output=True, text=True, check=False)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
+
+
+def unmount(directory: Path, check: bool = True) -> None:
+    subprocess.run(["umount", "--lazy", str(directory)], check=check)
 
 
 def fill(path: Path, leave_bytes: int = 0) -> int:

@@ -7,8 +7,9 @@ settings are bounded (timeouts, no retry loop, a sized pool whose callers wait a
 time for a connection), and after a failure the limiter stops asking for `breaker_s`, so an
 outage costs a request at most one timeout and most requests none. While the breaker is open,
 one admission at a time still asks (half open): the first that Redis answers closes it, so no
-request is refused for longer than it takes Redis to answer once it is back. A pool that stays busy for a caller's whole wait refuses that caller
-only: it is this replica's load, not evidence that Redis is down.
+request is refused for longer than it takes Redis to answer once it is back. A pool that stays
+busy for a caller's whole wait refuses that caller only: it is this replica's load, not evidence
+that Redis is down.
 
 A request in flight holds a lease in its tenant's set, `lease_s` long, that this replica
 renews while the request runs, so the slot of a replica that died frees itself quickly.

@@ -47,12 +47,16 @@ def _schemas(schema: dict):
         stack.extend(_subschemas(node))
 
 
+# What an object schema may say of keys its properties do not name, and a tuple of more items.
+_MORE_KEYS = {"additionalProperties", "unevaluatedProperties", "patternProperties"}
+
+
 def closed(schema: dict) -> dict:
     """A copy of `schema` with every object that names its properties, and every tuple, closed
     where it says nothing of more."""
     schema = copy.deepcopy(schema)
     for node in _schemas(schema):
-        if "properties" in node and not {"additionalProperties", "unevaluatedProperties", "patternProperties"} & node.keys():
+        if "properties" in node and not _MORE_KEYS & node.keys():
             node["additionalProperties"] = False
         if isinstance(node.get("prefixItems"), list) and not {"items", "unevaluatedItems"} & node.keys():
             node["items"] = False
@@ -63,3 +67,11 @@ def allows_more_keys(schema: dict) -> bool:
     """Whether some object in `schema` explicitly allows keys its properties do not name (what
     strict mode refuses)."""
     return any(node.get("additionalProperties", False) is not False for node in _schemas(schema))
+
+
+def check_strict(schema: dict | None, strict: bool | None, what: str) -> None:
+    """Under strict, a schema that allows more keys anywhere is refused (ValueError: a 400 naming
+    the field), as OpenAI refuses it; `what` names it in the message ("function 'weather'")."""
+    if strict and schema is not None and allows_more_keys(schema):
+        raise ValueError(f"Invalid schema for {what}: under strict, 'additionalProperties' must be false "
+                         "wherever it is supplied")

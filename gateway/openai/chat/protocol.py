@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.openai.closed_schemas import allows_more_keys, closed
+from gateway.openai.closed_schemas import check_strict, closed
 from gateway.openai.chat.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolCall, ToolChoice, render_calls, system_prompt
 from gateway.openai.protocol import JsonObject, RequestModel, SamplingFields
 
@@ -64,9 +64,7 @@ class JsonSchema(RequestModel):
 
     @model_validator(mode="after")
     def _strict(self) -> "JsonSchema":
-        if self.strict and self.json_schema is not None and allows_more_keys(self.json_schema):
-            raise ValueError(f"Invalid schema for response_format '{self.name}': under strict, "
-                             "'additionalProperties' must be false wherever it is supplied")
+        check_strict(self.json_schema, self.strict, f"response_format '{self.name}'")
         return self
 
 

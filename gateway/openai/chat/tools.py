@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.openai.closed_schemas import allows_more_keys, closed
+from gateway.openai.closed_schemas import check_strict, closed
 from gateway.openai.protocol import JsonObject, RequestModel
 
 MAX_TOOLS = 128
@@ -38,9 +38,7 @@ class FunctionDefinition(RequestModel):
 
     @model_validator(mode="after")
     def _strict(self) -> "FunctionDefinition":
-        if self.strict and self.parameters is not None and allows_more_keys(self.parameters):
-            raise ValueError(f"Invalid schema for function '{self.name}': under strict, "
-                             "'additionalProperties' must be false wherever it is supplied")
+        check_strict(self.parameters, self.strict, f"function '{self.name}'")
         return self
 
 
