@@ -18,10 +18,11 @@ its work on the victim client's event loop (both still share this machine's core
 gateway, as the load average printed with each round shows).
 
 Printed per round: the victim's requests, errors, p50 and p99 latency, and the load average;
-then, per aggressor, the victim's p99 against the quiet p99 (all quiet rounds of the same run,
-which interleave with the aggressor rounds on this noisy machine). Target (issue 24): the victim's
-p99 at most 2x its quiet p99 under every aggressor, and no victim error. Exit status 1 if a
-target is missed or the bench could not run.
+then, per aggressor, each of its rounds' victim p99 against the quiet p99 (all quiet rounds of
+the same run, which interleave with the aggressor rounds on this noisy machine), and the median of
+those ratios over the --repeat rounds. Target (issue 24): that median at most 2x under every
+aggressor, and no victim error in any round. Exit status 1 if a target is missed or the bench
+could not run.
 
     .venv/bin/python bench/noisy_neighbour.py                         # SmolLM2, 20 s rounds
     .venv/bin/python bench/noisy_neighbour.py --model demo --round-s 10 --aggressors schema,policy
@@ -34,6 +35,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -272,14 +274,15 @@ def report(rounds: list[Round], aggressors: list[str]) -> bool:
           f"({len(quiet.latencies)} requests, {len(quiet.errors)} errors)")
     ok = not quiet.errors
     for kind in aggressors:
-        under = Round(kind, latencies=[x for r in rounds if r.name == kind for x in r.latencies],
-                      errors=[e for r in rounds if r.name == kind for e in r.errors])
-        ratio = under.p(0.99) / quiet.p(0.99)
-        met = ratio <= TARGET_RATIO and not under.errors
+        under = [r for r in rounds if r.name == kind]
+        ratios = [r.p(0.99) / quiet.p(0.99) for r in under]
+        ratio = statistics.median(ratios)
+        errors = [e for r in under for e in r.errors]
+        met = ratio <= TARGET_RATIO and not errors
         ok &= met
-        print(f"  {kind:<11} victim p99 {under.p(0.99) * 1e3:7.0f} ms = {ratio:5.2f}x quiet, "
-              f"{len(under.errors)} errors {sorted(set(under.errors)) or ''}  "
-              f"{'ok' if met else f'MISSED (target <= {TARGET_RATIO}x, 0 errors)'}")
+        print(f"  {kind:<11} victim p99 = {ratio:5.2f}x quiet (median of {', '.join(f'{x:.2f}' for x in ratios)}), "
+              f"{len(errors)} errors {sorted(set(errors)) or ''}  "
+              f"{'ok' if met else f'MISSED (target: median <= {TARGET_RATIO}x, 0 errors)'}")
     return ok
 
 
@@ -313,7 +316,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--round-s", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=2.0, help="victim chats per second")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds per aggressor")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per aggressor (the verdict is their median)")
     parser.add_argument("--aggressors", default=",".join(AGGRESSORS))
     parser.add_argument("--extra-tenants", type=int, default=5000)
     parser.add_argument("--startup-timeout", type=float, default=300.0)

@@ -18,7 +18,7 @@ from fastapi import Request
 
 from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
-from gateway.deps import Gateway
+from gateway.deps import POLICY_REFUSAL, Gateway
 from gateway.errors import (
     AuditUnavailable,
     ContextLengthExceeded,
@@ -169,7 +169,7 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
             # The reason goes to the server log (it names a rule or a field, never content).
             logger.error("policy failed closed: %s", exc)
             request.state.decision = "error"
-            raise Unavailable("the policy engine could not decide this request; it is denied") from None
+            raise Unavailable(POLICY_REFUSAL) from None
         finally:
             gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
         decision = judgement.decision

@@ -43,6 +43,7 @@ class Judgement:
 class PolicyEngine(Protocol):
     async def decide(self, input_document: Mapping) -> Judgement: ...
     def tenant_known(self, tenant_id: str) -> bool | None: ...  # None: the tenant list is not known yet
+    def held(self, tenant_id: str) -> bool: ...  # refused without evaluating, for now (its evaluation failed)
     def tenant_enabled(self, tenant_id: str) -> bool | None: ...  # its data says enabled: true (None: not known yet)
     def tenant_ids(self) -> frozenset[str] | None: ...  # the registered tenants (None: not known yet)
     def ready(self) -> bool: ...
@@ -101,8 +102,7 @@ class EmbeddedPolicy:
     async def decide(self, input_document: Mapping) -> Judgement:
         evaluator = self._evaluator
         tenant = _tenant_of(input_document)
-        held = self._failing.get(tenant)
-        if held is not None and held[0] == evaluator.revision and time.monotonic() < held[1]:
+        if self.held(tenant):
             raise PolicyEvaluationError("this tenant's policy evaluation failed moments ago; retry shortly")
         try:
             return Judgement(evaluator.decide(input_document), evaluator.revision)
@@ -112,6 +112,12 @@ class EmbeddedPolicy:
             # loop that every tenant shares. A reload (a new revision) ends the hold.
             self._failing[tenant] = (evaluator.revision, time.monotonic() + FAILED_EVALUATION_HOLD_S)
             raise
+
+    def held(self, tenant_id: str) -> bool:
+        """Whether this tenant's evaluation failed under the serving revision moments ago: its
+        requests are refused without one until the hold ends or a reload brings a new revision."""
+        held = self._failing.get(tenant_id)
+        return held is not None and held[0] == self._evaluator.revision and time.monotonic() < held[1]
 
     def tenant_known(self, tenant_id: str) -> bool:
         """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
@@ -200,6 +206,9 @@ class OpaPolicy:
         judgement = Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
         self.revision = judgement.revision
         return judgement
+
+    def held(self, tenant_id: str) -> bool:
+        return False  # an evaluation that fails costs the sidecar, not this loop
 
     def tenant_known(self, tenant_id: str) -> bool | None:
         tenants = self._watch.tenants

@@ -1,15 +1,17 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.deps import GatewayDep, PrincipalDep
+from gateway.deps import GatewayDep, inference_caller
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.openai.embeddings.service import create_embeddings
 from gateway.openai.openapi import ERROR_RESPONSES
+from gateway.pipeline.admission import EMBEDDINGS_ROUTE as ROUTE
 
 router = APIRouter()
+Caller = inference_caller(ROUTE)
 
 
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES, summary="Create embeddings")
-async def embeddings(body: EmbeddingRequest, principal: PrincipalDep, gateway: GatewayDep,
+async def embeddings(body: EmbeddingRequest, principal: Caller, gateway: GatewayDep,
                      request: Request) -> Response:
     return await create_embeddings(gateway, principal, body, request)

@@ -1,16 +1,17 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.deps import GatewayDep, PrincipalDep
+from gateway.deps import GatewayDep, PrincipalDep, inference_caller
 from gateway.openai.responses_api.protocol import ResponsesRequest
-from gateway.openai.responses_api.service import create_response, retrieve_response
+from gateway.openai.responses_api.service import ROUTE, create_response, retrieve_response
 from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
+Caller = inference_caller(ROUTE)
 
 
 @router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response")
-async def responses(body: ResponsesRequest, principal: PrincipalDep, gateway: GatewayDep,
+async def responses(body: ResponsesRequest, principal: Caller, gateway: GatewayDep,
                     request: Request) -> Response:
     return await create_response(gateway, principal, body, request)
 

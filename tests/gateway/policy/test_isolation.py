@@ -9,13 +9,18 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from devkit.server import serving
 from devkit.tenants import crowd_ids, failing_evaluation, with_crowd, write_tenants
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from gateway.pipeline import admission
 from gateway.policy import service
 from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.service import EmbeddedPolicy
-from tests.gateway.api.conftest import ALPHA, DATA_DIR
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
 from tests.gateway.policy.conftest import SAMPLES
 
 CROWD = 20_000  # tenants beside the test ones: the old loop-side reload stalled 366 ms here (70 ms at 10,000)
@@ -96,3 +101,40 @@ async def test_a_tenant_whose_evaluation_fails_is_refused_without_spending_the_l
     with pytest.raises(PolicyEvaluationError):
         await policy.decide(attack)
     assert len([d for d in evaluations if d["principal"]["tenant_id"] == ATTACKER]) == 2  # judged again after it
+
+
+def test_a_held_tenant_is_refused_before_its_request_is_read_rendered_or_judged(local_issuer, tmp_path, monkeypatch) -> None:
+    """While a tenant's evaluation is held, its requests are refused right after authentication:
+    its prompt is never rendered nor its policy input built (the work that let a flood of held
+    requests spend the shared loop), and each refusal still has its audit record."""
+    data = json.loads((DATA_DIR / "tenants.json").read_text())
+    data["tenants"][ATTACKER] = failing_evaluation(data["tenants"][ALPHA])
+    write_tenants(tmp_path / "data", data)
+    audit_file = tmp_path / "audit.jsonl"
+    app = create_app(gateway_settings(local_issuer, metrics_port=0, policy_data_dir=tmp_path / "data",
+                                      audit_file=audit_file), backend=NullBackend(model_name="demo"))
+    chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    attacker = {"Authorization": f"Bearer {local_issuer.mint(ATTACKER, audience=AUDIENCE)}"}
+    healthy = {"Authorization": f"Bearer {local_issuer.mint(ALPHA, audience=AUDIENCE)}"}
+    with serving(app) as base:
+        tokenizer = app.state.gateway.models["demo"].tokenizer
+        rendered: list[int] = []
+        render = tokenizer.encode_chat
+        monkeypatch.setattr(tokenizer, "encode_chat", lambda *a, **k: rendered.append(1) or render(*a, **k))
+        first = httpx.post(base + "/v1/chat/completions", json=chat, headers=attacker)
+        assert first.status_code == 503 and len(rendered) == 1  # judged once: its evaluation fails
+        inputs = []
+        build = admission.policy_input
+        monkeypatch.setattr(admission, "policy_input", lambda *a, **k: inputs.append(1) or build(*a, **k))
+        held = [httpx.post(base + path, json=body, headers=attacker) for path, body in (
+            ("/v1/chat/completions", chat), ("/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 2}),
+            ("/v1/responses", {"model": "demo", "input": "hi", "max_output_tokens": 16}))]
+        assert [r.status_code for r in held] == [503] * 3
+        assert {r.json()["error"]["message"] for r in held} == {first.json()["error"]["message"]}
+        assert rendered == [1] and inputs == [], "a held tenant's request was rendered or judged"
+        served = httpx.post(base + "/v1/chat/completions", json=chat, headers=healthy)
+        assert served.status_code == 200 and len(rendered) == 2 and inputs == [1]
+    records = [json.loads(line) for line in audit_file.read_text().splitlines()]
+    refusals = [r for r in records if r.get("status") == 503]
+    assert [r["route"] for r in refusals] == ["chat.completions", "chat.completions", "completions", "responses"]
+    assert len({r["tenant"] for r in refusals}) == 1 and all(r["outcome"] == "service_unavailable" for r in refusals)
