@@ -45,11 +45,13 @@ async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
                        events: Callable[[RequestOutput], list[dict]], *, opening: Callable[[], list[dict]],
                        closing: Callable[[], list[dict]], failed: Callable[[GatewayError], dict],
                        encode: Callable[[dict], bytes], done: Callable[[], bytes],
-                       finishing: Callable[[], Awaitable[None]] | None = None) -> StreamingResponse:
+                       finishing: Callable[[], Awaitable[None]] | None = None,
+                       unfinishing: Callable[[], Awaitable[None]] | None = None) -> StreamingResponse:
     """Streams the opening events, `events(output)` for each engine delta and the closing events
     (once the outputs are done, so usage is known), each through `encode`, then awaits
     `finishing()`; an error after the start becomes `failed(error)`. `done()` ends a completed
-    stream once its record is written."""
+    stream once its record is written; a record the trail refuses ends it in an error instead,
+    after `unfinishing()` has undone what `finishing()` did."""
     outputs = stream_outputs(gateway, admitted)
     first = await until_disconnect(request, _next(outputs))
 
@@ -82,6 +84,8 @@ async def event_stream(gateway: Gateway, admitted: Admitted, request: Request,
             try:
                 await recorded(written)  # the end only once the record is in the trail
             except AuditUnavailable as exc:  # no record, so no [DONE]: the stream ends in an error
+                if unfinishing is not None:
+                    await unfinishing()
                 yield encode(failed(exc))
                 return
             yield done()

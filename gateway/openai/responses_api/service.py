@@ -19,7 +19,7 @@ from engine import RequestOutput
 from gateway.auth.principal import Principal
 from gateway.deployments.openai import UpstreamOutput
 from gateway.deps import Gateway
-from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
+from gateway.errors import AuditUnavailable, GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import answer, chat_ask
 from gateway.openai.answers import chat_logprobs, joined, usage
@@ -222,17 +222,27 @@ async def create_response(gateway: Gateway, principal: Principal, body: Response
             await gateway.responses_store.put(digests["tenant"], response_id, record,
                                               ttl_s=retention.retention_days * 86400)
 
+    async def forget() -> None:
+        """Undoes keep() when the request's record could not be kept: the request is refused, so
+        neither it nor what it stored may be acknowledged."""
+        if render.stored:
+            await gateway.responses_store.delete(digests["tenant"], response_id)
+
     with accounted(gateway, admitted):
         if asked is not None and not retention.store:
             raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
                                  "classification); send the conversation as input items", param=asked)
         if body.stream:
-            return await _stream(gateway, admitted, request, chat, render, keep)
+            return await _stream(gateway, admitted, request, chat, render, keep, forget)
         outputs = await collect(gateway, admitted, request)
         text, calls = answer_of(chat, outputs)
         output = render.output(text, calls, outputs)
         await keep(text, calls, output)
-        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
+        try:
+            await recorded(finish(gateway, admitted, status=200, outcome="completed"))
+        except AuditUnavailable:
+            await forget()
+            raise
         return JSONResponse(render.response(output), headers={"X-Request-Id": response_id})
 
 
@@ -247,7 +257,8 @@ async def retrieve_response(gateway: Gateway, principal: Principal, response_id:
 
 
 async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: ChatCompletionRequest,
-                  render: ResponseRenderer, keep: Callable[[str, list[dict], list[dict]], Awaitable[None]]) -> Response:
+                  render: ResponseRenderer, keep: Callable[[str, list[dict], list[dict]], Awaitable[None]],
+                  forget: Callable[[], Awaitable[None]]) -> Response:
     """The Responses API's events, in its order, numbered from 0. With tools the answer is read
     whole (a call or text, as chat's auto and required are): its items' events all come at the end."""
     sequence = itertools.count()
@@ -303,4 +314,5 @@ async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: 
 
     return await event_stream(gateway, admitted, request, deltas, opening=opening, closing=closing,
                               failed=failed, encode=encode, done=done,
-                              finishing=lambda: keep(answered["text"], answered["calls"], answered["output"]))
+                              finishing=lambda: keep(answered["text"], answered["calls"], answered["output"]),
+                              unfinishing=forget)

@@ -46,6 +46,14 @@ class ResponseStore:
             raise Unavailable("the response could not be stored: the response store is unreachable; retry shortly",
                               headers={"Retry-After": "2"}) from None
 
+    async def delete(self, tenant: str, response_id: str) -> None:
+        """Removes what put() stored (a response whose request was then refused for want of its
+        audit record must not stay retrievable); an unreachable store is logged, not raised."""
+        try:
+            await self._client.delete(self._name(tenant, response_id))
+        except (RedisError, OSError) as exc:
+            logger.error("a stored response of a refused request could not be removed: %s", type(exc).__name__)
+
     async def get(self, tenant: str, response_id: str) -> dict | None:
         """The record stored for this tenant under this id, or None (none, expired, or not this tenant's)."""
         if RESPONSE_ID.fullmatch(response_id) is None:

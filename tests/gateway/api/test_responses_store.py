@@ -13,6 +13,7 @@ import redis
 from pydantic import ValidationError
 
 from gateway.app import create_app
+from gateway.audit.trail import AuditRefused
 from gateway.inference import NullBackend
 from gateway.settings import Settings
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, LAMBDA, THETA, gateway_settings
@@ -222,3 +223,37 @@ def test_an_unreachable_store_fails_closed(local_issuer, own_redis_server) -> No
     assert [e.type for e in events[-4:]] == ["response.output_text.done", "response.content_part.done",
                                             "response.output_item.done", "error"]
     assert events[-1].code == "service_unavailable"
+
+
+def test_a_response_whose_record_the_trail_refuses_is_not_left_stored(local_issuer, redis_server, tmp_path,
+                                                                      monkeypatch) -> None:
+    """A response is stored just before its audit record is written. When the trail then refuses
+    the record (a full disk past its hold), the request is refused, and what it stored is removed:
+    nothing of an unacknowledged request stays retrievable or continuable."""
+    app = create_app(gateway_settings(local_issuer, redis_url=redis_server.url, metrics_port=0,
+                                      audit_file=tmp_path / "audit.jsonl"), backend=RecordingBackend(model_name="demo"))
+    store = redis.Redis.from_url(redis_server.url)
+    with serving(app) as base_url:
+        trail = app.state.gateway.audit.trail
+        append = trail.append
+
+        def refusing(record: dict) -> dict:
+            if record.get("route") == "responses" and record.get("status") == 200:
+                raise AuditRefused("the sink holds all it may")
+            return append(record)
+
+        monkeypatch.setattr(trail, "append", refusing)
+        before = set(store.scan_iter(match="tenantgate:responses:*", count=1000))
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                               max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.responses.create(model="demo", input=SECRET_INPUT, store=True, max_output_tokens=2)
+        events = list(client.responses.create(model="demo", input=SECRET_INPUT, store=True, max_output_tokens=2,
+                                              stream=True))
+        after = set(store.scan_iter(match="tenantgate:responses:*", count=1000))
+        client.close()
+    store.close()
+    assert (refused.value.status_code, refused.value.code) == (503, "audit_unavailable")
+    assert events[-1].type == "error" and events[-1].code == "audit_unavailable"
+    assert "response.completed" not in {event.type for event in events}
+    assert after == before, "a refused request's response stayed stored"
