@@ -135,6 +135,16 @@ class ChatCompletionRequest(SamplingFields):
     def constrains_tool_call(self) -> bool:
         return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
 
+    @property
+    def parallel_calls(self) -> bool:
+        """Whether an answer may make several tool calls (OpenAI's default; false: at most one)."""
+        return self.parallel_tool_calls is not False
+
+    @property
+    def reads_calls_as_generated(self) -> bool:
+        """Whether the answer is free text in which tool calls may appear: tools shown, and `auto`."""
+        return bool(self.active_tools) and self.tool_choice in (None, "auto")
+
     def template_messages(self, tools_in_system: bool = False) -> list[dict]:
         """The conversation for the chat template; with tools_in_system (a template without a tools
         section) the active tools go first, in a system message (gateway/openai/chat/tools.py)."""

@@ -13,7 +13,7 @@ from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
-from gateway.openai.chat.tools import NamedToolChoice, constrained_schema, new_call_id, parse_calls
+from gateway.openai.chat.tools import AutoCalls, NamedToolChoice, constrained_schema, new_call_id, parse_calls
 from gateway.openai.answers import chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
@@ -48,8 +48,8 @@ def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, 
     return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
                      encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
                      max_tokens=body.requested_max_tokens, logprobs=logprobs,
-                     json_schema=schema_of(body.response_format) or constrained_schema(body.active_tools,
-                                                                                        body.tool_choice),
+                     json_schema=schema_of(body.response_format) or constrained_schema(
+                         body.active_tools, body.tool_choice, body.parallel_calls),
                      schema_param="tools" if body.constrains_tool_call else format_param)
 
 
@@ -58,14 +58,10 @@ def answer(body: ChatCompletionRequest, text: str, reason: str | None) -> tuple[
     tool_calls for the calls the model chose, stop for a named function's). /v1/responses reads
     its function calls from the same message."""
     tools = body.active_tools
-    calls = parse_calls(text, tools, body.tool_choice) if tools else None
-    message = {"role": "assistant", "content": None if calls else text, "refusal": None}
-    if calls:
-        message["tool_calls"] = calls
-        if reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
-            return message, "tool_calls"
-    else:
-        message["tool_calls"] = None
+    calls, content = parse_calls(text, tools, body.tool_choice, body.parallel_calls) if tools else (None, text)
+    message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}
+    if calls and reason == "stop" and not isinstance(body.tool_choice, NamedToolChoice):
+        return message, "tool_calls"
     return message, finish_reason(reason)
 
 
@@ -88,7 +84,9 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             extra = {"usage": None} if include_usage else {}
 
-            held: list[str] = []  # with tools, the answer is read whole: a call or content
+            held: list[str] = []  # under `required` the answer is read whole: its calls
+            # Under `auto`, content streams as it is generated until a call's marker, then each call as it closes.
+            reader = AutoCalls(tools, body.parallel_calls) if body.reads_calls_as_generated else None
             # A named function's answer is its arguments from the first token: they stream as OpenAI's do,
             # the call's id and name first, then the arguments as they come.
             named = bool(tools) and isinstance(body.tool_choice, NamedToolChoice)
@@ -122,6 +120,23 @@ async def create_chat_completion(gateway: Gateway, principal: Principal, body: C
                     if output.finished:
                         out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
                                                                   "finish_reason": finish_reason(output.finish_reason)}]})
+                    return out
+                if reader is not None:
+                    content, made = reader.feed(output.new_text)
+                    content += reader.finish() if output.finished else ""
+                    if content:
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {"content": content},
+                                                                  "logprobs": None, "finish_reason": None}]})
+                    if made:
+                        first = len(reader.calls) - len(made)
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {"tool_calls": [
+                            call | {"index": first + i} for i, call in enumerate(made)]}, "logprobs": None,
+                            "finish_reason": None}]})
+                    if output.finished:
+                        reason = ("tool_calls" if reader.calls and output.finish_reason == "stop"
+                                  else finish_reason(output.finish_reason))
+                        out.append(base() | extra | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                                  "finish_reason": reason}]})
                     return out
                 if tools:
                     held.append(output.new_text)

@@ -21,6 +21,7 @@ from gateway.openai.closed_schemas import check_strict, closed
 from gateway.openai.protocol import JsonObject, RequestModel
 
 MAX_TOOLS = 128
+MARKER = "<tool_call>"
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 SYSTEM_PROMPT = (
     "You can call functions. To call one, answer with only <tool_call>{{\"name\": <the function's name>, "
@@ -87,16 +88,19 @@ def parameters(tool: Tool) -> dict:
     return closed(tool.function.parameters) if tool.function.parameters is not None else ANY_OBJECT
 
 
-def constrained_schema(tools: list[Tool], choice: ToolChoice | None) -> str | None:
-    """The JSON schema the answer must match: a named function's arguments, or for `required` one call
-    of any function as {"name", "arguments"}; None for `auto` and `none` (free text)."""
+def constrained_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool = True) -> str | None:
+    """The JSON schema the answer must match: a named function's arguments, or for `required` calls of
+    any function as {"name", "arguments"} objects, an array of one or more (one object alone when
+    parallel tool calls are off); None for `auto` and `none` (free text)."""
     if isinstance(choice, NamedToolChoice):
         tool = next(t for t in tools if t.function.name == choice.function.name)
         return json.dumps(parameters(tool), ensure_ascii=False, separators=(",", ":"))
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": parameters(t)},
                   "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-        return json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0], ensure_ascii=False, separators=(",", ":"))
+        one = {"anyOf": calls} if len(calls) > 1 else calls[0]
+        schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+        return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     return None
 
 
@@ -109,27 +113,93 @@ def _call(name: str, arguments: object) -> dict:
     return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
 
 
-def parse_calls(text: str, tools: list[Tool], choice: ToolChoice | None) -> list[dict] | None:
-    """The tool calls in an answer, as OpenAI's message.tool_calls; None when it has none (then the
-    answer is content). A named choice's answer is the arguments themselves; `required`'s is one
-    {"name", "arguments"} object; `auto`'s is text with <tool_call> tags, each holding one."""
+def _named_call(candidate: object, names: set[str]) -> dict | None:
+    """A {"name", "arguments"} object naming one of the tools, as a call; None otherwise."""
+    if isinstance(candidate, dict) and candidate.get("name") in names and isinstance(candidate.get("arguments", {}), dict):
+        return _call(candidate["name"], candidate.get("arguments", {}))
+    return None
+
+
+def _partial_marker(text: str) -> int:
+    """How many of text's last characters could begin a <tool_call> marker."""
+    for size in range(min(len(MARKER) - 1, len(text)), 0, -1):
+        if MARKER.startswith(text[-size:]):
+            return size
+    return 0
+
+
+class AutoCalls:
+    """Reads an `auto` answer as it is generated: content until the first <tool_call> marker, then
+    each tagged call as its tag closes. feed() gives what may be sent now: content (never a piece
+    that may begin a marker, nor trailing whitespace, which a call would drop) and the calls just
+    closed; finish() gives the rest. Once a call is made the content ends at the first marker (as
+    vLLM's tool parsers do); with no call every character is content. parallel=False keeps the
+    first call only. The whole-answer path reads through the same class, so both agree."""
+
+    def __init__(self, tools: list[Tool], parallel: bool = True) -> None:
+        self._names = {t.function.name for t in tools}
+        self._parallel = parallel
+        self.text = ""
+        self.calls: list[dict] = []
+        self._sent = 0  # characters of text sent as content
+        self._scanned: int | None = None  # where the next tag may start, once the first marker is seen
+
+    def feed(self, new_text: str) -> tuple[str, list[dict]]:
+        self.text += new_text
+        content = ""
+        if self._scanned is None:
+            start = self.text.find(MARKER)
+            end = len(self.text) - _partial_marker(self.text) if start < 0 else start
+            stop = len(self.text[:end].rstrip())
+            if stop > self._sent:
+                content, self._sent = self.text[self._sent:stop], stop
+            if start < 0:
+                return content, []
+            self._scanned = start
+        made = []
+        while (tag := TOOL_CALL.search(self.text, self._scanned)) is not None:
+            self._scanned = tag.end()
+            try:
+                call = _named_call(json.loads(tag.group(1)), self._names)
+            except ValueError:
+                call = None
+            if call is not None and (self._parallel or not self.calls):
+                self.calls.append(call)
+                made.append(call)
+        return content, made
+
+    def finish(self) -> str:
+        """The content still held at the end: none once a call was made, else the rest of the text."""
+        if self.calls:
+            return ""
+        rest, self._sent = self.text[self._sent:], len(self.text)
+        return rest
+
+
+def parse_calls(text: str, tools: list[Tool], choice: ToolChoice | None,
+                parallel: bool = True) -> tuple[list[dict] | None, str | None]:
+    """The tool calls in an answer, as OpenAI's message.tool_calls (None when it has none), and the
+    message's content. A named choice's answer is the arguments themselves; `required`'s is an array
+    of {"name", "arguments"} objects (one object when parallel tool calls are off); `auto`'s is text
+    with <tool_call> tags, each holding one (AutoCalls)."""
     if isinstance(choice, NamedToolChoice):
-        return [_call(choice.function.name, text)]
+        return [_call(choice.function.name, text)], None
     names = {t.function.name for t in tools}
     if choice == "required":
-        candidates = [text]
-    elif choice == "auto" or choice is None:
-        candidates = TOOL_CALL.findall(text)
-    else:
-        return None
-    calls = []
-    for candidate in candidates:
         try:
-            call = json.loads(candidate)
+            answer = json.loads(text)
         except ValueError:
-            continue
-        if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict):
-            calls.append(_call(call["name"], call.get("arguments", {})))
-    if not calls and choice == "required":  # cut short by max_tokens: what there is, as the one call's text
-        return [_call(tools[0].function.name, text)] if len(tools) == 1 else None
-    return calls or None
+            answer = None
+        candidates = answer if isinstance(answer, list) and parallel else [answer]
+        calls = [call for candidate in candidates if (call := _named_call(candidate, names)) is not None]
+        if calls:
+            return calls, None
+        if not parallel and len(tools) == 1:  # cut short by max_tokens: what there is, as the one call's text
+            return [_call(tools[0].function.name, text)], None
+        return None, text
+    if choice == "auto" or choice is None:
+        reader = AutoCalls(tools, parallel)
+        content, _ = reader.feed(text)
+        if reader.calls:
+            return reader.calls, content or None
+    return None, text
