@@ -9,7 +9,10 @@
 #                               sys.path too; tests/infra/test_alerts.py checks the dashboard with them
 #   helm v3.22.0                on PATH or in $(go env GOPATH)/bin, built with `go install` if absent
 #   tflint v0.64.0              likewise (its terraform ruleset is bundled)
-#   promtool (prometheus v0.316.0, Prometheus 3.x) likewise; checks and unit-tests the alert rules
+#   .venv-infra/bin/promtool    checks and unit-tests the alert rules: the one binary, unpacked from
+#                               Debian's prometheus package (`apt-get download`, no root, none of the
+#                               server's dependencies); where apt has no such package, built with
+#                               `go install` from the Go module version below (about 15 minutes)
 #   .venv-infra/tflint-plugins/ the azurerm ruleset v0.32.0, a tflint plugin binary (or in
 #                               $TFLINT_PLUGIN_DIR): `go install` from the Go module proxy, or, where the
 #                               proxy does not serve it, `go build` in the checkout that
@@ -57,8 +60,22 @@ echo "grafana dashboard models: $sdk ($sdk_stamp)"
 
 go_tool helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "version --template {{.Version}}"
 go_tool tflint github.com/terraform-linters/tflint github.com/terraform-linters/tflint "$TFLINT_VERSION" "--version"
-go_tool promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool \
-    "$PROMETHEUS_MODULE_VERSION" "--version"
+# promtool: Debian's (2.42 on bookworm checks and unit-tests these rules as 3.x does), else built.
+promtool="$VENV/bin/promtool"
+promtool_stamp="prometheus=$(apt-cache policy prometheus 2>/dev/null | awk '$1 == "Candidate:" {print $2}')"
+if [ "$promtool_stamp" = "prometheus=" ] || [ "$promtool_stamp" = "prometheus=(none)" ]; then
+    go_tool promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool \
+        "$PROMETHEUS_MODULE_VERSION" "--version"
+    ln -sf "$(command -v promtool || echo "$(go env GOPATH)/bin/promtool")" "$promtool"
+    promtool_stamp="go:$PROMETHEUS_MODULE_VERSION"
+elif [ ! -x "$promtool" ] || [ "$(cat "$VENV/.promtool" 2>/dev/null)" != "$promtool_stamp" ]; then
+    unpacked="$(mktemp -d)"
+    (cd "$unpacked" && apt-get download -q "$promtool_stamp" >/dev/null && dpkg-deb -x prometheus_*.deb root)
+    install -m 0755 "$unpacked/root/usr/bin/promtool" "$promtool"
+    rm -rf "$unpacked"
+fi
+echo "$promtool_stamp" > "$VENV/.promtool"
+echo "promtool ($promtool_stamp): $promtool"
 
 # The azurerm ruleset, as a plugin binary in a local directory: tflint loads it from
 # TFLINT_PLUGIN_DIR and never downloads it (infra/terraform/.tflint.hcl has no source for it).

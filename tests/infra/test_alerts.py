@@ -23,7 +23,6 @@ from tests.infra.conftest import (
     Tools,
     extract_settings,
     render_chart,
-    require_go_binary,
     run,
 )
 from tests.utils.tools import missing_tool
@@ -60,7 +59,11 @@ def _dashboard() -> dict:
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    return require_go_binary("promtool")
+    """scripts/install-infra-tools.sh puts it there: Debian's, or one built with `go install`."""
+    found = VENV_INFRA / "bin" / "promtool"
+    if not found.exists():
+        missing_tool(f"{found} not found: run scripts/install-infra-tools.sh (make test does)")
+    return found
 
 
 # -- promtool ---------------------------------------------------------------------------------
