@@ -62,17 +62,23 @@ go_tool helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "version -
 go_tool tflint github.com/terraform-linters/tflint github.com/terraform-linters/tflint "$TFLINT_VERSION" "--version"
 # promtool: Debian's (2.42 on bookworm checks and unit-tests these rules as 3.x does), else built.
 promtool="$VENV/bin/promtool"
+debian_promtool() {  # unpacks the candidate's promtool into $promtool; false where apt has none
+    local unpacked
+    unpacked="$(mktemp -d)"
+    if (cd "$unpacked" && apt-get download -q "$1" >/dev/null 2>&1 && dpkg-deb -x prometheus_*.deb root); then
+        install -m 0755 "$unpacked/root/usr/bin/promtool" "$promtool"
+    fi
+    rm -rf "$unpacked"
+    [ -x "$promtool" ]
+}
 promtool_stamp="prometheus=$(apt-cache policy prometheus 2>/dev/null | awk '$1 == "Candidate:" {print $2}')"
-if [ "$promtool_stamp" = "prometheus=" ] || [ "$promtool_stamp" = "prometheus=(none)" ]; then
+if [ "$(cat "$VENV/.promtool" 2>/dev/null)" = "$promtool_stamp" ] && [ -x "$promtool" ]; then
+    :
+elif ! { rm -f "$promtool"; debian_promtool "$promtool_stamp"; }; then
     go_tool promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool \
         "$PROMETHEUS_MODULE_VERSION" "--version"
     ln -sf "$(command -v promtool || echo "$(go env GOPATH)/bin/promtool")" "$promtool"
     promtool_stamp="go:$PROMETHEUS_MODULE_VERSION"
-elif [ ! -x "$promtool" ] || [ "$(cat "$VENV/.promtool" 2>/dev/null)" != "$promtool_stamp" ]; then
-    unpacked="$(mktemp -d)"
-    (cd "$unpacked" && apt-get download -q "$promtool_stamp" >/dev/null && dpkg-deb -x prometheus_*.deb root)
-    install -m 0755 "$unpacked/root/usr/bin/promtool" "$promtool"
-    rm -rf "$unpacked"
 fi
 echo "$promtool_stamp" > "$VENV/.promtool"
 echo "promtool ($promtool_stamp): $promtool"
