@@ -26,7 +26,5 @@ def test_tools_mode_extracts_the_model(report: dict) -> None:
     _assert_extracted(result(report, "tools"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25 item 4 (not done): RESPONSES_TOOLS sends a named tool_choice "
-                   "beside text.format json_schema, which the gateway refuses")
 def test_responses_tools_mode_extracts_the_model(report: dict) -> None:
     _assert_extracted(result(report, "responses_tools"))

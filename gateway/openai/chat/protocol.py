@@ -117,9 +117,6 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("tool_choice names a function that is not among the tools")
         if self.n > 1 and self.active_tools:
             raise ValueError("n > 1 cannot go with tools: the gateway reads one choice's tool calls")
-        if self.constrains_tool_call and schema_of(self.response_format) is not None:
-            raise ValueError("response_format json_object or json_schema cannot go with tool_choice required or "
-                             "a named function: both decide the answer's shape")
         return self
 
     @property

@@ -48,8 +48,10 @@ def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, 
     return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
                      encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
                      max_tokens=body.requested_max_tokens, logprobs=logprobs,
-                     json_schema=schema_of(body.response_format) or constrained_schema(
-                         body.active_tools, body.tool_choice, body.parallel_calls),
+                     # A forced call's answer is its arguments, held to the tool's parameters; response_format
+                     # holds every other answer (the one after the tool's result, under auto or none).
+                     json_schema=constrained_schema(body.active_tools, body.tool_choice, body.parallel_calls)
+                     or schema_of(body.response_format),
                      schema_param="tools" if body.constrains_tool_call else format_param)
 
 

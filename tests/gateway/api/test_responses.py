@@ -28,6 +28,10 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
                 "parameters": WEATHER, "strict": True}
 NAMED = {"type": "function", "name": "get_weather"}
+# No object matches both SUMMARY and WEATHER: which one an answer matches says which constrained it.
+SUMMARY = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 24}}, "required": ["summary"],
+           "additionalProperties": False}
+SUMMARY_FORMAT = {"type": "json_schema", "name": "summary", "schema": SUMMARY, "strict": True}
 WEATHER_QUESTION = "What is the weather in Paris?"
 
 
@@ -199,6 +203,26 @@ def test_a_function_calls_output_is_answered(default_model_gateway: Gateway) -> 
     assert second.output_text == (message.content or "")
     assert [(i.name, i.arguments) for i in second.output if i.type == "function_call"] == [
         (c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def test_a_named_function_beside_text_format_calls_then_answers_by_it(default_model_gateway: Gateway) -> None:
+    """instructor's RESPONSES_TOOLS: a named function and text.format json_schema together. The
+    protocol, not the model, decides each turn (constrained decoding): the forced call's arguments
+    match the function's parameters, and the answer after its output, no longer forced, the schema."""
+    client = default_model_gateway.client()
+    first = client.responses.create(model=DEFAULT_MODEL, input=WEATHER_QUESTION, tools=[WEATHER_TOOL],
+                                    tool_choice=NAMED, text={"format": SUMMARY_FORMAT}, max_output_tokens=40,
+                                    temperature=0)
+    [call] = first.output
+    assert (call.type, call.name, first.status) == ("function_call", "get_weather", "completed")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    second = client.responses.create(model=DEFAULT_MODEL, tools=[WEATHER_TOOL], tool_choice="none",
+                                     text={"format": SUMMARY_FORMAT}, max_output_tokens=48, temperature=0,
+                                     input=[{"role": "user", "content": WEATHER_QUESTION}, *first.output,
+                                            {"type": "function_call_output", "call_id": call.call_id,
+                                             "output": '{"temperature": 18}'}])
+    assert second.status == "completed" and [item.type for item in second.output] == ["message"]
+    jsonschema.validate(json.loads(second.output_text), SUMMARY)
 
 
 # -- chat's pipeline: policy, budget, audit, headers, metrics (demo model) ----------------------
