@@ -100,7 +100,8 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         if encoder is not None:
             stack.push_async_callback(encoder.aclose)
     if deployments is None:
-        deployments = embedded_only(engine.model_name, encoder.model_name if encoder is not None else None)
+        deployments = embedded_only(engine.model_name, encoder.model_name if encoder is not None else None,
+                                    settings.embedding_token_ids)
     signer = None
     if deployments.models_of_kind("tenantgate"):
         from engine.remote import EnvelopeSigner, load_private_key

@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     # /v1/embeddings: a packaged encoder's name (all-minilm-l6-v2) or a sentence-transformers
     # checkpoint directory, served beside `model` when there is no deployments file; "" serves none.
     embedding_model: str = "all-minilm-l6-v2"
+    # What that encoder reads an integer `input` as, without a deployments file (which declares it
+    # per deployment): cl100k_base, the ids OpenAI's clients send (LangChain's OpenAIEmbeddings),
+    # decoded and embedded as their text; or native, the encoder's own tokenizer's ids (docs/api.md).
+    embedding_token_ids: Literal["native", "cl100k_base"] = "cl100k_base"
     # float32 by default: bfloat16 ("auto" on CPUs with bf16) stays within cosine 0.9998 of
     # sentence-transformers, not 0.9999, and the encoder is small (22M parameters).
     embedding_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"

@@ -17,7 +17,8 @@
 
 `task` says what a model does: "generate" (chat and completions, the default) or "embed"
 (/v1/embeddings). An embedded embed deployment is the gateway's own encoder (the
-`embedding_model` setting); tenantgate engine replicas only generate.
+`embedding_model` setting); tenantgate engine replicas only generate. `token_ids` says what
+an embedding model's integer inputs are (cl100k_base unless declared native).
 
 Without the file the gateway serves one embedded deployment of the `model` setting, as it
 always has. A model listed here is still only usable by tenants whose policy names it.
@@ -32,6 +33,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Dialect = Literal["vllm", "sglang", "llamacpp", "azure-openai", "openai"]
+TokenIds = Literal["native", "cl100k_base"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 
@@ -88,6 +90,10 @@ class Deployment(Credentials):
     # The longest silence between two outputs once the first has come; unset: the gateway's
     # upstream_idle_timeout_s (TENANTGATE_UPSTREAM_IDLE_TIMEOUT_S).
     idle_timeout_s: float = Field(30.0, gt=0, le=3600)
+    # Task embed: what an integer `input` means (docs/api.md, "Embeddings"). cl100k_base: ids of
+    # OpenAI's tokenizer, which OpenAI's clients send (LangChain's OpenAIEmbeddings), embedded as
+    # the text they encode; native: ids of the model's own tokenizer, run (or sent) as given.
+    token_ids: TokenIds = "cl100k_base"
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> Self:
@@ -108,6 +114,8 @@ class Deployment(Credentials):
             raise ValueError("tenantgate engine replicas do not embed: use kind embedded or openai for task embed")
         if self.task == "embed" and (self.tokenizer is not None or self.cache_prompt):
             raise ValueError("tokenizer and cache_prompt are for task generate")
+        if self.task == "generate" and "token_ids" in self.model_fields_set:
+            raise ValueError("token_ids is for task embed")
         if self.kind == "tenantgate" and not self.replicas:
             raise ValueError("kind tenantgate needs at least one replica URL")
         if self.kind != "tenantgate" and self.replicas:
@@ -161,14 +169,16 @@ def load_deployments(path: Path) -> DeploymentsFile:
     return parse_deployments(document)
 
 
-def embedded_only(model_name: str | None, encoder_name: str | None = None) -> DeploymentsFile:
+def embedded_only(model_name: str | None, encoder_name: str | None = None,
+                  token_ids: TokenIds = "cl100k_base") -> DeploymentsFile:
     """What a gateway without a deployments file serves: its embedded engine under one name, and
-    its embedded encoder (when it has one) under another."""
+    its embedded encoder (when it has one) under another, reading integer inputs as `token_ids`."""
     models = {}
     if model_name is not None:
         models[model_name] = [Deployment(name="embedded", kind="embedded")]
     if encoder_name is not None:
-        models[encoder_name] = [Deployment(name="embedded-encoder", kind="embedded", task="embed")]
+        models[encoder_name] = [Deployment(name="embedded-encoder", kind="embedded", task="embed",
+                                           token_ids=token_ids)]
     return DeploymentsFile(models=models)
 
 

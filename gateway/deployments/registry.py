@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gateway.deployments.config import Deployment, DeploymentsError
+from gateway.deployments.config import Deployment, DeploymentsError, TokenIds
 from gateway.deployments.openai import OpenAIUpstream
 from gateway.deployments.routing import Target
 from gateway.deployments.targets import EmbeddedTarget, EncoderTarget, ReplicaTarget, UpstreamTarget
@@ -38,6 +38,8 @@ class ServedModel:
     # embed: each text's ids as the encoder runs them (truncated at its length), when the gateway
     # has the encoder; without it inputs are counted by estimate and sent as text.
     tokenize_inputs: Callable[[list[str]], list[list[int]]] | None = None
+    # embed: what integer inputs are; cl100k_base ones are decoded and embedded as their text.
+    token_ids: TokenIds = "native"
 
     @property
     def max_model_len(self) -> int | None:
@@ -62,14 +64,19 @@ def _served_encoder(model: str, deployments: list[Deployment], encoder) -> Serve
     kinds = {d.kind for d in deployments}
     if len(kinds) > 1:
         raise DeploymentsError(f"model {model}: an embedded encoder cannot be mixed with upstreams")
+    meanings = {d.token_ids for d in deployments}
+    if len(meanings) > 1:  # a request could fail over to a deployment that reads its ids otherwise
+        raise DeploymentsError(f"model {model}: its deployments must all read token ids alike "
+                               f"(token_ids {' and '.join(sorted(meanings))})")
+    token_ids = meanings.pop()
     if kinds == {"embedded"}:
         if encoder is None:
             raise DeploymentsError(f"deployment {deployments[0].name}: no embedded encoder was built "
                                    "(set TENANTGATE_EMBEDDING_MODEL)")
         return ServedModel(name=model, targets=[EncoderTarget(deployments[0].name, encoder)], task="embed",
-                           tokenize_inputs=encoder.tokenize)
+                           tokenize_inputs=encoder.tokenize, token_ids=token_ids)
     return ServedModel(name=model, targets=[UpstreamTarget(d, OpenAIUpstream(d, model)) for d in deployments],
-                       takes_token_ids=False, task="embed")
+                       takes_token_ids=False, task="embed", token_ids=token_ids)
 
 
 def served_model_for(model: str, deployments: list[Deployment], engine, signer, encoder=None) -> ServedModel:

@@ -20,6 +20,8 @@ NOT_BATCH_INVARIANT = ("this tenant's deterministic lane needs a batch-invariant
                        "and no deployment of this model is declared one")
 NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment dedicated to it, "
                  "and no deployment of this model is")
+# OpenAI's own APIs, whose embedding models' tokenizer is cl100k_base: they take its ids as sent.
+CL100K_DIALECTS = ("openai", "azure-openai")
 
 
 class _InProcess:
@@ -168,9 +170,11 @@ class UpstreamTarget:
             return NOT_DEDICATED.format(isolation=envelope.isolation.value)
         return unmet_cache_scope(self.deployment, envelope, tenant_id)
 
-    @staticmethod
-    def _call(admitted, headers: dict[str, str] | None) -> UpstreamCall:
-        return UpstreamCall(route=admitted.ask.deployment_route, body=admitted.ask.body,
+    def _call(self, admitted, headers: dict[str, str] | None) -> UpstreamCall:
+        body = admitted.ask.body
+        if admitted.ask.embed_texts is not None and self.deployment.dialect not in CL100K_DIALECTS:
+            body = body | {"input": admitted.ask.embed_texts}  # cl100k ids its model would misread
+        return UpstreamCall(route=admitted.ask.deployment_route, body=body,
                             max_tokens=admitted.params.max_tokens if admitted.params is not None else 0,
                             envelope=admitted.envelope, request_id=admitted.request_id,
                             tenant_id=admitted.principal.tenant_id, headers=headers or {})

@@ -79,6 +79,9 @@ class Ask:
     special_token_ids: Callable[[], list[int]] | None = None
     # Embeddings: each input's ids for the embedded encoder (None: the inputs go as sent, in body).
     embed_inputs: list[list[int]] | None = None
+    # Embeddings: the texts of token ids the model reads as cl100k_base, which an upstream is sent
+    # in their place (body keeps them as the caller sent them, for content records).
+    embed_texts: list[str] | None = None
     # What a deployment runs it as, when that is not `route` (responses run as chat.completions).
     runs_as: str | None = None
 

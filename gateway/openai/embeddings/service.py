@@ -13,6 +13,7 @@ from gateway.auth.principal import Principal
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import estimate_tokens
+from gateway.openai.embeddings import cl100k
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import EMBEDDINGS_ROUTE, Ask, admit, new_request_id
@@ -23,11 +24,16 @@ async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request
     """With the embedded encoder, the ids it will run (texts cut at its length, tokenized off the
     event loop) and their count, at most embedding_max_request_tokens; otherwise (an upstream, or
     a model this gateway does not embed with) the count alone: token ids as given, texts by
-    estimate, settled on the upstream's own count afterwards."""
+    estimate, settled on the upstream's own count afterwards. Token ids of a model that reads
+    them as cl100k_base are decoded first (off the event loop too) and go on as their texts."""
     served = gateway.models.get(body.model)
     texts, ids = body.texts(), body.token_ids()
+    embeds = served is not None and served.task == "embed"
+    decoded = embeds and ids is not None and served.token_ids == "cl100k_base"
+    if decoded:
+        texts, ids = await asyncio.to_thread(cl100k.decode, ids, body.model), None
     inputs = None
-    if served is not None and served.task == "embed" and served.tokenize_inputs is not None:
+    if embeds and served.tokenize_inputs is not None:
         inputs = ids if ids is not None else await asyncio.to_thread(served.tokenize_inputs, texts)
         prompt_tokens = sum(map(len, inputs))
         bound = gateway.settings.embedding_max_request_tokens
@@ -40,7 +46,8 @@ async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request
         prompt_tokens = sum(estimate_tokens(text) for text in texts)
     return Ask(route=EMBEDDINGS_ROUTE, request_id=request_id, model=body.model, stream=False,
                prompt_tokens=prompt_tokens, token_ids=[], max_tokens=None,
-               body=body.model_dump(mode="json", exclude_none=True), embed_inputs=inputs)
+               body=body.model_dump(mode="json", exclude_none=True), embed_inputs=inputs,
+               embed_texts=texts if decoded else None)
 
 
 def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:

