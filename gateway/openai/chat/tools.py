@@ -22,6 +22,7 @@ from gateway.openai.protocol import JsonObject, RequestModel
 
 MAX_TOOLS = 128
 MARKER = "<tool_call>"
+CLOSING = "</tool_call>"
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 SYSTEM_PROMPT = (
     "You can call functions. To call one, answer with only <tool_call>{{\"name\": <the function's name>, "
@@ -143,21 +144,25 @@ class AutoCalls:
         self.calls: list[dict] = []
         self._sent = 0  # characters of text sent as content
         self._scanned: int | None = None  # where the next tag may start, once the first marker is seen
+        self._unclosed = 0  # where a closing tag not yet seen may start
 
     def feed(self, new_text: str) -> tuple[str, list[dict]]:
+        # Each search starts where the last one stopped, so an answer costs time in its length, not
+        # its length squared (a long call's arguments, token by token, on the event loop).
         self.text += new_text
         content = ""
         if self._scanned is None:
-            start = self.text.find(MARKER)
+            start = self.text.find(MARKER, self._sent)  # what was sent held no piece of a marker
             end = len(self.text) - _partial_marker(self.text) if start < 0 else start
-            stop = len(self.text[:end].rstrip())
+            stop = self._sent + len(self.text[self._sent:end].rstrip())
             if stop > self._sent:
                 content, self._sent = self.text[self._sent:stop], stop
             if start < 0:
                 return content, []
-            self._scanned = start
+            self._scanned = self._unclosed = start
         made = []
-        while (tag := TOOL_CALL.search(self.text, self._scanned)) is not None:
+        closed = self.text.find(CLOSING, self._unclosed) >= 0
+        while closed and (tag := TOOL_CALL.search(self.text, self._scanned)) is not None:
             self._scanned = tag.end()
             try:
                 call = _named_call(json.loads(tag.group(1)), self._names)
@@ -166,6 +171,8 @@ class AutoCalls:
             if call is not None and (self._parallel or not self.calls):
                 self.calls.append(call)
                 made.append(call)
+        # No complete tag is left: the next one closes in text still to come.
+        self._unclosed = max(self._scanned, len(self.text) - len(CLOSING) + 1)
         return content, made
 
     def finish(self) -> str:
