@@ -20,6 +20,7 @@ from typing_extensions import Annotated
 
 from engine.remote import EdgeLimits
 from gateway.auth.principal import canonical_guid
+from gateway.deployments.config import TokenIds
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 DEV_NAMESPACE_SECRET = "tenantgate-development-namespace-secret"
@@ -73,7 +74,7 @@ class Settings(BaseSettings):
     # What that encoder reads an integer `input` as, without a deployments file (which declares it
     # per deployment): cl100k_base, the ids OpenAI's clients send (LangChain's OpenAIEmbeddings),
     # decoded and embedded as their text; or native, the encoder's own tokenizer's ids (docs/api.md).
-    embedding_token_ids: Literal["native", "cl100k_base"] = "cl100k_base"
+    embedding_token_ids: TokenIds = "cl100k_base"
     # float32 by default: bfloat16 ("auto" on CPUs with bf16) stays within cosine 0.9998 of
     # sentence-transformers, not 0.9999, and the encoder is small (22M parameters).
     embedding_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
