@@ -21,16 +21,23 @@ from gateway.deployments.config import deployments_for, embedded_only
 from gateway.deployments.registry import ServedModel, served_model_for
 from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
-from gateway.deps import DevIssuer, Gateway
-from gateway.errors import install_handlers
+from gateway.context import DevIssuer, Gateway
+from gateway.error_handlers import install_handlers
 from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder
 from gateway.limits import InProcessLimiter, Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodySizeLimit, RequestMetrics, RequestsBeforeShutdown, ResponseHeaders, UnexpectedErrors
-from gateway.pipeline.execution import ClientGone
+from gateway.middleware import (
+    BodySizeLimit,
+    RequestMetrics,
+    RequestsBeforeShutdown,
+    RequestTracing,
+    ResponseHeaders,
+    UnexpectedErrors,
+)
+from gateway.pipeline.run import ClientGone
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
-from gateway.tracing import TRACER_NAME, RequestTracing, tracer_provider
+from gateway.tracing import TRACER_NAME, tracer_provider
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -111,7 +118,8 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
     for model, entries in deployments.models.items():
         served = await asyncio.to_thread(served_model_for, model, entries, engine, signer, encoder)
         for target in served.targets:
-            stack.push_async_callback(target.aclose)
+            if target.remote:  # an engine in this process is closed above, where the app built it
+                stack.push_async_callback(target.aclose)
             if isinstance(target, ReplicaTarget):
                 replicas.append(target)
         models[model] = served
@@ -263,7 +271,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             app.state.gateway = Gateway(
                 settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
                 limiter=app_limiter, audit=app_audit, models=models, router=router, responses_store=responses_store,
-                metrics=app_metrics, issuer=issuer, extras={"started": int(time.time())},
+                metrics=app_metrics, issuer=issuer, started=int(time.time()),
             )
             stack.push_async_callback(_settle_pending, app.state.gateway)  # before the quota store closes
             if settings.metrics_port:

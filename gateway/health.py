@@ -13,7 +13,8 @@ import logging
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from gateway.deps import Gateway, GatewayDep
+from gateway.context import Gateway
+from gateway.deps import GatewayDep
 
 router = APIRouter()
 logger = logging.getLogger("tenantgate.gateway")
@@ -39,7 +40,7 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
 
 
 def _record(gateway: Gateway, checks: dict[str, bool]) -> None:
-    last = gateway.extras.setdefault("readiness", {})
+    last = gateway.readiness
     for name, ok in checks.items():
         gateway.metrics.ready.labels(name).set(1 if ok else 0)
         if last.get(name) != ok:

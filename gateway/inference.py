@@ -1,4 +1,5 @@
-"""What the gateway hands a judged request to: the embedded engine, or a null engine.
+"""The engines in this process, each a deployment target itself: the embedded decode engine,
+the embedded sentence encoder, or a null engine.
 
 The null engine streams fixed tokens with no model; `bench/gateway_overhead.py` puts
 the whole gateway in front of it to measure what the gateway itself costs.
@@ -10,7 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from engine import ExecutionEnvelope, PendingRecords, RequestOutput, SamplingParams, StepHistory
+from engine import EncoderError, ExecutionEnvelope, PendingRecords, RequestError, RequestOutput, SamplingParams
+from engine import StepHistory
+from gateway.deployments.base import Embeddings, ReplicaLoad, RunRequest
 
 
 class InferenceBackend(Protocol):
@@ -30,6 +33,25 @@ class InferenceBackend(Protocol):
     def ready(self) -> bool: ...
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
+
+
+class InProcessTarget:
+    """An engine in this process as a deployment target (gateway/deployments/routing.py's Target).
+    Its scheduler honours every isolation, cache scope and lane itself, so no decision is unmet.
+    The app closes it where the app built it (a test's may outlive its app), never as a target."""
+
+    name = "embedded"  # its deployment's name (gateway/deployments/registry.py names it)
+    remote = False  # its span is the engine's, in this process
+
+    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
+        return None
+
+    def reported_load(self) -> ReplicaLoad | None:
+        return None
+
+    def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]:
+        """A generating engine's outputs for the request (its generate())."""
+        return self.generate(request.token_ids, request.params, request.envelope, request.request_id)
 
 
 class GatewayTokenizer:
@@ -53,7 +75,7 @@ class GatewayTokenizer:
         return self._tokenizer.token_text(token_id)
 
 
-class EngineBackend(GatewayTokenizer):
+class EngineBackend(InProcessTarget, GatewayTokenizer):
     """The embedded decode engine, stepped on its own thread (AsyncLLMEngine)."""
 
     def __init__(self, engine, *, model_name: str) -> None:
@@ -86,13 +108,14 @@ class EngineBackend(GatewayTokenizer):
         await asyncio.to_thread(self.async_engine.shutdown)
 
 
-class EncoderBackend:
+class EncoderBackend(InProcessTarget):
     """The embedded sentence encoder (engine/encoder) behind an AsyncEncoder: its worker thread
     runs steps of a few inputs' tokens each, filled fairly across tenants, so the event loop never
     waits on torch and no tenant waits for another's whole batch. Only requests that may share
-    (the envelope's isolation and deterministic lane) share a step."""
+    (the envelope's isolation and deterministic lane) share a step, and no state outlives a request."""
 
     expects_records = False
+    max_model_len = None  # each input is cut at the encoder's own length instead
 
     def __init__(self, encoder, *, model_name: str) -> None:
         from engine import AsyncEncoder
@@ -106,9 +129,23 @@ class EncoderBackend:
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self.encoder.tokenize(texts)
 
-    async def embed(self, inputs: list[list[int]], envelope: ExecutionEnvelope):
-        """Unit vectors, one float32 row per input. Raises engine.encoder.EncoderError for ids out of bounds."""
-        return await self.async_encoder.embed(inputs, envelope)
+    async def embed(self, request: RunRequest) -> Embeddings:
+        """Unit vectors, one float32 row per input, and the inputs' token count."""
+        dimensions = request.body.get("dimensions")
+        if dimensions is not None and dimensions != self.dimensions:
+            raise RequestError(f"dimensions must be {self.dimensions} for this model "
+                               "(it has no shortened embeddings)", param="dimensions")
+        try:
+            vectors = await self.async_encoder.embed(request.embed_inputs, request.envelope)
+        except EncoderError as exc:  # ids out of the vocabulary's bounds
+            raise RequestError(str(exc), param="input") from None
+        return Embeddings(vectors.numpy(), sum(len(ids) for ids in request.embed_inputs))
+
+    def engine_record(self, request_id: str):
+        return None
+
+    def ready(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.async_encoder.shutdown)
@@ -121,7 +158,7 @@ def build_encoder(model: str, *, device: str, dtype: str, batch_size: int) -> En
     return EncoderBackend(encoder, model_name=served_encoder_name(model))
 
 
-class NullBackend:
+class NullBackend(InProcessTarget):
     """Streams `max_tokens` fixed tokens at once: no model, no tokenizer, no waiting."""
 
     TOKEN_TEXT = " ok"

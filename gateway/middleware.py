@@ -9,7 +9,11 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 from engine.remote import EdgeRefusal, new_edge_request_id, read_body
+from gateway.pipeline.exchange import Exchange
+from gateway.tracing import CALLER_HEADER, PROPAGATOR, RequestTrace
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -43,18 +47,12 @@ class UnexpectedErrors:
 
 
 REQUEST_ID_HEADER = "x-request-id"
-DECISION_ID_HEADER = "x-tenantgate-decision-id"
-MAX_TOKENS_CLAMPED_HEADER = "x-tenantgate-max-tokens-clamped"
+_NO_EXCHANGE = Exchange()  # a call the pipeline never saw: nothing set
 
 
-def add_response_headers(request, headers: dict[str, str]) -> None:
-    """Headers for whatever response this request ends with, success or error (ResponseHeaders sends them)."""
-    request.state.response_headers = {**getattr(request.state, "response_headers", {}), **headers}
-
-
-def set_request_id(request, request_id: str) -> None:
-    """The id the response's x-request-id carries: the pipeline's (the audit record's request_id)."""
-    request.state.request_id = request_id
+def exchange_in(scope: Scope) -> Exchange:
+    """The call's Exchange (gateway/deps.py makes it), or an empty one."""
+    return scope.get("state", {}).get("exchange", _NO_EXCHANGE)
 
 
 class ResponseHeaders:
@@ -72,14 +70,13 @@ class ResponseHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
                 present = {name.lower() for name, _ in headers}
-                extra = {REQUEST_ID_HEADER: state.get("request_id") or new_edge_request_id(),
-                         **state.get("response_headers", {})}
+                exchange = exchange_in(scope)
+                extra = {REQUEST_ID_HEADER: exchange.request_id or new_edge_request_id(), **exchange.response_headers}
                 headers += [(name.encode(), value.encode()) for name, value in extra.items()
                             if name.encode() not in present]
                 message = {**message, "headers": headers}
@@ -132,9 +129,9 @@ class RequestMetrics:
         finally:
             path = scope.get("path", "")
             route = _ROUTES.get(path) or next((label for prefix, label in _PREFIXES if path.startswith(prefix)), "other")
-            state = scope.get("state", {})
-            decision = state.get("decision", "none")
-            self.metrics.requests.labels(route, str(sent.status), decision, state.get("tenant_label", "none")).inc()
+            exchange = exchange_in(scope)
+            decision = exchange.decision
+            self.metrics.requests.labels(route, str(sent.status), decision, exchange.tenant_label).inc()
             self.metrics.request_duration.labels(route, request_outcome(sent.status, decision)).observe(
                 time.perf_counter() - started)
 
@@ -214,3 +211,46 @@ async def _send_refusal(send: Send, refusal: EdgeRefusal) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class RequestTracing:
+    """Starts the server span of each /v1 request (pure ASGI, so streams keep flowing), as a child
+    of the caller's traceparent, and ends it with the response's status once the body is sent.
+    The tracer is the app's (app.state.tracer, set at start-up); without one this passes through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracer = getattr(scope["app"].state, "tracer", None) if "app" in scope else None
+        if tracer is None or scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        carrier = {"traceparent": value.decode("latin-1")
+                   for name, value in scope.get("headers", ()) if name == CALLER_HEADER}
+        method = scope["method"]
+        span = tracer.start_span(
+            method, context=PROPAGATOR.extract(carrier), kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.scheme": scope.get("scheme", "http")})
+        state = scope.setdefault("state", {})
+        state["trace"] = request_trace = RequestTrace(tracer, span)
+        sent = StatusRecorder(send)
+        try:
+            await self.app(scope, receive, sent)
+        except BaseException as exc:
+            state.setdefault("error_type", type(exc).__name__)  # answered by the outermost layer
+            raise
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None)  # /v1/models/{model}: never the caller's path
+            if template:
+                span.set_attribute("http.route", template)
+                if not request_trace.named:
+                    span.update_name(f"{method} {template}")
+            status = sent.status
+            span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                span.set_attribute("error.type", state.get("error_type") or str(status))
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()

@@ -26,8 +26,10 @@ from prometheus_client.exposition import choose_encoder
 
 from engine.remote import EdgeLimits, edge_config
 from gateway.auth.principal import Principal
-from gateway.deps import Gateway, bearer_token, verified_principal
-from gateway.errors import GatewayError, install_handlers
+from gateway.context import Gateway
+from gateway.deps import bearer_token, verified_principal
+from gateway.errors import GatewayError
+from gateway.error_handlers import install_handlers
 from gateway.middleware import BodySizeLimit
 
 OPERATOR_ROLE = "TenantGate.Operator"

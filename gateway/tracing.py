@@ -21,18 +21,16 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.middleware import StatusRecorder
 
 TRACER_NAME = "tenantgate.gateway"
 # gen_ai.operation.name for each route (the conventions' well-known values).
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings",
               "responses": "chat"}  # the Responses API is a chat: its operation in the conventions
-_PROPAGATOR = TraceContextTextMapPropagator()
+PROPAGATOR = TraceContextTextMapPropagator()
 # Only the caller's traceparent (hex ids and flags, checked by the propagator): its tracestate is
 # free text of the caller's, which would be exported with every span.
-_CALLER_HEADER = b"traceparent"
+CALLER_HEADER = b"traceparent"
 
 
 class TracingError(ValueError):
@@ -138,7 +136,7 @@ def failed(span: Span, exc: BaseException, *, error: bool = True) -> None:
 def headers_for(span: Span) -> dict[str, str]:
     """The W3C traceparent that makes a deployment's span a child of `span`; none when tracing is off."""
     carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier
 
 
@@ -155,46 +153,3 @@ def first_output(span: Span, started: float) -> None:
     """The time to first token, as an event on the engine or upstream span."""
     span.add_event("gen_ai.first_token",
                    {"gen_ai.server.time_to_first_token": round(time.perf_counter() - started, 6)})
-
-
-class RequestTracing:
-    """Starts the server span of each /v1 request (pure ASGI, so streams keep flowing), as a child
-    of the caller's traceparent, and ends it with the response's status once the body is sent.
-    The tracer is the app's (app.state.tracer, set at start-up); without one this passes through."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        tracer = getattr(scope["app"].state, "tracer", None) if "app" in scope else None
-        if tracer is None or scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
-        carrier = {"traceparent": value.decode("latin-1")
-                   for name, value in scope.get("headers", ()) if name == _CALLER_HEADER}
-        method = scope["method"]
-        span = tracer.start_span(
-            method, context=_PROPAGATOR.extract(carrier), kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "url.scheme": scope.get("scheme", "http")})
-        state = scope.setdefault("state", {})
-        state["trace"] = request_trace = RequestTrace(tracer, span)
-        sent = StatusRecorder(send)
-        try:
-            await self.app(scope, receive, sent)
-        except BaseException as exc:
-            state.setdefault("error_type", type(exc).__name__)  # answered by the outermost layer
-            raise
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None)  # /v1/models/{model}: never the caller's path
-            if template:
-                span.set_attribute("http.route", template)
-                if not request_trace.named:
-                    span.update_name(f"{method} {template}")
-            status = sent.status
-            span.set_attribute("http.response.status_code", status)
-            if status >= 400:
-                span.set_attribute("error.type", state.get("error_type") or str(status))
-            if status >= 500:
-                span.set_status(Status(StatusCode.ERROR))
-            span.end()

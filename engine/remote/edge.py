@@ -22,10 +22,13 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 import uvicorn
-from starlette.types import Receive
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:
+    from starlette.types import Receive
 
 logger = logging.getLogger("tenantgate.edge")
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 
 from gateway.audit import digest_label, rotated_files, verify_files
-from gateway.deps import Gateway
+from gateway.context import Gateway
 
 SERIES = {
     "requests": "tenantgate_requests_total",  # route, status, decision, tenant

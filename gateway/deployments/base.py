@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine import ExecutionEnvelope
+from engine import ExecutionEnvelope, SamplingParams
 
 
 class UpstreamUnavailable(Exception):
@@ -56,6 +56,26 @@ class ReplicaLoad:
 
     queue_depth: int  # requests waiting or running
     kv_usage: float  # share of KV blocks in use, 0..1
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a target is asked to run: an admitted request, as every kind of deployment sees it."""
+
+    request_id: str
+    route: str  # what it runs as: "chat.completions", "completions" or "embeddings"
+    tenant_id: str
+    envelope: ExecutionEnvelope  # what the decision allows: the cache namespace, isolation, priority, ...
+    params: SamplingParams | None  # clamped by the decision and the context caps; None for embeddings
+    token_ids: list[int]  # the prompt's ids, for a deployment that takes ids
+    body: dict  # the caller's validated request (wire names): what an upstream is sent
+    embed_inputs: list[list[int]] | None = None  # embeddings: each input's ids for the embedded encoder
+    embed_texts: list[str] | None = None  # embeddings: cl100k_base ids as their texts, for other upstreams
+    headers: dict[str, str] = field(default_factory=dict)  # sent as they are: the attempt's W3C traceparent
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens if self.params is not None else 0
 
 
 @dataclass(frozen=True)

@@ -407,7 +407,7 @@ class OpenAIUpstream:
                                          limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     def _unavailable(self, why: str) -> UpstreamUnavailable:
-        # Logged once, where it is handled (gateway/pipeline/execution.py), like a replica's.
+        # Logged once, where it is handled (gateway/pipeline/run.py), like a replica's.
         return UpstreamUnavailable(f"deployment {self.deployment.name} {why}")
 
     async def stream(self, call: UpstreamCall) -> AsyncIterator[UpstreamOutput]:

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 from gateway.deployments.config import Deployment, DeploymentsError, TokenIds
 from gateway.deployments.openai import OpenAIUpstream
 from gateway.deployments.routing import Target
-from gateway.deployments.targets import EmbeddedTarget, EncoderTarget, ReplicaTarget, UpstreamTarget
+from gateway.deployments.targets import ReplicaTarget, UpstreamTarget
 from gateway.deployments.tenantgate import TenantgateReplica
 
 
@@ -73,7 +73,8 @@ def _served_encoder(model: str, deployments: list[Deployment], encoder) -> Serve
         if encoder is None:
             raise DeploymentsError(f"deployment {deployments[0].name}: no embedded encoder was built "
                                    "(set TENANTGATE_EMBEDDING_MODEL)")
-        return ServedModel(name=model, targets=[EncoderTarget(deployments[0].name, encoder)], task="embed",
+        encoder.name = deployments[0].name  # the encoder is its deployment's target
+        return ServedModel(name=model, targets=[encoder], task="embed",
                            tokenize_inputs=encoder.tokenize, token_ids=token_ids)
     return ServedModel(name=model, targets=[UpstreamTarget(d, OpenAIUpstream(d, model)) for d in deployments],
                        takes_token_ids=False, task="embed", token_ids=token_ids)
@@ -96,7 +97,8 @@ def served_model_for(model: str, deployments: list[Deployment], engine, signer, 
         if d.kind == "embedded":
             if engine is None:
                 raise DeploymentsError(f"deployment {d.name}: no embedded engine was built")
-            targets.append(EmbeddedTarget(d.name, engine))
+            engine.name = d.name  # the engine is its deployment's target (one embedded deployment per task)
+            targets.append(engine)
             tokenizer = tokenizer or engine
         elif d.kind == "tenantgate":
             for index, url in enumerate(d.replicas):

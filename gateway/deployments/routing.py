@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine import ExecutionEnvelope, RequestOutput
-from gateway.deployments.base import ReplicaLoad
+from gateway.deployments.base import Embeddings, ReplicaLoad, RunRequest
 from gateway.errors import PolicyDenied
 
 KV_FULL = 0.95  # a replica whose KV cache is this full takes new namespaces only when all are
@@ -33,9 +33,11 @@ class Target(Protocol):
     fingerprint: str
     expects_records: bool
     max_model_len: int | None  # its own context window, when known
+    remote: bool  # called over the network (its span is a client span, with a traceparent)
 
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None: ...
-    def run(self, admitted) -> AsyncIterator[RequestOutput]: ...
+    def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]: ...  # generating targets
+    async def embed(self, request: RunRequest) -> Embeddings: ...  # embedding targets
     def engine_record(self, request_id: str): ...
     def reported_load(self) -> ReplicaLoad | None: ...
     def ready(self) -> bool: ...

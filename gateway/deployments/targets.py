@@ -1,4 +1,5 @@
-"""Targets: the embedded engine, one per tenantgate engine replica, one per OpenAI-compatible deployment."""
+"""Remote targets: one per tenantgate engine replica, one per OpenAI-compatible deployment (the
+engines in this process are targets themselves: gateway/inference.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 
-from engine import EncoderError, ExecutionEnvelope, Isolation, RequestError, RequestOutput
-from gateway.deployments.base import Embeddings, ReplicaLoad, UpstreamCall, UpstreamUnavailable
+from engine import ExecutionEnvelope, Isolation, RequestOutput
+from gateway.deployments.base import Embeddings, ReplicaLoad, RunRequest, UpstreamCall, UpstreamUnavailable
 from gateway.deployments.config import Deployment
 from gateway.deployments.openai import OpenAIUpstream, unmet_cache_scope
 from gateway.deployments.tenantgate import TenantgateReplica
@@ -22,79 +23,6 @@ NOT_DEDICATED = ("this tenant's {isolation} batch isolation needs a deployment d
                  "and no deployment of this model is")
 # OpenAI's own APIs, whose embedding models' tokenizer is cl100k_base: they take its ids as sent.
 CL100K_DIALECTS = ("openai", "azure-openai")
-
-
-class _InProcess:
-    """A backend in this process: the app builds and closes it (a test's may outlive its app)."""
-
-    remote = False  # its span is the engine's, in this process
-
-    def __init__(self, name: str, backend) -> None:
-        self.name = name
-        self.backend = backend
-
-    @property
-    def fingerprint(self) -> str:
-        return self.backend.fingerprint
-
-    def reported_load(self) -> ReplicaLoad | None:
-        return None
-
-    async def aclose(self) -> None:
-        pass
-
-
-class EmbeddedTarget(_InProcess):
-    """The engine in this process (or the null backend): it enforces every decision itself."""
-
-    @property
-    def expects_records(self) -> bool:
-        return self.backend.expects_records
-
-    @property
-    def max_model_len(self) -> int:
-        return self.backend.max_model_len
-
-    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
-        return None  # the engine's scheduler and block manager honour every isolation, scope and lane
-
-    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
-        return self.backend.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id)
-
-    def engine_record(self, request_id: str):
-        return self.backend.engine_record(request_id)
-
-    def ready(self) -> bool:
-        return self.backend.ready()
-
-
-class EncoderTarget(_InProcess):
-    """The sentence encoder in this process. Its scheduler shares a forward only among requests
-    the envelopes let share one (an exclusive or deterministic request is encoded alone), so
-    every isolation class and the deterministic lane hold, and no state outlives a request."""
-
-    expects_records = False
-    max_model_len = None  # each input is cut at the encoder's own length instead
-
-    def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
-        return None
-
-    async def embed(self, admitted, headers: dict[str, str] | None = None) -> Embeddings:
-        dimensions = admitted.ask.body.get("dimensions")
-        if dimensions is not None and dimensions != self.backend.dimensions:
-            raise RequestError(f"dimensions must be {self.backend.dimensions} for this model "
-                               "(it has no shortened embeddings)", param="dimensions")
-        try:
-            vectors = await self.backend.embed(admitted.ask.embed_inputs, admitted.envelope)
-        except EncoderError as exc:
-            raise RequestError(str(exc), param="input") from None
-        return Embeddings(vectors.numpy(), sum(len(ids) for ids in admitted.ask.embed_inputs))
-
-    def engine_record(self, request_id: str):
-        return None
-
-    def ready(self) -> bool:
-        return True
 
 
 class ReplicaTarget:
@@ -114,10 +42,9 @@ class ReplicaTarget:
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None
 
-    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
-        """headers: what the request carries besides its own (the W3C traceparent)."""
-        return self.replica.generate(admitted.token_ids, admitted.params, admitted.envelope, admitted.request_id,
-                                     headers=headers)
+    def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]:
+        return self.replica.generate(request.token_ids, request.params, request.envelope, request.request_id,
+                                     headers=request.headers)
 
     def engine_record(self, request_id: str):
         return self.replica.engine_record(request_id)
@@ -170,20 +97,18 @@ class UpstreamTarget:
             return NOT_DEDICATED.format(isolation=envelope.isolation.value)
         return unmet_cache_scope(self.deployment, envelope, tenant_id)
 
-    def _call(self, admitted, headers: dict[str, str] | None) -> UpstreamCall:
-        body = admitted.ask.body
-        if admitted.ask.embed_texts is not None and self.deployment.dialect not in CL100K_DIALECTS:
-            body = body | {"input": admitted.ask.embed_texts}  # cl100k ids its model would misread
-        return UpstreamCall(route=admitted.ask.deployment_route, body=body,
-                            max_tokens=admitted.params.max_tokens if admitted.params is not None else 0,
-                            envelope=admitted.envelope, request_id=admitted.request_id,
-                            tenant_id=admitted.principal.tenant_id, headers=headers or {})
+    def _call(self, request: RunRequest) -> UpstreamCall:
+        body = request.body
+        if request.embed_texts is not None and self.deployment.dialect not in CL100K_DIALECTS:
+            body = body | {"input": request.embed_texts}  # cl100k ids its model would misread
+        return UpstreamCall(route=request.route, body=body, max_tokens=request.max_tokens, envelope=request.envelope,
+                            request_id=request.request_id, tenant_id=request.tenant_id, headers=request.headers)
 
-    def run(self, admitted, headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
-        return self.upstream.stream(self._call(admitted, headers))
+    def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]:
+        return self.upstream.stream(self._call(request))
 
-    async def embed(self, admitted, headers: dict[str, str] | None = None) -> Embeddings:
-        return await self.upstream.embed(self._call(admitted, headers))
+    async def embed(self, request: RunRequest) -> Embeddings:
+        return await self.upstream.embed(self._call(request))
 
     def engine_record(self, request_id: str):
         return None

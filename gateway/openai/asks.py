@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from gateway.deployments.openai import unsupported_fields
 from gateway.deployments.registry import ServedModel
-from gateway.deps import Gateway
+from gateway.context import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.protocol import SamplingFields
 from gateway.pipeline.admission import Ask

@@ -13,12 +13,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from fastapi import Request
+from typing import TYPE_CHECKING
 
 from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
-from gateway.deps import POLICY_REFUSAL, Gateway
+from gateway.context import Gateway
 from gateway.errors import (
     AuditUnavailable,
     ContextLengthExceeded,
@@ -32,22 +31,25 @@ from gateway.errors import (
 )
 from gateway.json_values import json_depth
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
-from gateway.middleware import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, add_response_headers, set_request_id
+from gateway.pipeline.exchange import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, Exchange
 from gateway.pipeline.knobs import envelope_for_decision
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
 from gateway.policy.service import Judgement
-from gateway.tracing import OFF, OPERATIONS, RequestTrace, trace_of
+from gateway.tracing import OPERATIONS, RequestTrace
+
+if TYPE_CHECKING:
+    from gateway.deployments.routing import Target
 
 logger = logging.getLogger("tenantgate.gateway")
 
-CLASSIFICATION_HEADER = "x-data-classification"
 # The reason policies/authz gives when a tenant may not use the model; such a deny is answered as 404.
 MODEL_DENIED_REASON = "the requested model is not available to this tenant"
 # policies/limits: a prompt with no room left in the tenant's window; alone, it is answered as 400.
 CONTEXT_DENIED_REASON = re.compile(r"the prompt leaves no room in this tenant's context window of (\d+) tokens")
 QUOTA_STORE_RETRY_S = 2.0
 EMBEDDINGS_ROUTE = "embeddings"
+POLICY_REFUSAL = "the policy engine could not decide this request; it is denied"
 
 
 @dataclass(frozen=True)
@@ -94,34 +96,25 @@ class Ask:
         return self.runs_as or self.route
 
 
-@dataclass
+@dataclass(frozen=True)
 class Admitted:
-    """A request that passed every check, with what the deployment and the accounting need."""
+    """A request that passed every check: what its policy decided, the envelope and sampling it runs
+    under, where it may run and the budget it holds. What happens to it then is its Run's
+    (gateway/pipeline/run.py)."""
 
     ask: Ask
     principal: Principal
     judgement: Judgement
     envelope: ExecutionEnvelope
     params: SamplingParams | None  # None for embeddings: nothing is sampled
-    token_ids: list[int]
-    prompt_tokens: int  # the gateway's count until a deployment reports its own
+    token_ids: list[int]  # what runs on a deployment that takes ids
+    prompt_tokens: int  # the gateway's count (a deployment may report its own)
     ticket: Ticket
-    targets: list = field(default_factory=list)  # where it may run, in the order to try
-    decision_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # the audit record's, sent as a header
-    deployment: object | None = None  # the target that ran it
+    targets: tuple[Target, ...]  # where it may run, in the order to try
+    decision_id: str  # the audit record's, sent as a header
+    trace: RequestTrace  # the request's spans (gateway/tracing.py)
     started: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None  # perf_counter() when the deployment's first output token arrived
     created: int = field(default_factory=lambda: int(time.time()))
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    finish_reason: str | None = None  # choice 0's (the audit record's)
-    finish_reasons: dict[int, str | None] = field(default_factory=dict)  # by choice
-    texts: list[str] | None = None  # the completion, kept only when the decision allows content in records
-    later_choice_texts: dict[int, list[str]] = field(default_factory=dict)  # n > 1: choices 1.. (as texts)
-    # Tokens a deployment reported beyond what the request could have used, by usage field: not charged.
-    usage_excess: dict[str, int] = field(default_factory=dict)
-    trace: RequestTrace = OFF  # the request's spans (gateway/tracing.py)
-    finished: bool = False  # accounting.finish() has settled and recorded it
 
     @property
     def request_id(self) -> str:
@@ -140,7 +133,7 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def policy_input(gateway: Gateway, principal: Principal, request: Request, *, route: str, model: str,
+def policy_input(gateway: Gateway, principal: Principal, exchange: Exchange, *, route: str, model: str,
                  stream: bool, prompt_tokens: int, max_tokens: int | None, temperature: float | None,
                  n: int = 1) -> dict:
     settings = gateway.settings
@@ -153,7 +146,8 @@ def policy_input(gateway: Gateway, principal: Principal, request: Request, *, ro
             "prompt_tokens": prompt_tokens,
             "n": n,
             "temperature": 1.0 if temperature is None else temperature,
-            "data_classification": request.headers.get(CLASSIFICATION_HEADER, settings.default_data_classification),
+            "data_classification": (settings.default_data_classification if exchange.data_classification is None
+                                    else exchange.data_classification),
         },
         "deployment": {"region": settings.region, "environment": settings.environment},
     }
@@ -162,16 +156,16 @@ def policy_input(gateway: Gateway, principal: Principal, request: Request, *, ro
     return document
 
 
-async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement:
+async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgement:
     backend = gateway.settings.policy_backend
     started = time.perf_counter()
-    with trace_of(request).stage("policy", **{"tenantgate.policy.backend": backend}) as span:
+    with exchange.trace.stage("policy", **{"tenantgate.policy.backend": backend}) as span:
         try:
             judgement = await gateway.policy.decide(document)
         except PolicyError as exc:
             # The reason goes to the server log (it names a rule or a field, never content).
             logger.error("policy failed closed: %s", exc)
-            request.state.decision = "error"
+            exchange.decision = "error"
             raise Unavailable(POLICY_REFUSAL) from None
         finally:
             gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
@@ -183,9 +177,9 @@ async def judge(gateway: Gateway, request: Request, document: dict) -> Judgement
             "tenantgate.decision.deterministic": decision.batching.deterministic,
             "tenantgate.decision.logging": decision.logging.content,
         })
-    request.state.decision = "allow" if judgement.decision.allow else "deny"
+    exchange.decision = "allow" if judgement.decision.allow else "deny"
     if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
-        request.state.tenant_label = judgement.decision.logging.metrics_name
+        exchange.tenant_label = judgement.decision.logging.metrics_name
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record
@@ -263,19 +257,19 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
         raise InvalidRequest(str(exc), param=exc.param) from None
 
 
-async def admit(gateway: Gateway, request: Request, principal: Principal, ask: Ask) -> Admitted:
+async def admit(gateway: Gateway, exchange: Exchange, principal: Principal, ask: Ask) -> Admitted:
     """Judges, clamps, routes and reserves a request. The policy sees the prompt's count as plain
     text; when its decision reads special tokens, ask.special_token_ids() gives the ids that run."""
-    document = policy_input(gateway, principal, request, route=ask.route, model=ask.model, stream=ask.stream,
+    document = policy_input(gateway, principal, exchange, route=ask.route, model=ask.model, stream=ask.stream,
                             prompt_tokens=ask.prompt_tokens, max_tokens=ask.max_tokens, temperature=ask.temperature,
                             n=ask.n)
     judgement = None
     token_ids, prompt_tokens = ask.token_ids, ask.prompt_tokens
     # Known before the answer, so a refusal and a success alike name their audit record.
     decision_id = str(uuid.uuid4())
-    set_request_id(request, ask.request_id)
-    add_response_headers(request, {DECISION_ID_HEADER: decision_id})
-    trace = trace_of(request)
+    exchange.request_id = ask.request_id
+    exchange.add_headers({DECISION_ID_HEADER: decision_id})
+    trace = exchange.trace
     trace_request(trace, gateway, ask, decision_id)
     if not gateway.audit.accepting:
         # No work starts whose record the trail may not keep; nor does its refusal take the room
@@ -283,7 +277,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         gateway.metrics.audit_unavailable.inc()
         raise AuditUnavailable()
     try:
-        judgement = await judge(gateway, request, document)
+        judgement = await judge(gateway, exchange, document)
         # After the policy: a model the tenant may not use and one not served get the same 404,
         # and any other deny the same 403, whether the name is served or not.
         served = gateway.models.get(ask.model)
@@ -300,7 +294,7 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         if not ask.embeds:
             max_tokens = effective_max_tokens(decision, served.max_model_len, ask.max_tokens, prompt_tokens)
             if ask.max_tokens is not None and max_tokens < ask.max_tokens:
-                add_response_headers(request, {MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
+                exchange.add_headers({MAX_TOKENS_CLAMPED_HEADER: str(max_tokens)})
             if ask.n > decision.limits.max_choices:  # fewer choices than asked would be a silent change
                 raise InvalidRequest(f"n may be at most {decision.limits.max_choices} for this tenant, "
                                      f"got {ask.n}", param="n")
@@ -320,12 +314,9 @@ async def admit(gateway: Gateway, request: Request, principal: Principal, ask: A
         with trace.stage("audit"):
             audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc, decision_id)
         raise
-    add_response_headers(request, ticket.headers)
-    admitted = Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, targets,
-                        decision_id=decision_id, trace=trace)
-    if admitted.keeps_content:
-        admitted.texts = []
-    return admitted
+    exchange.add_headers(ticket.headers)
+    return Admitted(ask, principal, judgement, envelope, params, token_ids, prompt_tokens, ticket, tuple(targets),
+                    decision_id=decision_id, trace=trace)
 
 
 def trace_request(trace: RequestTrace, gateway: Gateway, ask: Ask, decision_id: str) -> None:

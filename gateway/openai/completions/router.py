@@ -1,7 +1,7 @@
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.deps import GatewayDep, inference_caller
+from gateway.deps import ExchangeDep, GatewayDep, inference_caller
 from gateway.openai.completions.protocol import CompletionRequest
 from gateway.openai.completions.service import ROUTE, create_completion
 from gateway.openai.openapi import ERROR_RESPONSES
@@ -12,5 +12,5 @@ Caller = inference_caller(ROUTE)
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES, summary="Create a text completion")
 async def completions(body: CompletionRequest, principal: Caller, gateway: GatewayDep,
-                      request: Request) -> Response:
-    return await create_completion(gateway, principal, body, request)
+                      exchange: ExchangeDep) -> Response:
+    return await create_completion(gateway, exchange, principal, body)

@@ -1,7 +1,7 @@
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.deps import GatewayDep, inference_caller
+from gateway.deps import ExchangeDep, GatewayDep, inference_caller
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.openai.embeddings.service import create_embeddings
 from gateway.openai.openapi import ERROR_RESPONSES
@@ -13,5 +13,5 @@ Caller = inference_caller(ROUTE)
 
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES, summary="Create embeddings")
 async def embeddings(body: EmbeddingRequest, principal: Caller, gateway: GatewayDep,
-                     request: Request) -> Response:
-    return await create_embeddings(gateway, principal, body, request)
+                     exchange: ExchangeDep) -> Response:
+    return await create_embeddings(gateway, exchange, principal, body)

@@ -6,18 +6,17 @@ import asyncio
 import base64
 
 import numpy as np
-from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.auth.principal import Principal
-from gateway.deps import Gateway
+from gateway.context import Gateway
 from gateway.errors import InvalidRequest
 from gateway.openai.asks import estimate_tokens
 from gateway.openai.embeddings import cl100k
 from gateway.openai.embeddings.protocol import EmbeddingRequest
-from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import EMBEDDINGS_ROUTE, Ask, admit, new_request_id
-from gateway.pipeline.execution import embed
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.run import Run
 
 
 async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request_id: str) -> Ask:
@@ -56,15 +55,15 @@ def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     return vector.tolist()
 
 
-async def create_embeddings(gateway: Gateway, principal: Principal, body: EmbeddingRequest,
-                            request: Request) -> Response:
-    request_id = new_request_id("embd")
-    admitted = await admit(gateway, request, principal, await build_embeddings_ask(gateway, body, request_id))
-    with accounted(gateway, admitted):
-        result = await embed(gateway, admitted, request)
+async def create_embeddings(gateway: Gateway, exchange: Exchange, principal: Principal,
+                            body: EmbeddingRequest) -> Response:
+    ask = await build_embeddings_ask(gateway, body, new_request_id("embd"))
+    run = Run(gateway, await admit(gateway, exchange, principal, ask), exchange)
+    async with run:
+        result = await run.embed()
         data = [{"object": "embedding", "index": index, "embedding": encoded(vector, body.encoding_format)}
                 for index, vector in enumerate(result.vectors)]
-        usage = {"prompt_tokens": admitted.prompt_tokens, "total_tokens": admitted.prompt_tokens}
-        await recorded(finish(gateway, admitted, status=200, outcome="completed"))
-        return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage},
-                            headers={"X-Request-Id": request_id})
+        usage = {"prompt_tokens": run.prompt_tokens, "total_tokens": run.prompt_tokens}
+        await run.completed()
+    return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage},
+                        headers={"X-Request-Id": run.request_id})

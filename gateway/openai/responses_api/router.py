@@ -1,7 +1,7 @@
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.deps import GatewayDep, PrincipalDep, inference_caller
+from gateway.deps import ExchangeDep, GatewayDep, PrincipalDep, inference_caller
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.service import ROUTE, create_response, retrieve_response
 from gateway.openai.openapi import ERROR_RESPONSES
@@ -12,8 +12,8 @@ Caller = inference_caller(ROUTE)
 
 @router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response")
 async def responses(body: ResponsesRequest, principal: Caller, gateway: GatewayDep,
-                    request: Request) -> Response:
-    return await create_response(gateway, principal, body, request)
+                    exchange: ExchangeDep) -> Response:
+    return await create_response(gateway, exchange, principal, body)
 
 
 @router.get("/v1/responses/{response_id}", responses=ERROR_RESPONSES, summary="Retrieve a stored response")

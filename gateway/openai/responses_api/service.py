@@ -8,9 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
-from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -18,16 +17,16 @@ from pydantic import ValidationError
 from engine import RequestOutput
 from gateway.auth.principal import Principal
 from gateway.deployments.openai import UpstreamOutput
-from gateway.deps import Gateway
-from gateway.errors import AuditUnavailable, GatewayError, InvalidRequest, ResponseNotFound
+from gateway.context import Gateway
+from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest
-from gateway.openai.chat.service import answer, chat_ask
-from gateway.openai.answers import chat_logprobs, joined, usage
+from gateway.openai.chat.render import answer
+from gateway.openai.chat.service import chat_ask
+from gateway.openai.responder import Renderer, chat_logprobs, joined, respond, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
-from gateway.openai.stream import event_stream
-from gateway.pipeline.accounting import accounted, finish, recorded
-from gateway.pipeline.admission import Admitted, admit
-from gateway.pipeline.execution import collect
+from gateway.pipeline.admission import admit
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.run import Run
 
 ROUTE = "responses"
 # Chat's names for fields that have other names here, for the errors chat's checks raise.
@@ -87,28 +86,63 @@ def assistant_message(text: str, calls: list[dict]) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def response_usage(admitted: Admitted) -> dict:
-    counts = usage(admitted)  # chat's figures, with its rule for cached tokens in the shared scope
+def response_usage(run: Run) -> dict:
+    counts = usage(run)  # chat's figures, with its rule for cached tokens in the shared scope
     return {"input_tokens": counts["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"]},
             "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"]}
 
 
-class ResponseRenderer:
-    """The response object and its output message, as they stand at each point of a request."""
+class StoredResponses:
+    """Where a response and its conversation are kept, when they are: under the caller's tenant,
+    and its principal where the decision scopes them so."""
 
-    def __init__(self, body: ResponsesRequest, admitted: Admitted, *, stored: bool, token_text=None) -> None:
+    def __init__(self, gateway: Gateway, principal: Principal, decision, previous: list[dict],
+                 conversation: list[dict]) -> None:
+        self.gateway = gateway
+        self.digests = gateway.audit.principal_digests(principal)
+        self.decision = decision
+        self.previous = previous + conversation  # the conversation up to this answer
+
+    async def put(self, response_id: str, response: dict, text: str, calls: list[dict]) -> None:
+        record = {"response": response, "conversation": self.previous + [assistant_message(text, calls)]}
+        if _principal_owned(self.decision):
+            record["principal"] = self.digests["principal"]  # sealed with the rest: it cannot be edited out
+        await self.gateway.responses_store.put(self.digests["tenant"], response_id, record,
+                                               ttl_s=self.decision.responses.retention_days * 86400)
+
+    async def delete(self, response_id: str) -> None:
+        await self.gateway.responses_store.delete(self.digests["tenant"], response_id)
+
+
+class ResponseRenderer(Renderer):
+    """The response object and its output items as they stand at each point of a run: one body, or
+    the Responses API's events in its order, numbered from 0. With tools the answer is read whole (a
+    call or text, as chat's auto and required are): its items' events all come at the end."""
+
+    def __init__(self, run: Run, body: ResponsesRequest, chat: ChatCompletionRequest, *,
+                 store: StoredResponses | None, token_text=None) -> None:
+        super().__init__(run)
         self.body = body
+        self.chat = chat
+        self.store = store  # None: not stored
         self.token_text = token_text  # with include's logprobs: the model's token text, for each entry
-        self.admitted = admitted
-        self.stored = stored
-        self.id = admitted.request_id
+        self.id = run.request_id
         self.message_id = "msg_" + self.id.removeprefix("resp_")
+        self.tools = bool(chat.active_tools)
+        self.held: list[RequestOutput] = []  # a stream's outputs; with tools, nothing is sent until the last
+        self.answered: tuple[str, list[dict], list[dict]] | None = None  # text, calls, output items
+        self._sequence = itertools.count()
+        self._at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+
+    @property
+    def stored(self) -> bool:
+        return self.store is not None
 
     @property
     def incomplete(self) -> bool:
-        return self.admitted.finish_reason == "length"  # max_output_tokens, or the policy's cap on it
+        return self.run.finish_reason == "length"  # max_output_tokens, or the policy's cap on it
 
     def logprobs(self, outputs: list[RequestOutput]) -> list[dict]:
         """The output text's logprobs, chat's entries, when `include` asks for them; else none."""
@@ -139,7 +173,7 @@ class ResponseRenderer:
         body, done = self.body, output is not None
         status = self.status if done else "in_progress"
         return {
-            "id": self.id, "object": "response", "created_at": self.admitted.created, "status": status,
+            "id": self.id, "object": "response", "created_at": self.run.admitted.created, "status": status,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": body.model,
@@ -152,9 +186,72 @@ class ResponseRenderer:
             "tools": [tool.model_dump() for tool in body.tools or []],
             "top_p": 1.0 if body.top_p is None else body.top_p,
             "top_logprobs": body.top_logprobs or 0,
-            "truncation": "disabled", "usage": response_usage(self.admitted) if done else None,
+            "truncation": "disabled", "usage": response_usage(self.run) if done else None,
             "user": body.user, "metadata": body.metadata or {},
         }
+
+    def _answer(self, outputs: list[RequestOutput]) -> list[dict]:
+        text, calls = answer_of(self.chat, outputs)
+        self.answered = text, calls, self.output(text, calls, outputs)
+        return self.answered[2]
+
+    def whole(self, outputs: list[RequestOutput]) -> dict:
+        return self.response(self._answer(outputs))
+
+    async def keep(self) -> None:
+        if self.store is not None:
+            text, calls, output = self.answered
+            await self.store.put(self.id, self.response(output), text, calls)
+
+    async def forget(self) -> None:
+        if self.store is not None:
+            await self.store.delete(self.id)
+
+    # -- the stream's events --
+
+    def encode(self, event: dict) -> bytes:
+        return stream_event(event | {"sequence_number": next(self._sequence)})
+
+    def _message_opening(self) -> list[dict]:
+        return [{"type": "response.output_item.added", "output_index": 0, "item": self.message(None)},
+                {"type": "response.content_part.added", **self._at, "part": self.part("")}]
+
+    def _text_delta(self, text: str, logprobs: list[dict] | None = None) -> list[dict]:
+        return [{"type": "response.output_text.delta", **self._at, "delta": text, "logprobs": logprobs or []}] if text else []
+
+    def opening(self) -> list[dict]:
+        return [{"type": "response.created", "response": self.response(None)},
+                {"type": "response.in_progress", "response": self.response(None)},
+                *([] if self.tools else self._message_opening())]
+
+    def delta(self, output: RequestOutput) -> list[dict]:
+        self.held.append(output)
+        return [] if self.tools else self._text_delta(output.new_text, self.logprobs([output]))
+
+    def _item_events(self, index: int, item: dict) -> list[dict]:
+        at, tools = self._at, self.tools
+        if item["type"] == "message":
+            text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
+            return [*(self._message_opening() if tools else []), *(self._text_delta(text, logprobs) if tools else []),
+                    {"type": "response.output_text.done", **at, "text": text, "logprobs": logprobs},
+                    {"type": "response.content_part.done", **at, "part": item["content"][0]},
+                    {"type": "response.output_item.done", "output_index": 0, "item": item}]
+        call = {"item_id": item["id"], "output_index": index}
+        return [{"type": "response.output_item.added", "output_index": index,
+                 "item": item | {"arguments": "", "status": "in_progress"}},
+                {"type": "response.function_call_arguments.delta", **call, "delta": item["arguments"]},
+                {"type": "response.function_call_arguments.done", **call, "arguments": item["arguments"]},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
+
+    def closing(self) -> list[dict]:
+        return [event for index, item in enumerate(self._answer(self.held)) for event in self._item_events(index, item)]
+
+    def done(self) -> bytes:
+        kind = "response.incomplete" if self.incomplete else "response.completed"
+        return self.encode({"type": kind, "response": self.response(self.answered[2])})
+
+    def error(self, error: GatewayError) -> dict:
+        return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
 
 
 def stream_event(payload: dict) -> bytes:
@@ -199,51 +296,25 @@ async def _previous_conversation(gateway: Gateway, principal: Principal, body: R
     return record["conversation"]
 
 
-async def create_response(gateway: Gateway, principal: Principal, body: ResponsesRequest,
-                          request: Request) -> Response:
+async def create_response(gateway: Gateway, exchange: Exchange, principal: Principal,
+                          body: ResponsesRequest) -> Response:
     asked = _stored_param(body)
     if asked is not None and gateway.responses_store is None:
         raise InvalidRequest("responses are not stored here: this gateway has no response store", param=asked)
-    digests = gateway.audit.principal_digests(principal)
     previous = await _previous_conversation(gateway, principal, body)  # before admission: its tokens count
     chat = chat_request(body, previous)
-    response_id = "resp_" + uuid.uuid4().hex
-    admitted = await admit(gateway, request, principal, chat_ask(gateway, chat, response_id, route=ROUTE, format_param="text.format"))
-    retention = admitted.judgement.decision.responses
-    token_text = gateway.models[body.model].tokenizer.token_text if chat.logprobs else None
-    render = ResponseRenderer(body, admitted, stored=bool(body.store) and retention.store, token_text=token_text)
-
-    async def keep(text: str, calls: list[dict], output: list[dict]) -> None:
-        if render.stored:
-            conversation = previous + body.conversation() + [assistant_message(text, calls)]
-            record = {"response": render.response(output), "conversation": conversation}
-            if _principal_owned(admitted.judgement.decision):
-                record["principal"] = digests["principal"]  # sealed with the rest: it cannot be edited out
-            await gateway.responses_store.put(digests["tenant"], response_id, record,
-                                              ttl_s=retention.retention_days * 86400)
-
-    async def forget() -> None:
-        """Undoes keep() when the request's record could not be kept: the request is refused, so
-        neither it nor what it stored may be acknowledged."""
-        if render.stored:
-            await gateway.responses_store.delete(digests["tenant"], response_id)
-
-    with accounted(gateway, admitted):
-        if asked is not None and not retention.store:
+    ask = chat_ask(gateway, chat, "resp_" + uuid.uuid4().hex, route=ROUTE, format_param="text.format")
+    run = Run(gateway, await admit(gateway, exchange, principal, ask), exchange)
+    decision = run.admitted.judgement.decision
+    async with run:
+        if asked is not None and not decision.responses.store:
             raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
                                  "classification); send the conversation as input items", param=asked)
-        if body.stream:
-            return await _stream(gateway, admitted, request, chat, render, keep, forget)
-        outputs = await collect(gateway, admitted, request)
-        text, calls = answer_of(chat, outputs)
-        output = render.output(text, calls, outputs)
-        await keep(text, calls, output)
-        try:
-            await recorded(finish(gateway, admitted, status=200, outcome="completed"))
-        except AuditUnavailable:
-            await forget()
-            raise
-        return JSONResponse(render.response(output), headers={"X-Request-Id": response_id})
+    store = (StoredResponses(gateway, principal, decision, previous, body.conversation())
+             if body.store and decision.responses.store else None)
+    token_text = gateway.models[body.model].tokenizer.token_text if chat.logprobs else None
+    return await respond(run, ResponseRenderer(run, body, chat, store=store, token_text=token_text),
+                         stream=body.stream)
 
 
 async def retrieve_response(gateway: Gateway, principal: Principal, response_id: str) -> Response:
@@ -254,65 +325,3 @@ async def retrieve_response(gateway: Gateway, principal: Principal, response_id:
     if record is None:
         raise ResponseNotFound()
     return JSONResponse(record["response"])
-
-
-async def _stream(gateway: Gateway, admitted: Admitted, request: Request, chat: ChatCompletionRequest,
-                  render: ResponseRenderer, keep: Callable[[str, list[dict], list[dict]], Awaitable[None]],
-                  forget: Callable[[], Awaitable[None]]) -> Response:
-    """The Responses API's events, in its order, numbered from 0. With tools the answer is read
-    whole (a call or text, as chat's auto and required are): its items' events all come at the end."""
-    sequence = itertools.count()
-    held: list[RequestOutput] = []  # the outputs; with tools, nothing is sent until the last
-    tools = bool(chat.active_tools)
-    at = {"item_id": render.message_id, "output_index": 0, "content_index": 0}
-    answered: dict = {}  # text, calls and output items, once the outputs are done
-
-    def encode(event: dict) -> bytes:
-        return stream_event(event | {"sequence_number": next(sequence)})
-
-    def message_opening() -> list[dict]:
-        return [{"type": "response.output_item.added", "output_index": 0, "item": render.message(None)},
-                {"type": "response.content_part.added", **at, "part": render.part("")}]
-
-    def text_delta(text: str, logprobs: list[dict] | None = None) -> list[dict]:
-        return [{"type": "response.output_text.delta", **at, "delta": text, "logprobs": logprobs or []}] if text else []
-
-    def opening() -> list[dict]:
-        return [{"type": "response.created", "response": render.response(None)},
-                {"type": "response.in_progress", "response": render.response(None)},
-                *([] if tools else message_opening())]
-
-    def deltas(output) -> list[dict]:
-        held.append(output)
-        return [] if tools else text_delta(output.new_text, render.logprobs([output]))
-
-    def item_events(index: int, item: dict) -> list[dict]:
-        if item["type"] == "message":
-            text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
-            return [*(message_opening() if tools else []), *(text_delta(text, logprobs) if tools else []),
-                    {"type": "response.output_text.done", **at, "text": text, "logprobs": logprobs},
-                    {"type": "response.content_part.done", **at, "part": item["content"][0]},
-                    {"type": "response.output_item.done", "output_index": 0, "item": item}]
-        call = {"item_id": item["id"], "output_index": index}
-        return [{"type": "response.output_item.added", "output_index": index,
-                 "item": item | {"arguments": "", "status": "in_progress"}},
-                {"type": "response.function_call_arguments.delta", **call, "delta": item["arguments"]},
-                {"type": "response.function_call_arguments.done", **call, "arguments": item["arguments"]},
-                {"type": "response.output_item.done", "output_index": index, "item": item}]
-
-    def closing() -> list[dict]:
-        text, calls = answer_of(chat, held)
-        answered.update(text=text, calls=calls, output=render.output(text, calls, held))
-        return [event for index, item in enumerate(answered["output"]) for event in item_events(index, item)]
-
-    def done() -> bytes:
-        kind = "response.incomplete" if render.incomplete else "response.completed"
-        return encode({"type": kind, "response": render.response(answered["output"])})
-
-    def failed(error: GatewayError) -> dict:
-        return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
-
-    return await event_stream(gateway, admitted, request, deltas, opening=opening, closing=closing,
-                              failed=failed, encode=encode, done=done,
-                              finishing=lambda: keep(answered["text"], answered["calls"], answered["output"]),
-                              unfinishing=forget)
