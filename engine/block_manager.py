@@ -11,18 +11,11 @@ same tokens at the same positions, in the same namespace, under the same model.
 Requests with cache scope none neither read nor register blocks.
 
 Ownership, quotas and shares. Every block in use or cached is charged to the tenant
-that computed it; a tenant at its quota gains no more. Each active tenant (one
-charged with a block, or asking for one) has a guaranteed share: its quota, scaled down
-proportionally when the active tenants' quotas add up to more than the pool, so the
-shares always fit in the pool together. A tenant below its quota takes a free block
-first; failing that, the least recently used cached block of the tenant furthest over
-its share, provided that tenant stays at least as far over as the taker will be (so
-nobody's cache is cut into its share for another, and two tenants over their shares do
-not trade blocks back and forth); failing that, one of its own cached blocks. A tenant
-at its quota only recycles its own. Blocks held by running sequences are never evicted.
-Only as a last resort (the scheduler's, when nothing runs and nothing waiting fits: a
-request larger than its share would otherwise wait forever behind idle caches) may a
-tenant take cached blocks within another's share, furthest over (or least under) first.
+that computed it; a tenant at its quota gains no more. Each active tenant has a guaranteed
+share, and which cached block a tenant may take (free first, then the tenant furthest over
+its share, then its own; never a block a running sequence holds) is the rule written out
+once, in docs/engine.md ("KV admission": Share, Burst, Eviction). _plan and _evict_from implement it;
+the scheduler's last resort (allocate with last_resort) is the one exception.
 """
 
 from __future__ import annotations

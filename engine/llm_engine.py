@@ -154,7 +154,7 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, self.max_model_len, arrival, envelope)
         for choice in range(1, params.n):
             seq.choices.append(Sequence(request_id, token_ids, params.for_choice(choice), self.max_model_len,
-                                        arrival, envelope, choice=choice))
+                                        arrival, envelope, choice_index=choice))
         grammars = [None] * len(seq.choices)
         if params.json_schema is not None:
             grammar = grammar or self.grammars.compile(params.json_schema, envelope)
@@ -203,7 +203,7 @@ class LLMEngine:
                 num_cached_tokens=choice.num_cached_tokens,
                 finished=True,
                 finish_reason=FinishReason.ABORT.value,
-                index=choice.choice,
+                index=choice.choice_index,
             ))
         self.recorder.request(seq)
         return finals
@@ -258,7 +258,7 @@ class LLMEngine:
                     finish_reason=reason.value if reason else None,
                     logprobs=[result.logprobs] if result.logprobs else [],
                     logits=[result.logits] if result.logits is not None else [],
-                    index=seq.choice,
+                    index=seq.choice_index,
                 )
             )
         return outputs

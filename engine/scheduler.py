@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager, KVStats, TenantKV
 from engine.config import EngineConfig
 from engine.envelope import Isolation
-from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.sequence import SHARED_LANE, FinishReason, Lane, Sequence, SequenceStatus
 
 
 @dataclass
@@ -45,7 +45,7 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)  # came from the waiting queue this step
-    lane: tuple = ()
+    lane: Lane = SHARED_LANE
 
     @property
     def deterministic(self) -> bool:
@@ -63,7 +63,7 @@ class ScheduledBatch:
 def _arrival(seq: Sequence) -> tuple[int, int]:
     # A request's choices arrived together; the later choice counts as the later arrival (the
     # one preempted first), so choice 0, which computed the shared prompt, goes last.
-    return (seq.arrival_index, seq.choice)
+    return (seq.arrival_index, seq.choice_index)
 
 
 def _need(seq: Sequence) -> int:
@@ -84,7 +84,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # arrival order
         self.running: list[Sequence] = []  # arrival order
-        self.lane_service: Counter[tuple] = Counter()
+        self.lane_service: Counter[Lane] = Counter()
         self.tenant_service: Counter[bytes] = Counter()
         self.num_preemptions = 0
         self.num_chunked_prefills = 0
@@ -102,7 +102,7 @@ class Scheduler:
 
     # -- choosing the lane ----------------------------------------------------------------
 
-    def _candidate_lanes(self) -> set[tuple]:
+    def _candidate_lanes(self) -> set[Lane]:
         lanes = {seq.lane for seq in self.running}
         running_exclusive = {seq.tenant for seq in self.running if seq.envelope.isolation is Isolation.EXCLUSIVE}
         for seq in self.waiting:
@@ -112,14 +112,14 @@ class Scheduler:
             lanes.add(seq.lane)
         return lanes
 
-    def _lanes_in_turn(self) -> list[tuple]:
+    def _lanes_in_turn(self) -> list[Lane]:
         """Lanes with work, least served first (ties: the lane with the oldest request)."""
         lanes = self._candidate_lanes()
         known = [self.lane_service[lane] for lane in lanes if lane in self.lane_service]
         floor = min(known) if known else 0
         for lane in lanes:  # a returning lane starts level with the least served, not ahead
             self.lane_service[lane] = max(self.lane_service[lane], floor)
-        oldest: dict[tuple, int] = {}
+        oldest: dict[Lane, int] = {}
         for seq in (*self.running, *self.waiting):
             oldest.setdefault(seq.lane, seq.arrival_index)
         return sorted(lanes, key=lambda lane: (self.lane_service[lane], oldest[lane]))
@@ -155,7 +155,7 @@ class Scheduler:
         # Never below max_num_seqs: every decode gets its token, and a prefill beside them at least one.
         return min(max(self.contended_batched_tokens, self.max_num_seqs), self.max_num_batched_tokens)
 
-    def _schedule_lane(self, lane: tuple, last_resort: bool = False) -> ScheduledBatch:
+    def _schedule_lane(self, lane: Lane, last_resort: bool = False) -> ScheduledBatch:
         batch = ScheduledBatch(lane=lane)
         step_budget = self.step_budget()
 
@@ -217,7 +217,7 @@ class Scheduler:
             else:
                 batch.num_new_tokens[batch.seqs.index(seq)] += num_new  # (a preemption may have moved it)
 
-    def _admit_waiting(self, lane: tuple, batch: ScheduledBatch, step_budget: int,
+    def _admit_waiting(self, lane: Lane, batch: ScheduledBatch, step_budget: int,
                        allowance: Counter[bytes] | None, last_resort: bool) -> None:
         """Admit waiting seqs of the lane into what is left of the budget (and of their tenant's
         allowance, if given), starting from their longest cached prefix."""
@@ -296,7 +296,7 @@ class Scheduler:
             bisect.insort(self.running, child, key=_arrival)
         seq.num_pending_forks = 0
 
-    def _next_waiting(self, lane: tuple, allowance: Counter[bytes] | None = None) -> Sequence | None:
+    def _next_waiting(self, lane: Lane, allowance: Counter[bytes] | None = None) -> Sequence | None:
         candidates = [seq for seq in self.waiting if seq.lane == lane]
         if allowance is not None:
             candidates = [seq for seq in candidates if allowance[seq.tenant] > 0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.envelope import ExecutionEnvelope, Isolation
 from engine.sampling_params import SamplingParams
@@ -22,6 +22,17 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
+class Lane(NamedTuple):
+    """Who a sequence may share a step with: every shared request (no tenant), or one tenant's
+    tenant-isolated requests, or one tenant's exclusive ones (see Scheduler)."""
+
+    isolation: str  # Isolation's value
+    tenant: bytes | None = None  # the isolation key, for a lane of one tenant
+
+
+SHARED_LANE = Lane("shared")
+
+
 class Sequence:
     """One choice of a request. Its KV covers token_ids[:num_computed_tokens]; the rest still has to run.
 
@@ -30,7 +41,7 @@ class Sequence:
 
     A request for n > 1 choices starts as choice 0 alone. It prefills the prompt's full
     blocks up to fork_at (the blocks the prefix cache would match), then forks into n
-    sequences that hold those blocks together (LLMEngine._fork); each computes the rest of
+    sequences that hold those blocks together (Scheduler.fork); each computes the rest of
     the prompt (less than a block and one token) in blocks of its own and samples on.
     """
 
@@ -42,10 +53,10 @@ class Sequence:
         max_total_tokens: int,
         arrival_index: int,
         envelope: ExecutionEnvelope,
-        choice: int = 0,
+        choice_index: int = 0,
     ) -> None:
         self.request_id = request_id  # the request's: every choice of it has the same
-        self.choice = choice
+        self.choice_index = choice_index
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
@@ -77,7 +88,7 @@ class Sequence:
         # the choices still to fork off it, the prompt tokens they will share, and the blocks
         # of this sequence's table that another choice computed (not metered here).
         self.choices: list[Sequence] = [self]
-        self.num_pending_forks = params.n - 1 if choice == 0 else 0
+        self.num_pending_forks = params.n - 1 if choice_index == 0 else 0
         self.fork_at = 0
         self.num_borrowed_blocks = 0
         self.num_shared_blocks = 0  # choice 0: the blocks the choices shared at the fork
@@ -92,7 +103,7 @@ class Sequence:
     @property
     def seq_id(self) -> str:
         """Unique among live sequences: the sampler's and the block manager's key."""
-        return self.request_id if self.choice == 0 else f"{self.request_id}#{self.choice}"
+        return self.request_id if self.choice_index == 0 else f"{self.request_id}#{self.choice_index}"
 
     @property
     def num_seats(self) -> int:
@@ -110,12 +121,12 @@ class Sequence:
         return self.envelope.isolation_key
 
     @property
-    def lane(self) -> tuple:
+    def lane(self) -> Lane:
         """Who this sequence may share a step with (see Scheduler)."""
         isolation = self.envelope.isolation
         if isolation is Isolation.SHARED:
-            return ("shared",)
-        return (isolation.value, self.tenant)
+            return SHARED_LANE
+        return Lane(isolation.value, self.tenant)
 
     @property
     def num_tokens(self) -> int:

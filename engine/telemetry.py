@@ -140,7 +140,7 @@ class Recorder:
             regime = "memory_pressured"
         elif len(waiting) > scheduler.max_num_seqs or oldest_wait > QUEUE_DEGRADED_SECONDS:
             regime = "queue_degraded"
-        elif batch.lane[0] != "shared" or deterministic:
+        elif batch.lane.isolation != "shared" or deterministic:
             regime = "isolation_strict"
         else:
             regime = "normal"
@@ -148,7 +148,7 @@ class Recorder:
         record = StepRecord(
             step=self._step_index,
             batch_fingerprint=record_digest(self._key, ids),
-            lane=batch.lane[0],
+            lane=batch.lane.isolation,
             isolation_modes=tuple(sorted({e.isolation.value for e in envelopes})),
             members=tuple((e.isolation.value, e.tenant_digest) for e in envelopes),
             deterministic=deterministic,

@@ -199,6 +199,67 @@ async def _settle_pending(gateway: Gateway) -> None:
         await asyncio.wait(set(gateway.background), timeout=SETTLE_AT_SHUTDOWN_S)
 
 
+async def build_gateway(settings: Settings, stack: AsyncExitStack, *, metrics: GatewayMetrics,
+                        backend: InferenceBackend | None = None, policy: PolicyEngine | None = None, verifier=None,
+                        limiter: Limiter | None = None, encoder: EncoderBackend | None = None,
+                        issuer: DevIssuer | None = None) -> Gateway:
+    """Builds and starts every part of a gateway from its settings; `stack` closes each part it
+    built, in reverse order. A part passed in is the caller's: started here, closed by its owner."""
+    app_policy = policy or build_policy(settings)
+    if policy is None:
+        stack.push_async_callback(app_policy.aclose)
+    await app_policy.start()
+    metrics.watch_policy(app_policy)
+
+    authority, v1_host = settings.authority, settings.v1_issuer_host
+    if issuer is not None:
+        await asyncio.to_thread(issuer.start)
+        stack.callback(issuer.stop)
+        authority = v1_host = issuer.base_url
+
+    app_verifier = verifier
+    if app_verifier is None:
+        from gateway.auth import EntraVerifier
+
+        app_verifier = EntraVerifier(
+            authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,
+            v1_issuer_host=v1_host, leeway_s=settings.token_leeway_s, jwks_ttl_s=settings.jwks_ttl_s,
+            unknown_kid_window_s=settings.jwks_refetch_window_s, max_token_bytes=settings.max_token_bytes,
+            http_timeout_s=settings.jwks_timeout_s, http_connect_timeout_s=settings.jwks_connect_timeout_s,
+            jwks_retry_s=settings.jwks_retry_s,
+        )
+        stack.push_async_callback(app_verifier.aclose)
+    await app_verifier.start()
+    metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
+
+    models, app_backend = await build_models(settings, metrics, stack, backend, encoder)
+    if app_backend is not None:
+        await app_backend.start()
+    router = Router(max_attempts=settings.route_max_attempts, breaker_failures=settings.breaker_failures,
+                    breaker_open_s=settings.breaker_open_s, load_factor=settings.route_load_factor,
+                    metrics=metrics)
+
+    app_limiter = limiter or build_limiter(settings)
+    if limiter is None:
+        stack.push_async_callback(app_limiter.aclose)
+
+    responses_store = build_responses_store(settings)
+    if responses_store is not None:
+        stack.push_async_callback(responses_store.aclose)
+
+    app_audit = build_audit(settings, metrics)
+    stack.callback(app_audit.close)
+    stack.push_async_callback(app_audit.drain)  # runs first: pending records, then the close
+
+    gateway = Gateway(
+        settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
+        limiter=app_limiter, audit=app_audit, models=models, router=router, responses_store=responses_store,
+        metrics=metrics, issuer=issuer, started=int(time.time()),
+    )
+    stack.push_async_callback(_settle_pending, gateway)  # before the quota store closes
+    return gateway
+
+
 def create_app(settings: Settings | None = None, *, backend: InferenceBackend | None = None,
                policy: PolicyEngine | None = None, verifier=None, metrics: GatewayMetrics | None = None,
                limiter: Limiter | None = None, encoder: EncoderBackend | None = None,
@@ -222,58 +283,9 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 if tracing is None:
                     # Last out: the spans of the requests shutdown waited for are flushed too.
                     stack.push_async_callback(asyncio.to_thread, provider.shutdown)
-            app_policy = policy or build_policy(settings)
-            if policy is None:
-                stack.push_async_callback(app_policy.aclose)
-            await app_policy.start()
-            app_metrics.watch_policy(app_policy)
-
-            authority, v1_host = settings.authority, settings.v1_issuer_host
-            if issuer is not None:
-                await asyncio.to_thread(issuer.start)
-                stack.callback(issuer.stop)
-                authority = v1_host = issuer.base_url
-
-            app_verifier = verifier
-            if app_verifier is None:
-                from gateway.auth import EntraVerifier
-
-                app_verifier = EntraVerifier(
-                    authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,
-                    v1_issuer_host=v1_host, leeway_s=settings.token_leeway_s, jwks_ttl_s=settings.jwks_ttl_s,
-                    unknown_kid_window_s=settings.jwks_refetch_window_s, max_token_bytes=settings.max_token_bytes,
-                    http_timeout_s=settings.jwks_timeout_s, http_connect_timeout_s=settings.jwks_connect_timeout_s,
-                    jwks_retry_s=settings.jwks_retry_s,
-                )
-                stack.push_async_callback(app_verifier.aclose)
-            await app_verifier.start()
-            app_metrics.jwks_key_sets_missing.set_function(app_verifier.key_sets_missing)
-
-            models, app_backend = await build_models(settings, app_metrics, stack, backend, encoder)
-            if app_backend is not None:
-                await app_backend.start()
-            router = Router(max_attempts=settings.route_max_attempts, breaker_failures=settings.breaker_failures,
-                            breaker_open_s=settings.breaker_open_s, load_factor=settings.route_load_factor,
-                            metrics=app_metrics)
-
-            app_limiter = limiter or build_limiter(settings)
-            if limiter is None:
-                stack.push_async_callback(app_limiter.aclose)
-
-            responses_store = build_responses_store(settings)
-            if responses_store is not None:
-                stack.push_async_callback(responses_store.aclose)
-
-            app_audit = build_audit(settings, app_metrics)
-            stack.callback(app_audit.close)
-            stack.push_async_callback(app_audit.drain)  # runs first: pending records, then the close
-
-            app.state.gateway = Gateway(
-                settings=settings, verifier=app_verifier, policy=app_policy, backend=app_backend,
-                limiter=app_limiter, audit=app_audit, models=models, router=router, responses_store=responses_store,
-                metrics=app_metrics, issuer=issuer, started=int(time.time()),
-            )
-            stack.push_async_callback(_settle_pending, app.state.gateway)  # before the quota store closes
+            app.state.gateway = await build_gateway(settings, stack, metrics=app_metrics, backend=backend,
+                                                    policy=policy, verifier=verifier, limiter=limiter,
+                                                    encoder=encoder, issuer=issuer)
             if settings.metrics_port:
                 from gateway.operator import OperatorListener, operator_app
 

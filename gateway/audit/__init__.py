@@ -2,11 +2,11 @@
 
 `AuditTrail` chains the records, signs the chain with Ed25519 at checkpoints, writes it
 to sinks (stdout, a rotating file, a Redis Stream) and anchors its head in a second store;
-`verify` finds the first altered, deleted or reordered entry, and with the anchors what was
+`verify.py` finds the first altered, deleted or reordered entry, and with the anchors what was
 cut from or added to a chain's end.
 """
 
-from gateway.audit.chain import VerifyReport, key_id, load_public_key, verify, verify_files
+from gateway.audit.verify import VerifyReport, key_id, load_public_key, verify_files
 from gateway.audit.recorder import AuditRecorder, digest_label
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
@@ -29,6 +29,5 @@ __all__ = [
     "public_key_pem",
     "read_stream",
     "rotated_files",
-    "verify",
     "verify_files",
 ]

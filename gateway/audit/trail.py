@@ -41,8 +41,8 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
-from gateway.audit.chain import anchor_genesis_digest, genesis_digest, key_id, line_digest, sign
+from gateway.audit.verify import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
+from gateway.audit.verify import anchor_genesis_digest, genesis_digest, key_id, line_digest, sign
 from gateway.encoding import canonical_json
 
 logger = logging.getLogger("tenantgate.audit")

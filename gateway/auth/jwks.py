@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicNumbers
 from joserfc.jwk import RSAKey
 
 from gateway.auth.exceptions import AuthError, AuthUnavailableError
+from gateway.background import cancel_and_wait
 from gateway.encoding import b64url_decode
 
 log = logging.getLogger("tenantgate.auth")
@@ -170,13 +171,7 @@ class KeyCache:
     async def aclose(self) -> None:
         tasks = [self._background] + [entry.inflight for entry in self._entries.values()]
         self._background = None
-        for task in tasks:
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+        await cancel_and_wait(*tasks)
 
     def _may_force(self, tenant_id: str, now: float) -> bool:
         if now - self._forced_at.get(tenant_id, -math.inf) < self._window_s:

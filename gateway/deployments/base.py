@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine import ExecutionEnvelope, SamplingParams
+from engine import ExecutionEnvelope, RequestOutput, SamplingParams
 
 
 class UpstreamUnavailable(Exception):
@@ -97,3 +97,15 @@ class Embeddings:
 
     vectors: np.ndarray  # float32, one row per input, in the caller's order
     prompt_tokens: int  # the deployment's own count of the inputs' tokens (0: it gave none)
+
+
+@dataclass
+class UpstreamOutput(RequestOutput):
+    """An OpenAI-compatible upstream's delta."""
+
+    # True on the last delta when its counts are the upstream's `usage`; otherwise the counts are
+    # the client's own (output: content deltas seen; prompt: 0) and the caller settles on its own.
+    usage_reported: bool = False
+    # The upstream's tool calls in this delta, as OpenAI writes them (streamed: pieces with an index;
+    # a whole answer: whole calls), held to their strings (tool_call_fields).
+    tool_calls: list[dict] = field(default_factory=list)

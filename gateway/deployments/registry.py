@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gateway.deployments.config import Deployment, DeploymentsError, TokenIds
-from gateway.deployments.openai import OpenAIUpstream
+from gateway.deployments.openai_compatible import OpenAIUpstream
 from gateway.deployments.routing import Target
 from gateway.deployments.targets import ReplicaTarget, UpstreamTarget
-from gateway.deployments.tenantgate import TenantgateReplica
+from gateway.deployments.replica_client import ReplicaClient
 
 
 class Tokenizer(Protocol):
@@ -102,7 +102,7 @@ def served_model_for(model: str, deployments: list[Deployment], engine, signer, 
             tokenizer = tokenizer or engine
         elif d.kind == "tenantgate":
             for index, url in enumerate(d.replicas):
-                replica = TenantgateReplica(url, signer, connect_timeout_s=d.connect_timeout_s, timeout_s=d.timeout_s,
+                replica = ReplicaClient(url, signer, connect_timeout_s=d.connect_timeout_s, timeout_s=d.timeout_s,
                                             first_token_timeout_s=d.first_token_timeout_s,
                                             idle_timeout_s=d.idle_timeout_s, name=f"{d.name}/{index}")
                 targets.append(ReplicaTarget(f"{d.name}/{index}", replica))

@@ -4,16 +4,17 @@ engines in this process are targets themselves: gateway/inference.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator
 
 from engine import ExecutionEnvelope, Isolation, RequestOutput
+from gateway.background import BackgroundTask
 from gateway.deployments.base import Embeddings, ReplicaLoad, RunRequest, UpstreamCall, UpstreamUnavailable
 from gateway.deployments.config import Deployment
-from gateway.deployments.openai import OpenAIUpstream, unmet_cache_scope
-from gateway.deployments.tenantgate import TenantgateReplica
+from gateway.deployments.dialects import unmet_cache_scope
+from gateway.deployments.openai_compatible import OpenAIUpstream
+from gateway.deployments.replica_client import ReplicaClient
 
 logger = logging.getLogger("tenantgate.gateway")
 
@@ -31,7 +32,7 @@ class ReplicaTarget:
     expects_records = True
     remote = True  # called over HTTP, with the trace's traceparent
 
-    def __init__(self, name: str, replica: TenantgateReplica) -> None:
+    def __init__(self, name: str, replica: ReplicaClient) -> None:
         self.name = name
         self.replica = replica
         self.fingerprint = "unknown"  # the replica's, once it has answered /v1/engine/info
@@ -77,7 +78,7 @@ class ReplicaTarget:
 class UpstreamTarget:
     """One OpenAI-compatible deployment. It honours a decision only as far as it is declared to:
     batch-invariant for the deterministic lane, dedicated to the tenant for tenant or exclusive
-    isolation, and a cache scope its dialect can keep apart (gateway/deployments/openai.py)."""
+    isolation, and a cache scope its dialect can keep apart (gateway/deployments/dialects.py)."""
 
     expects_records = False
     max_model_len = None  # the deployment's context_tokens, when declared, caps its model
@@ -129,12 +130,12 @@ class LoadPoller:
     def __init__(self, targets: list[ReplicaTarget], interval_s: float) -> None:
         self.targets = targets
         self.interval_s = interval_s
-        self._task: asyncio.Task | None = None
+        self._poller = BackgroundTask("tenantgate-load-poller")
 
     async def start(self) -> None:
         if self.targets:
             await self.poll_once()  # the first figures (and fingerprints) before the first request
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._poller.start(self._run())
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(target.poll() for target in self.targets))
@@ -145,7 +146,4 @@ class LoadPoller:
             await self.poll_once()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._poller.stop()

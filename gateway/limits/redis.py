@@ -34,6 +34,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, RedisError
 
+from gateway.background import cancel_and_wait
 from gateway.errors import RateLimited
 from gateway.limits.base import (
     KINDS,
@@ -280,10 +281,7 @@ class RedisLimiter:
         return True
 
     async def aclose(self) -> None:
-        for task in [self._renewer, *self._retrying]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in [self._renewer, *self._retrying] if t is not None), return_exceptions=True)
+        await cancel_and_wait(self._renewer, *self._retrying)
         self._renewer = None
         await self._client.aclose()
 

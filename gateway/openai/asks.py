@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.deployments.openai import unsupported_fields
+from gateway.deployments.dialects import unsupported_fields
 from gateway.deployments.registry import ServedModel
 from gateway.context import Gateway
 from gateway.errors import InvalidRequest

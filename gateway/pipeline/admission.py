@@ -32,7 +32,7 @@ from gateway.errors import (
 from gateway.json_values import json_depth
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
 from gateway.pipeline.exchange import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, Exchange
-from gateway.pipeline.knobs import envelope_for_decision
+from gateway.pipeline.envelope import envelope_for_decision
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
 from gateway.policy.service import Judgement

@@ -18,7 +18,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import replace
 from types import TracebackType
 
 from opentelemetry.trace import SpanKind

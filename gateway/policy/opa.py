@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.background import BackgroundTask
 from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.schema import Decision, validate_decision
 
@@ -75,7 +76,7 @@ class OpaWatch:
     def __init__(self, client: httpx.AsyncClient, *, interval_s: float) -> None:
         self._client = client
         self._interval_s = interval_s
-        self._task: asyncio.Task | None = None
+        self._watcher = BackgroundTask("tenantgate-opa-watch")
         self.healthy = False
         self.tenants: frozenset[str] | None = None
         self.enabled_tenants: frozenset[str] | None = None  # those whose data says enabled: true
@@ -110,14 +111,7 @@ class OpaWatch:
 
     async def start(self) -> None:
         await self.refresh()
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tenantgate-opa-watch")
+        self._watcher.start(self._run())
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._watcher.stop()

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import httpx
 
+from gateway.background import BackgroundTask
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
 from gateway.policy.opa import DECISION_PATH, OpaWatch
@@ -81,7 +82,7 @@ class EmbeddedPolicy:
         prepared, engine = checked(self._policy_dir, self._data_dir)
         self._evaluator = EmbeddedEvaluator(source=prepared, engine=engine, cache_size=cache_size)
         self._failing: dict[str, tuple[str, float]] = {}  # tenant -> (revision, refused until): a failed evaluation
-        self._task: asyncio.Task | None = None
+        self._watcher = BackgroundTask("tenantgate-policy-watch")
         self.reload_failures = 0
 
     @property
@@ -159,17 +160,11 @@ class EmbeddedPolicy:
                 logger.exception("policy watcher failed once; it keeps watching")
 
     async def start(self) -> None:
-        if self._reload_interval_s > 0 and self._task is None:
-            self._task = asyncio.create_task(self._watch(), name="tenantgate-policy-watch")
+        if self._reload_interval_s > 0:
+            self._watcher.start(self._watch())
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._watcher.stop()
 
 
 class OpaPolicy:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from engine import ExecutionEnvelope
-from gateway.pipeline.knobs import envelope_for_decision
+from gateway.pipeline.envelope import envelope_for_decision
 from gateway.policy.schema import Decision, validate_decision
 
 SECRET = b"test-deployment-secret"

@@ -10,7 +10,7 @@ With tools, how the answer is read depends on who made the calls and on tool_cho
 from __future__ import annotations
 
 from engine import RequestOutput
-from gateway.deployments.openai import UpstreamOutput
+from gateway.deployments.base import UpstreamOutput
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.tools import AutoCalls, NamedToolChoice, new_call_id, parse_calls
 from gateway.openai.responder import Renderer, chat_logprobs, finish_reason, joined_by_choice, system_fingerprint

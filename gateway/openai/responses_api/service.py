@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from engine import RequestOutput
 from gateway.auth.principal import Principal
-from gateway.deployments.openai import UpstreamOutput
+from gateway.deployments.base import UpstreamOutput
 from gateway.context import Gateway
 from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
 from gateway.openai.chat.protocol import ChatCompletionRequest

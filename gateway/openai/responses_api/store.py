@@ -32,41 +32,41 @@ class ResponseStore:
         self._cipher = AESGCM(key)
         self._prefix = prefix
 
-    def _name(self, tenant: str, response_id: str) -> str:
-        return f"{self._prefix}{tenant}:{hashlib.sha256(response_id.encode()).hexdigest()[:32]}"
+    def _name(self, tenant_digest: str, response_id: str) -> str:
+        return f"{self._prefix}{tenant_digest}:{hashlib.sha256(response_id.encode()).hexdigest()[:32]}"
 
-    async def put(self, tenant: str, response_id: str, record: dict, ttl_s: int) -> None:
-        """Stores `record` for `ttl_s` seconds; `tenant` is the tenant's keyed digest."""
+    async def put(self, tenant_digest: str, response_id: str, record: dict, ttl_s: int) -> None:
+        """Stores `record` for `ttl_s` seconds; `tenant_digest` is the tenant's keyed digest."""
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = nonce + self._cipher.encrypt(nonce, json.dumps(record).encode(), f"{tenant}\0{response_id}".encode())
+        sealed = nonce + self._cipher.encrypt(nonce, json.dumps(record).encode(), f"{tenant_digest}\0{response_id}".encode())
         try:
-            await self._client.set(self._name(tenant, response_id), sealed, ex=ttl_s)
+            await self._client.set(self._name(tenant_digest, response_id), sealed, ex=ttl_s)
         except (RedisError, OSError) as exc:
             logger.error("the response store is unreachable: %s", type(exc).__name__)
             raise Unavailable("the response could not be stored: the response store is unreachable; retry shortly",
                               headers={"Retry-After": "2"}) from None
 
-    async def delete(self, tenant: str, response_id: str) -> None:
+    async def delete(self, tenant_digest: str, response_id: str) -> None:
         """Removes what put() stored (a response whose request was then refused for want of its
         audit record must not stay retrievable); an unreachable store is logged, not raised."""
         try:
-            await self._client.delete(self._name(tenant, response_id))
+            await self._client.delete(self._name(tenant_digest, response_id))
         except (RedisError, OSError) as exc:
             logger.error("a stored response of a refused request could not be removed: %s", type(exc).__name__)
 
-    async def get(self, tenant: str, response_id: str) -> dict | None:
+    async def get(self, tenant_digest: str, response_id: str) -> dict | None:
         """The record stored for this tenant under this id, or None (none, expired, or not this tenant's)."""
         if RESPONSE_ID.fullmatch(response_id) is None:
             return None
         try:
-            sealed = await self._client.get(self._name(tenant, response_id))
+            sealed = await self._client.get(self._name(tenant_digest, response_id))
         except (RedisError, OSError) as exc:
             logger.error("the response store is unreachable: %s", type(exc).__name__)
             raise Unavailable("the response store is unreachable; retry shortly", headers={"Retry-After": "2"}) from None
         if sealed is None:
             return None
         try:
-            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], f"{tenant}\0{response_id}".encode())
+            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], f"{tenant_digest}\0{response_id}".encode())
         except InvalidTag:
             logger.error("a stored response failed its integrity check (wrong key, or moved); it is ignored")
             return None

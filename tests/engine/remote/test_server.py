@@ -22,7 +22,7 @@ from engine.remote.signing import body_digest
 from engine.remote.protocol import envelope_to_json
 from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected
-from gateway.deployments.tenantgate import TenantgateReplica
+from gateway.deployments.replica_client import ReplicaClient
 from tests.utils.envelopes import envelope
 from devkit.server import TENANTGATE, ServeProcess, gateway_env, tenantgate_serve
 from tests.utils.signing import write_key_pair
@@ -86,7 +86,7 @@ def test_a_signed_request_streams_the_in_process_engines_greedy_tokens(server, s
     expected = local.generate([PROMPT], GREEDY, ENV)[0]
 
     async def run():
-        replica = TenantgateReplica(server.base_url, signer)
+        replica = ReplicaClient(server.base_url, signer)
         try:
             outputs = [o async for o in replica.generate(PROMPT, GREEDY, ENV, "same-as-local")]
             return outputs, replica.engine_record("same-as-local"), await replica.info()
@@ -153,8 +153,8 @@ def test_the_client_maps_a_403_to_envelope_refused_and_a_400_to_upstream_rejecte
     stranger = EnvelopeSigner(Ed25519PrivateKey.generate())
 
     async def run():
-        refused = TenantgateReplica(server.base_url, stranger, name="engine-0")
-        trusted = TenantgateReplica(server.base_url, signer)
+        refused = ReplicaClient(server.base_url, stranger, name="engine-0")
+        trusted = ReplicaClient(server.base_url, signer)
         try:
             with pytest.raises(EnvelopeRefused) as caught:
                 await anext(refused.generate(PROMPT, GREEDY, ENV, "from-a-stranger"))
@@ -177,7 +177,7 @@ def test_a_schema_the_replica_cannot_enforce_is_refused_naming_response_format(s
     bogus = SamplingParams(max_tokens=2, json_schema='{"type": "bogus"}')
 
     async def run():
-        replica = TenantgateReplica(server.base_url, signer)
+        replica = ReplicaClient(server.base_url, signer)
         try:
             with pytest.raises(UpstreamRejected) as rejected:
                 await anext(replica.generate(PROMPT, bogus, ENV, "bogus-schema"))
@@ -196,7 +196,7 @@ def test_closing_the_clients_stream_early_aborts_the_request_on_the_server(serve
     before = metrics(server).get(aborted, 0.0)
 
     async def run() -> list[ReplicaLoad]:
-        replica = TenantgateReplica(server.base_url, signer)
+        replica = ReplicaClient(server.base_url, signer)
         try:
             stream = replica.generate(PROMPT, long, ENV, "left-early")
             await anext(stream)
@@ -253,7 +253,7 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_connections(demo_m
                           command=("engine", "serve")) as process:
 
         async def run():
-            replica = TenantgateReplica(process.base_url, signer)
+            replica = ReplicaClient(process.base_url, signer)
             try:
                 stream = replica.generate(PROMPT, params, ENV, "draining")
                 outputs = [await anext(stream)]

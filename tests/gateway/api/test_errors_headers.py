@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.deployments.openai import _error_message
+from gateway.deployments.openai_compatible import _error_message
 from gateway.inference import NullBackend
 from gateway.limits.base import duration
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, gateway_settings

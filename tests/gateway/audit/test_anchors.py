@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gateway.audit.chain import OK, TAMPERED, UNVERIFIED, anchor_genesis_digest, canonical_json, line_digest, verify
+from gateway.audit.verify import OK, TAMPERED, UNVERIFIED, anchor_genesis_digest, canonical_json, line_digest, verify
 from gateway.audit.trail import AuditTrail
 from tests.gateway.audit.chains import ListSink, anchor_at, build_chain, edit, edit_and_relink, entries, forge, record
 from tests.gateway.audit.chains import resign

@@ -4,7 +4,7 @@ import stat
 import pytest
 
 from gateway.main import main
-from gateway.audit.chain import key_id, load_public_key
+from gateway.audit.verify import key_id, load_public_key
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink
 from gateway.audit.trail import AuditTrail, load_or_create_signing_key, public_key_pem
 from tests.gateway.audit.chains import build_chain, edit, record

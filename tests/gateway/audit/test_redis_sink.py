@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.audit.chain import verify
+from gateway.audit.verify import verify
 from gateway.audit.sinks import RedisStreamSink, SinkStalled, read_stream
 from gateway.audit.trail import AuditRefused, AuditTrail
 from tests.gateway.audit.chains import record

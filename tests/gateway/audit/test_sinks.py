@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gateway.audit.chain import verify, verify_files
+from gateway.audit.verify import verify, verify_files
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail
 from tests.gateway.audit.chains import cut_mid_line, forge, record

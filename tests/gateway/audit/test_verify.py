@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.audit.chain import canonical_json, line_digest, verify
+from gateway.audit.verify import canonical_json, line_digest, verify
 from tests.gateway.audit.chains import build_chain, edit, entries, index_of, resign
 
 # 250 records, checkpoint_every=100: records 0-99, checkpoint 100, records 101-200,

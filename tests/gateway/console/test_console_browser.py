@@ -263,7 +263,7 @@ def test_kv_use_and_evictions_by_tenant_match_the_step_records(console, browser)
 
 def _engine_tag(console, tenant: str) -> str:
     from engine import tenant_digest
-    from gateway.pipeline.knobs import isolation_key
+    from gateway.pipeline.envelope import isolation_key
 
     return tenant_digest(isolation_key(console.settings.namespace_key, tenant))
 

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.deployments.config import DeploymentsError
-from gateway.deployments.openai import compile_request
+from gateway.deployments.dialects import compile_request
 from gateway.deployments.registry import served_model_for
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings

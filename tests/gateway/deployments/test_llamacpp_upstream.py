@@ -10,7 +10,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.deployments.openai import OpenAIUpstream, compile_request
+from gateway.deployments.dialects import compile_request
+from gateway.deployments.openai_compatible import OpenAIUpstream
 from tests.utils.upstreams import deployment, upstream_call
 
 pytestmark = pytest.mark.upstream

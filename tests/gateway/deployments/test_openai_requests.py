@@ -8,13 +8,7 @@ import base64
 import pytest
 
 from gateway.deployments.config import DeploymentsError, parse_deployments
-from gateway.deployments.openai import (
-    UpstreamRequest,
-    cache_salt,
-    compile_request,
-    unmet_cache_scope,
-    unsupported_fields,
-)
+from gateway.deployments.dialects import UpstreamRequest, cache_salt, compile_request, unmet_cache_scope, unsupported_fields
 from tests.utils.envelopes import envelope
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from gateway.deployments.base import UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable
-from gateway.deployments.openai import KEEPALIVE_EXPIRY_S, OpenAIUpstream
+from gateway.deployments.openai_compatible import KEEPALIVE_EXPIRY_S, OpenAIUpstream
 from devkit.server import free_port, serving
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 

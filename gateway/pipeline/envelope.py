@@ -1,6 +1,6 @@
 """The one mapping from a policy decision to the engine's execution envelope.
 
-Upstream dialects (gateway/deployments/openai.py) derive their knobs from this envelope, so
+Upstream dialects (gateway/deployments/dialects.py) derive their knobs from this envelope, so
 the namespace digest, isolation and priority mean the same on every kind of deployment.
 """
 

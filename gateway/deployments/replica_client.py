@@ -26,7 +26,7 @@ from gateway.deployments.base import (
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError)
 
 
-class TenantgateReplica:
+class ReplicaClient:
     expects_records = True
 
     def __init__(self, base_url: str, signer: EnvelopeSigner, *, connect_timeout_s: float = 2.0,

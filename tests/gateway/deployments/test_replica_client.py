@@ -1,4 +1,4 @@
-"""TenantgateReplica against replicas that fail: real HTTP on loopback, each failure the kind
+"""ReplicaClient against replicas that fail: real HTTP on loopback, each failure the kind
 the router must tell apart (unreachable, slow, 5xx, cut mid-stream, silent mid-stream, closed once
 the request went out, malformed, refused)."""
 
@@ -17,7 +17,7 @@ from engine import SamplingParams
 from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
 from gateway.deployments.base import EnvelopeRefused, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
 from gateway.deployments.base import UpstreamUnavailable
-from gateway.deployments.tenantgate import TenantgateReplica
+from gateway.deployments.replica_client import ReplicaClient
 from tests.utils.envelopes import ENV
 from devkit.server import free_port, serving
 
@@ -73,7 +73,7 @@ def base_url():
         yield url
 
 
-async def run(replica: TenantgateReplica, request_id: str) -> list:
+async def run(replica: ReplicaClient, request_id: str) -> list:
     seen = []
     try:
         async for output in replica.generate([1, 2], PARAMS, ENV, request_id):
@@ -83,7 +83,7 @@ async def run(replica: TenantgateReplica, request_id: str) -> list:
     return seen
 
 
-def outcome(replica: TenantgateReplica, request_id: str, error: type[Exception]) -> Exception:
+def outcome(replica: ReplicaClient, request_id: str, error: type[Exception]) -> Exception:
     with pytest.raises(error) as caught:
         asyncio.run(run(replica, request_id))
     assert type(caught.value) is error
@@ -91,14 +91,14 @@ def outcome(replica: TenantgateReplica, request_id: str, error: type[Exception])
 
 
 def test_an_unreachable_replica_is_unavailable() -> None:
-    error = outcome(TenantgateReplica(f"http://127.0.0.1:{free_port()}", SIGNER, name="engine-9"), "x",
+    error = outcome(ReplicaClient(f"http://127.0.0.1:{free_port()}", SIGNER, name="engine-9"), "x",
                     UpstreamUnavailable)
     assert "engine-9" in str(error) and "ConnectError" in str(error)
 
 
 def test_a_5xx_and_a_slow_first_output_are_unavailable(base_url) -> None:
-    assert "503" in str(outcome(TenantgateReplica(base_url, SIGNER), "503", UpstreamUnavailable))
-    slow = TenantgateReplica(base_url, SIGNER, first_token_timeout_s=0.5)
+    assert "503" in str(outcome(ReplicaClient(base_url, SIGNER), "503", UpstreamUnavailable))
+    slow = ReplicaClient(base_url, SIGNER, first_token_timeout_s=0.5)
     assert "before its first output" in str(outcome(slow, "slow", UpstreamUnavailable))
 
 
@@ -107,7 +107,7 @@ def test_a_stream_that_breaks_after_its_first_output_is_unavailable(base_url, be
     seen = []
 
     async def consume():
-        replica = TenantgateReplica(base_url, SIGNER, timeout_s=1.0)
+        replica = ReplicaClient(base_url, SIGNER, timeout_s=1.0)
         try:
             async for output in replica.generate([1, 2], PARAMS, ENV, behaviour):
                 seen.append(output)
@@ -121,9 +121,9 @@ def test_a_stream_that_breaks_after_its_first_output_is_unavailable(base_url, be
 
 
 def test_a_403_is_envelope_refused_and_a_400_is_rejected_with_the_replicas_message(base_url) -> None:
-    refused = outcome(TenantgateReplica(base_url, SIGNER), "403", EnvelopeRefused)
+    refused = outcome(ReplicaClient(base_url, SIGNER), "403", EnvelopeRefused)
     assert refused.reason == "expired" and isinstance(refused, UpstreamUnavailable)
-    rejected = outcome(TenantgateReplica(base_url, SIGNER), "400", UpstreamRejected)
+    rejected = outcome(ReplicaClient(base_url, SIGNER), "400", UpstreamRejected)
     assert (rejected.status, rejected.message, rejected.param) == (400, "the prompt is empty", "prompt")
 
 
@@ -131,7 +131,7 @@ def test_the_trace_context_given_goes_to_the_replica_as_its_traceparent(base_url
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
     async def consume():
-        replica = TenantgateReplica(base_url, SIGNER)
+        replica = ReplicaClient(base_url, SIGNER)
         try:
             async for _ in replica.generate([1, 2], PARAMS, ENV, "400", headers={"traceparent": traceparent}):
                 pass
@@ -147,7 +147,7 @@ def test_the_trace_context_given_goes_to_the_replica_as_its_traceparent(base_url
 
 def test_a_malformed_load_report_is_unavailable(base_url) -> None:
     async def load():
-        replica = TenantgateReplica(base_url, SIGNER)
+        replica = ReplicaClient(base_url, SIGNER)
         try:
             return await replica.load()
         finally:
@@ -158,7 +158,7 @@ def test_a_malformed_load_report_is_unavailable(base_url) -> None:
 
 
 def test_a_replica_silent_for_its_idle_timeout_after_output_is_upstream_idle(base_url) -> None:
-    replica = TenantgateReplica(base_url, SIGNER, timeout_s=30, idle_timeout_s=0.5)
+    replica = ReplicaClient(base_url, SIGNER, timeout_s=30, idle_timeout_s=0.5)
     started = time.monotonic()
     error = outcome(replica, "stalls", UpstreamIdle)  # 5 s of silence after its first output
     assert "sent nothing for 0.5 s mid-stream" in str(error) and time.monotonic() - started < 3
@@ -176,7 +176,7 @@ async def test_a_connection_closed_after_the_request_is_interrupted_and_sent_onc
         await writer.wait_closed()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    replica = TenantgateReplica(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", SIGNER)
+    replica = ReplicaClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", SIGNER)
     try:
         with pytest.raises(UpstreamInterrupted, match="closed the connection before answering"):
             await run(replica, "x")
