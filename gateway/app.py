@@ -15,12 +15,19 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from engine.paths import default_cache_dir
-from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
-from gateway.audit import boot_chain_id, load_or_create_signing_key
+from gateway.audit import (
+    AuditRecorder,
+    AuditTrail,
+    RedisStreamSink,
+    RotatingFileSink,
+    StreamSink,
+    boot_chain_id,
+    load_or_create_signing_key,
+)
 from gateway.deployments.config import deployments_for, embedded_only
 from gateway.deployments.registry import ServedModel, served_model_for
-from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
+from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deps import DevIssuer, Gateway
 from gateway.errors import install_handlers
 from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder

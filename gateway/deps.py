@@ -16,9 +16,9 @@ from gateway.tracing import trace_of
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
+    from gateway.auth import EntraVerifier
     from gateway.deployments.registry import ServedModel
     from gateway.deployments.routing import Router
-    from gateway.auth import EntraVerifier
     from gateway.inference import InferenceBackend
     from gateway.limits import Limiter
     from gateway.metrics import GatewayMetrics

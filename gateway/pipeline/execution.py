@@ -20,8 +20,13 @@ from fastapi import Request
 from opentelemetry.trace import SpanKind
 
 from engine import EngineDeadError, RequestError, RequestOutput
-from gateway.deployments.base import Embeddings, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
-from gateway.deployments.base import UpstreamUnavailable
+from gateway.deployments.base import (
+    Embeddings,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest, Unavailable
 from gateway.pipeline.admission import Admitted

@@ -11,10 +11,10 @@ from gateway.deployments.openai import UpstreamOutput
 from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
+from gateway.openai.answers import chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.asks import build_ask
 from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
 from gateway.openai.chat.tools import AutoCalls, NamedToolChoice, constrained_schema, new_call_id, parse_calls
-from gateway.openai.answers import chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import Ask, admit, new_request_id

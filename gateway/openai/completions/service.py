@@ -9,9 +9,9 @@ from gateway.auth.principal import Principal
 from gateway.deployments.registry import ServedModel
 from gateway.deps import Gateway
 from gateway.errors import InvalidRequest
+from gateway.openai.answers import completion_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.asks import build_ask
 from gateway.openai.completions.protocol import CompletionRequest
-from gateway.openai.answers import completion_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.openai.stream import sse_response
 from gateway.pipeline.accounting import accounted, finish, recorded
 from gateway.pipeline.admission import admit, new_request_id

@@ -6,8 +6,8 @@ from gateway.auth.principal import Principal
 from gateway.deps import Gateway, GatewayDep, PrincipalDep
 from gateway.errors import GatewayError, ModelNotFound, PolicyDenied
 from gateway.middleware import new_edge_request_id, set_request_id
-from gateway.openai.protocol import Model, ModelList
 from gateway.openai.openapi import ERROR_RESPONSES
+from gateway.openai.protocol import Model, ModelList
 from gateway.pipeline.admission import judge, policy_input
 
 router = APIRouter()

@@ -2,9 +2,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.deps import GatewayDep, PrincipalDep, inference_caller
+from gateway.openai.openapi import ERROR_RESPONSES
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.service import ROUTE, create_response, retrieve_response
-from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
 Caller = inference_caller(ROUTE)

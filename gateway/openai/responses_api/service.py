@@ -20,9 +20,9 @@ from gateway.auth.principal import Principal
 from gateway.deployments.openai import UpstreamOutput
 from gateway.deps import Gateway
 from gateway.errors import AuditUnavailable, GatewayError, InvalidRequest, ResponseNotFound
+from gateway.openai.answers import chat_logprobs, joined, usage
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.service import answer, chat_ask
-from gateway.openai.answers import chat_logprobs, joined, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.stream import event_stream
 from gateway.pipeline.accounting import accounted, finish, recorded
