@@ -170,7 +170,7 @@ class RequestTracing:
         if tracer is None or scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        carrier = {"traceparent": value.decode("latin-1")
+        carrier = {"traceparent": value.decode("latin-1")  # noqa: B035 - the caller's last traceparent wins
                    for name, value in scope.get("headers", ()) if name == _CALLER_HEADER}
         method = scope["method"]
         span = tracer.start_span(

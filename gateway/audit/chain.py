@@ -210,7 +210,8 @@ class _Verifier:
                 continue
             self.anchor_count += 1
             if canonical_json(anchor) != line or not _signature_ok(anchor, self.keys):
-                self.problems.append((0, chain_id, seq, f"the anchor for seq {seq} has an invalid signature (forged or altered)"))
+                self.problems.append((0, chain_id, seq,
+                                      f"the anchor for seq {seq} has an invalid signature (forged or altered)"))
                 continue
             anchored = self.anchored.setdefault(chain_id, _Anchored())
             if anchored.heads.setdefault(seq, head) != head:
@@ -245,7 +246,8 @@ class _Verifier:
                                                         "(altered or replaced)"))
             first = anchored.links.get(0)
             if first is not None and first.prev != anchor_genesis_digest(chain_id):
-                gaps.append((0, chain_id, first.seq, "anchor 0 does not begin the chain's anchors (altered or replaced)"))
+                gaps.append((0, chain_id, first.seq,
+                             "anchor 0 does not begin the chain's anchors (altered or replaced)"))
         return gaps
 
     def _stale(self, age: float, old: str = "old") -> str | None:
@@ -398,8 +400,8 @@ class _Verifier:
             if anchored is not None:
                 if anchored.final_seq is not None and end > anchored.final_seq:
                     problems.append((end_position, chain_id, anchored.final_seq,
-                                     f"{_span(anchored.final_seq, end - 1, 'follows/follow')} the chain's closing anchor "
-                                     "(written after its writer shut down)"))
+                                     f"{_span(anchored.final_seq, end - 1, 'follows/follow')} "
+                                     "the chain's closing anchor (written after its writer shut down)"))
                     continue
                 if anchored.last_seq > end:
                     closing = anchored.final_seq == anchored.last_seq == end + 1
@@ -440,7 +442,8 @@ class _Verifier:
         if self.anchored is not None:
             absent = sum(1 for c, a in self.anchored.items() if c not in self.chains and a.last_seq > 0)
             if absent:
-                warnings.append(f"{absent} anchored chains have no entries here (other writers, rotated away, or deleted)")
+                warnings.append(f"{absent} anchored chains have no entries here "
+                                "(other writers, rotated away, or deleted)")
         if self.keys is None:
             warnings.append("signatures were not checked (no public key)")
         warnings = [t[2] for t in tails] + self.notes + warnings

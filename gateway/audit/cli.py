@@ -19,8 +19,15 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.audit.chain import DEFAULT_MAX_UNSIGNED_AGE_S, TAMPERED, VerifyReport, key_id, load_public_key, verify
-from gateway.audit.chain import verify_files
+from gateway.audit.chain import (
+    DEFAULT_MAX_UNSIGNED_AGE_S,
+    TAMPERED,
+    VerifyReport,
+    key_id,
+    load_public_key,
+    verify,
+    verify_files,
+)
 from gateway.audit.sinks import read_stream, rotated_files
 from gateway.audit.trail import load_or_create_signing_key, public_key_pem
 

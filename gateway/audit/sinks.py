@@ -331,7 +331,7 @@ def read_stream(client: Any, stream: str = "tenantgate:audit", *, batch: int = 1
     seen: set[bytes] = set()
     last = "-"
     while rows := client.xrange(stream, min=last, max="+", count=batch):
-        for entry_id, fields in rows:
+        for _entry_id, fields in rows:
             value = fields.get(b"entry", fields.get("entry", b""))
             raw = value if isinstance(value, bytes) else value.encode("utf-8")
             digest = hashlib.sha256(raw).digest()

@@ -41,8 +41,18 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.chain import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
-from gateway.audit.chain import anchor_genesis_digest, genesis_digest, key_id, line_digest, sign
+from gateway.audit.chain import (
+    ANCHOR,
+    CHECKPOINT,
+    RECORD,
+    RESERVED_FIELDS,
+    TORN_LINE_ENDED,
+    anchor_genesis_digest,
+    genesis_digest,
+    key_id,
+    line_digest,
+    sign,
+)
 from gateway.encoding import canonical_json
 
 logger = logging.getLogger("tenantgate.audit")
@@ -202,7 +212,7 @@ class AuditTrail:
         for sink in self.sinks + self.anchors:
             try:
                 sink.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one sink that fails to close must not keep the others open
                 logger.error("audit sink %s failed to close (%s)", _name(sink), _name(exc))
 
     def __enter__(self) -> AuditTrail:
@@ -238,7 +248,7 @@ class AuditTrail:
             try:
                 sink.write(line)
                 kept += 1
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one sink that fails must not keep the entry from the others
                 # Names the seq and types only: a sink's exception message may quote the line.
                 self.sink_errors += 1
                 logger.error("audit sink %s failed to write seq %d (%s)", _name(sink), self._seq, _name(exc))
@@ -289,7 +299,7 @@ class AuditTrail:
             try:
                 sink.write(line)
                 kept += 1
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one anchor sink that fails must not keep it from the others
                 self.sink_errors += 1
                 logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
                              _name(exc))
@@ -304,7 +314,7 @@ class AuditTrail:
         for sink in sinks:
             try:
                 sink.flush()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a sink that fails to flush is counted; the others still flush
                 ok = False
                 self.sink_errors += 1
                 logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), seq, _name(exc))

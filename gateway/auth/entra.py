@@ -184,7 +184,7 @@ class EntraVerifier:
         except TenantsUnknownError:
             log.info("token not checked: the tenant list is not known yet")
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure refuses the token (fail closed)
             # Fail closed. The cause is dropped: its text might quote the token.
             log.warning("token refused: code=invalid_token error=%s", type(exc).__name__)
             raise AuthError("invalid_token") from None

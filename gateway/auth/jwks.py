@@ -212,7 +212,7 @@ class KeyCache:
         try:
             async with asyncio.timeout(self._timeout_s):
                 key_set = await self._download(tenant_id, version)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never raises: logged, and the last good keys stay
             reason = exc.reason if isinstance(exc, _FetchError) else type(exc).__name__
             log.warning("jwks fetch failed: tenant=%s version=%s reason=%s", tenant_id, version, reason)
             entry.failed, entry.retry_at = True, time.monotonic() + self._retry_s

@@ -25,8 +25,14 @@ from gateway.auth.principal import Principal
 from gateway.console.sessions import Sessions
 from gateway.console.views import VIEWS, console_views
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.operator import OPERATOR_ROLE, OperatorDep, audit_operator, operator_for, operator_refusal
-from gateway.operator import verified_on_gateway_loop
+from gateway.operator import (
+    OPERATOR_ROLE,
+    OperatorDep,
+    audit_operator,
+    operator_for,
+    operator_refusal,
+    verified_on_gateway_loop,
+)
 
 COOKIE = "tenantgate_console"
 PATH = "/console"

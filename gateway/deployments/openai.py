@@ -43,7 +43,12 @@ import numpy as np
 
 from engine import CacheScope, ExecutionEnvelope, RequestOutput
 from gateway.deployments.base import (
-    Embeddings, UpstreamCall, UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable,
+    Embeddings,
+    UpstreamCall,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
 )
 from gateway.deployments.config import Deployment
 

@@ -52,7 +52,8 @@ class ServedModel:
 def load_tokenizer(model: str) -> Tokenizer:
     """The tokenizer of a model reference (a packaged name, demo, a .gguf file or a checkpoint
     directory), as the engine would load it; GGUF files are converted once and cached."""
-    from engine import Tokenizer as EngineTokenizer, resolve_model_path
+    from engine import Tokenizer as EngineTokenizer
+    from engine import resolve_model_path
     from gateway.inference import GatewayTokenizer
 
     return GatewayTokenizer(EngineTokenizer.from_dir(resolve_model_path(model, progress=False)))

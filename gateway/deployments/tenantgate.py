@@ -16,11 +16,23 @@ import httpx
 
 from engine import ExecutionEnvelope, PendingRecords, RequestOutput, SamplingParams
 from engine.remote import (
-    ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, REJECTION_REASONS, EnvelopeSigner, output_from_json,
-    params_to_json, record_from_json,
+    ENVELOPE_HEADER,
+    GENERATE_PATH,
+    INFO_PATH,
+    LOAD_PATH,
+    REJECTION_REASONS,
+    EnvelopeSigner,
+    output_from_json,
+    params_to_json,
+    record_from_json,
 )
 from gateway.deployments.base import (
-    EnvelopeRefused, ReplicaLoad, UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable,
+    EnvelopeRefused,
+    ReplicaLoad,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
 )
 
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError)

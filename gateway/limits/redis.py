@@ -332,8 +332,9 @@ class BoundedPool(aioredis.BlockingConnectionPool):
             raise
 
 
-def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default",
-                 max_connections: int = 256, pool_timeout_s: float | None = None) -> aioredis.Redis:
+def redis_client(url: str, *, timeout_s: float, entra: bool = False,
+                 entra_scope: str = "https://redis.azure.com/.default", max_connections: int = 256,
+                 pool_timeout_s: float | None = None) -> aioredis.Redis:
     """A client with bounded timeouts and no retry loop, on a sized pool whose callers wait at
     most pool_timeout_s (default: timeout_s) for a connection. Password and TLS come from the URL
     (`rediss://:password@host:port`); with entra, the password is an Entra ID token from

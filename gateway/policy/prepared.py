@@ -194,6 +194,6 @@ def build_engine(prepared: PreparedPolicy):
 async def build_engine_cooperatively(prepared: PreparedPolicy):
     """The engine, built on the calling loop's thread, which answers other tasks between steps."""
     engine = None
-    for engine in engine_steps(prepared):
+    for engine in engine_steps(prepared):  # noqa: B007 - the last step yields the built engine
         await asyncio.sleep(0)
     return engine

@@ -155,7 +155,7 @@ class EmbeddedPolicy:
             await asyncio.sleep(self._reload_interval_s)
             try:
                 await self.reload_if_changed()
-            except Exception:  # noqa: BLE001 - the watcher must outlive a bad file system moment
+            except Exception:  # the watcher must outlive a bad file system moment
                 logger.exception("policy watcher failed once; it keeps watching")
 
     async def start(self) -> None:

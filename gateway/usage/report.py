@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -90,14 +90,15 @@ def parse_time(value: str, what: str) -> float:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise UsageError(f"{what} must be an ISO 8601 date or time, such as 2026-12-01 or 2026-12-01T10:00:00Z") from None
+        raise UsageError(f"{what} must be an ISO 8601 date or time, "
+                         "such as 2026-12-01 or 2026-12-01T10:00:00Z") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass

@@ -22,7 +22,7 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
-    def _supported(self) -> "CompletionRequest":
+    def _supported(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo is not supported")
         if self.suffix:

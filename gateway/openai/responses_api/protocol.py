@@ -37,7 +37,7 @@ class MessageItem(RequestModel):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     @model_validator(mode="after")
-    def _parts_for_role(self) -> "MessageItem":
+    def _parts_for_role(self) -> MessageItem:
         # OpenAI's rule: output_text is what an assistant said; the other roles send input_text.
         if isinstance(self.content, list) and self.role != "assistant" and any(
                 part.type == "output_text" for part in self.content):

@@ -62,11 +62,13 @@ class ResponseStore:
             sealed = await self._client.get(self._name(tenant, response_id))
         except (RedisError, OSError) as exc:
             logger.error("the response store is unreachable: %s", type(exc).__name__)
-            raise Unavailable("the response store is unreachable; retry shortly", headers={"Retry-After": "2"}) from None
+            raise Unavailable("the response store is unreachable; retry shortly",
+                              headers={"Retry-After": "2"}) from None
         if sealed is None:
             return None
         try:
-            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], f"{tenant}\0{response_id}".encode())
+            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:],
+                                         f"{tenant}\0{response_id}".encode())
         except InvalidTag:
             logger.error("a stored response failed its integrity check (wrong key, or moved); it is ignored")
             return None
