@@ -53,7 +53,14 @@ def write_checkpoint(
     max_shard_size: str | None = None,
 ) -> Path:
     """Write a random checkpoint of the given family into path and return path."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),

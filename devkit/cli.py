@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer
-from devkit.issuer import dev_issuer_key_dir
+from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer, dev_issuer_key_dir
 from gateway.auth.principal import canonical_guid
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
@@ -143,7 +142,7 @@ def _azure_token(args: argparse.Namespace) -> str | None:
     try:
         credential = DefaultAzureCredential(**options)
         return credential.get_token(*scopes, tenant_id=tenant_id).token
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - azure-identity raises many kinds; each is reported as no token
         # Azure's messages span many lines of hints; the first says what went wrong.
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         print(f"tenantgate token: no Azure token: {reason}", file=sys.stderr)

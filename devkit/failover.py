@@ -22,9 +22,9 @@ from pathlib import Path
 
 import openai
 
-from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
 from devkit.redis import RedisServer
 from devkit.server import TENANTGATE, free_port, gateway_env, stop, wait_ready
+from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
 
 REPO = Path(__file__).resolve().parents[1]
 FRONT_DOOR_TF = REPO / "infra" / "terraform" / "main.frontdoor.tf"

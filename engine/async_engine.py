@@ -14,8 +14,9 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence as Seq
 
 from engine.envelope import ExecutionEnvelope
 from engine.errors import EngineDeadError, RequestError
@@ -140,7 +141,7 @@ class AsyncLLMEngine:
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
             self._fail_all(EngineDeadError("the engine was shut down"))
-        except BaseException as exc:  # noqa: BLE001 - every waiting caller must hear about it
+        except BaseException as exc:  # every waiting caller must hear about it
             logger.exception("engine loop failed")
             self._fail_all(exc)
 

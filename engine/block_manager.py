@@ -30,8 +30,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from engine.sequence import Sequence
 

@@ -7,8 +7,9 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any, Sequence as Seq
+from typing import Any
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import EngineConfig, ModelConfig

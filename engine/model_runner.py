@@ -20,12 +20,12 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ConfigError
-from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
-from engine.model.llama import LlamaForCausalLM
-from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
-from engine.model.loader import load_weights
 from engine.grammar import Grammars
-from engine.sampler import SampleResult, Sampler
+from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
+from engine.model.invariant import ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import load_weights
+from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,8 @@ class ModelRunner:
     def _allocate_kv(self, model_config: ModelConfig, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.block_size, model_config.num_key_value_heads, model_config.head_dim)
         return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(model_config.num_hidden_layers)
         ]
 
@@ -181,7 +182,8 @@ class ModelRunner:
         if num_blocks < 1:
             raise ConfigError(
                 f"no device memory left for the KV cache: {total - free} of {total} bytes in use after loading, "
-                f"{activations} more for activations; raise gpu_memory_utilization ({self._config.gpu_memory_utilization})"
+                f"{activations} more for activations; raise gpu_memory_utilization "
+                f"({self._config.gpu_memory_utilization})"
             )
         logger.info("KV pool: %d blocks (%d MiB) from free device memory", num_blocks, num_blocks * block_bytes >> 20)
         return num_blocks
@@ -438,7 +440,8 @@ class ModelRunner:
         )
 
     def _tile_mask(self, positions: list[int] | range, num_keys: int) -> torch.Tensor:
-        return tile_mask(torch.tensor(positions), self._group, num_keys, self.sliding_window, self.dtype).to(self.device)
+        mask = tile_mask(torch.tensor(positions), self._group, num_keys, self.sliding_window, self.dtype)
+        return mask.to(self.device)
 
     def _chunk_keys(self, row: int, start: int, end: int) -> list[ChunkKeys]:
         """The chunk of positions [start, end) at step rows from `row`, split where the key length changes."""

@@ -142,8 +142,8 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
                  torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device))
         counts = torch.zeros(len(penalized), logits.shape[-1], dtype=logits.dtype, device=device)
         counts.index_put_(index, torch.ones(index[0].shape, dtype=logits.dtype, device=device), accumulate=True)
-        frequency, presence = torch.tensor([[params[i].frequency_penalty, params[i].presence_penalty] for i in penalized],
-                                           dtype=logits.dtype, device=device).unbind(dim=1)
+        penalties = [[params[i].frequency_penalty, params[i].presence_penalty] for i in penalized]
+        frequency, presence = torch.tensor(penalties, dtype=logits.dtype, device=device).unbind(dim=1)
         rows = torch.tensor(penalized, device=device)
         logits[rows] -= counts * frequency[:, None] + (counts > 0).to(logits.dtype) * presence[:, None]
     return logits

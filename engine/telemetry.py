@@ -15,8 +15,9 @@ import threading
 import time
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -318,7 +319,8 @@ class PrometheusSink:
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue = Histogram(
-            "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS, registry=r
+            "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "tenantgate_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache", ["scope"], registry=r

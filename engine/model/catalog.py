@@ -44,7 +44,8 @@ def packaged_model_file(name: str, catalog: dict[str, PackagedModel] = PACKAGED_
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotFoundError(f"model {name!r} comes from a Python package: {packaged.install_hint}") from None
     if not path.is_file():
-        raise ModelNotFoundError(f"{packaged.distribution} is installed but lacks {packaged.file}: {packaged.install_hint}")
+        raise ModelNotFoundError(f"{packaged.distribution} is installed but lacks {packaged.file}: "
+                                 f"{packaged.install_hint}")
     return path
 
 

@@ -146,7 +146,8 @@ class LlamaForCausalLM(nn.Module):
     def checkpoint_tensors(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """HF tensor name -> (parameter, first row, row count) it fills (fused weights take slices)."""
         cfg = self.config
-        q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        inter = cfg.intermediate_size
         out: dict[str, tuple[torch.Tensor, int, int]] = {
             "model.embed_tokens.weight": (self.embed_tokens.weight, 0, cfg.vocab_size),
             "model.norm.weight": (self.norm.weight, 0, cfg.hidden_size),

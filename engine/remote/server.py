@@ -25,12 +25,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from engine.async_engine import AsyncLLMEngine
-from engine.errors import EngineDeadError, RequestError
 from engine.envelope import ExecutionEnvelope
+from engine.errors import EngineDeadError, RequestError
 from engine.llm_engine import LLMEngine
 from engine.remote.edge import EdgeRefusal, read_body
 from engine.remote.protocol import (
-    ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, NDJSON, output_to_json, params_from_json, record_to_json,
+    ENVELOPE_HEADER,
+    GENERATE_PATH,
+    INFO_PATH,
+    LOAD_PATH,
+    NDJSON,
+    output_to_json,
+    params_from_json,
+    record_to_json,
 )
 from engine.remote.signing import REJECTION_REASONS, EnvelopeRejected, EnvelopeVerifier, VerifiedToken
 from engine.telemetry import PendingRecords, PrometheusSink
