@@ -73,7 +73,8 @@ def test_vllm_salt_is_the_documented_size_and_says_nothing_across_deployments():
 
 def test_vllm_salts_follow_the_namespace_not_the_caller():
     a, b = upstream_call(tenant="tenant-a"), upstream_call(tenant="tenant-b")
-    shared_a, shared_b = upstream_call(tenant="tenant-a", scope="shared"), upstream_call(tenant="tenant-b", scope="shared")
+    shared_a = upstream_call(tenant="tenant-a", scope="shared")
+    shared_b = upstream_call(tenant="tenant-b", scope="shared")
     salts = [compile_request(deployment("vllm"), c, "m").json["cache_salt"] for c in (a, b, shared_a, shared_b)]
     assert salts[0] != salts[1]  # tenant scope: one namespace per tenant
     assert salts[2] == salts[3] != salts[0]  # shared scope: one namespace for all
