@@ -85,8 +85,9 @@ def resolve_tenant(value: str, policy_dir: Path = DEFAULT_POLICY_DIR) -> str:
     matches = [tid for tid, name in names.items() if name.lower() == wanted]
     if not matches and wanted:
         matches = [tid for tid, name in names.items() if name.lower().startswith(wanted)]
-    if len(matches) == 1 and canonical_guid(matches[0]):
-        return canonical_guid(matches[0])
+    match = canonical_guid(matches[0]) if len(matches) == 1 else None
+    if match:
+        return match
     known = ", ".join(sorted(names.values())) or "none"
     problem = "matches more than one tenant" if matches else "is neither a tenant GUID nor a tenant name"
     raise _UsageError(f"--tenant {value!r} {problem} (tenants: {known})")

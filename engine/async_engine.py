@@ -14,7 +14,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -86,7 +86,7 @@ class AsyncLLMEngine:
         envelope: ExecutionEnvelope,
         request_id: str | None = None,
         add_special_tokens: bool = True,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's deltas; leaving the loop early (or cancellation) aborts it."""
         request_id = request_id or f"req-{next(self._ids)}"
         grammar = None

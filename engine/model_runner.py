@@ -15,6 +15,7 @@ import functools
 import logging
 from concurrent.futures import Future
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -176,7 +177,8 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         stats = torch.cuda.memory_stats(self.device)
         activations = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-        budget = int(total * self._config.gpu_memory_utilization) - (total - free) - activations
+        utilization = cast(float, self._config.gpu_memory_utilization)  # set: LLMEngine sizes the pool from it
+        budget = int(total * utilization) - (total - free) - activations
         block_bytes = kv_bytes_per_block(model_config, self.block_size, self.dtype)
         num_blocks = budget // block_bytes - 1  # less the scratch block
         if num_blocks < 1:
@@ -195,7 +197,10 @@ class ModelRunner:
         tokens, longest, bs = self._config.max_num_batched_tokens, self._max_model_len, self.block_size
         lengths = [min(longest, tokens - start) for start in range(0, tokens, longest)]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        tables, slots, positions, first_block = [], [], [], 0
+        tables: list[list[int]] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        first_block = 0
         for n in lengths:
             table = list(range(first_block, first_block + -(-n // bs)))
             first_block += len(table)
@@ -215,7 +220,8 @@ class ModelRunner:
         constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
         if not constrained:
             return None
-        return constrained, self.grammars.bitmask_async([seqs[i].grammar for i in constrained])
+        grammars = cast("Grammars", self.grammars)  # a row with a grammar: the engine was given grammars
+        return constrained, grammars.bitmask_async([seqs[i].grammar for i in constrained])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
@@ -382,7 +388,7 @@ class ModelRunner:
                 decode_lens.append(end)
             elif paged:
                 for values, value in zip(chunks, (row, num_new, end, table)):
-                    values.append(value)
+                    values.append(value)  # type: ignore[attr-defined]  # each list takes its own kind
             else:
                 mask = None
                 # (the invariant path builds its own masks)
@@ -393,8 +399,8 @@ class ModelRunner:
                 if invariant:  # blocks for the longest key length (the extra ones are masked)
                     blocks = blocks + [0] * (-(-key_length(end - 1) // bs) - len(blocks))
                     key_groups = self._chunk_keys(row, start, end)
-                blocks = torch.tensor(blocks, device=dev)
-                prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask, key_groups))
+                block_ids = torch.tensor(blocks, device=dev)
+                prefills.append(PrefillSpan(row, row + num_new, end, block_ids, mask, key_groups))
             if end == seq.num_tokens:
                 sample_rows.append(row + num_new - 1)
                 sampling.append(i)

@@ -134,7 +134,8 @@ class Recorder:
         now = time.monotonic()
         envelopes = [seq.envelope for seq in batch.seqs]
         deterministic = batch.deterministic
-        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
+        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000  # type: ignore[operator]  # admitted: scheduled
+                 for seq in batch.admitted]
         waiting = scheduler.waiting
         oldest_wait = now - min((s.arrival_time for s in waiting), default=now)
         if batch.preempted or stats.num_free_blocks + stats.num_cached_blocks < 0.05 * stats.num_blocks:

@@ -207,7 +207,7 @@ def tokenizer_files(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict[str, An
     types: list[int] = meta.get("tokenizer.ggml.token_type", [])
     merges = [tuple(m.split(" ", 1)) for m in meta.require("tokenizer.ggml.merges")]
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {}
+    vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         # A byte-level vocabulary spells every real token in its byte alphabet.
         vocab.setdefault(token if set(token) <= alphabet else _byte_spelling(token), index)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI, Request
@@ -134,7 +134,7 @@ def _parse_body(body: bytes):
         raise _Refused(400, "invalid_request_error", message) from None
 
 
-async def _first(outputs: AsyncIterator, request: Request):
+async def _first(outputs: AsyncGenerator, request: Request):
     """The first delta, or None when the caller disconnected first (the request is then aborted)."""
 
     async def disconnected() -> None:
@@ -215,7 +215,7 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
     return app
 
 
-async def _stream(server: EngineServer, outputs: AsyncIterator, first, request_id: str,
+async def _stream(server: EngineServer, outputs: AsyncGenerator, first, request_id: str,
                   num_choices: int) -> AsyncIterator[bytes]:
     """Every choice's deltas, then the request's x-record after the last choice has finished."""
     output = first
