@@ -158,7 +158,7 @@ class RotatingFileSink:
                     self._offset = 0
         except OSError as exc:  # ENOSPC, EDQUOT, EFBIG, EIO: the disk's answer, never the entry's text
             if not self._refusing:
-                reason = errno.errorcode.get(exc.errno, type(exc).__name__)
+                reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)  # no errno: no code either
                 logger.error("audit file %s refused a write (%s): holding its entries in memory, and refusing "
                              "new requests, until the disk takes them", self.path, reason)
             self._refusing = True

@@ -97,10 +97,10 @@ def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
             pass
         finally:
             os.unlink(tmp)
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    if not isinstance(key, Ed25519PrivateKey):
+    loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(loaded, Ed25519PrivateKey):
         raise ValueError(f"{path} is not an Ed25519 private key")
-    return key
+    return loaded
 
 
 def public_key_pem(key: Ed25519PrivateKey) -> bytes:

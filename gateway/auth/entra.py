@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Literal, overload
 
 import httpx
 from joserfc import jws
@@ -82,6 +83,10 @@ def _jws_registry(max_token_bytes: int) -> jws.JWSRegistry:
     return registry
 
 
+@overload
+def _numeric_date(claims: dict, name: str, *, required: Literal[True]) -> float: ...
+@overload
+def _numeric_date(claims: dict, name: str, *, required: Literal[False]) -> float | None: ...
 def _numeric_date(claims: dict, name: str, *, required: bool) -> float | None:
     if name not in claims:
         if required:

@@ -198,6 +198,6 @@ async def console_json(request: Request, operator: OperatorDep, view: str | None
 
 def install_console(app: FastAPI) -> None:
     app.state.console_sessions = Sessions(app.state.gateway.settings.console_session_ttl_s)
-    app.add_exception_handler(ConsoleRefused, _refused)
+    app.add_exception_handler(ConsoleRefused, _refused)  # type: ignore[arg-type]  # Starlette types it by Exception
     app.include_router(pages)
     app.include_router(api)

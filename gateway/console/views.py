@@ -123,7 +123,7 @@ def prefix_view(samples: Samples) -> dict:
 
 def regimes_view(gateway: Gateway, samples: Samples) -> dict:
     """Runs of consecutive steps under one regime, newest first, and all steps by regime (metrics)."""
-    totals = defaultdict(int)
+    totals: defaultdict[str, int] = defaultdict(int)
     for labels, value in samples("steps"):
         totals[labels.get("regime", "")] += int(value)
     snapshot = _engine_steps(gateway)

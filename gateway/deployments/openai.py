@@ -36,6 +36,8 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 from urllib.parse import quote
 
 import httpx
@@ -51,6 +53,9 @@ from gateway.deployments.base import (
     UpstreamUnavailable,
 )
 from gateway.deployments.config import Deployment
+
+if TYPE_CHECKING:
+    from azure.core.credentials import AccessToken
 
 logger = logging.getLogger("tenantgate.gateway.upstream")
 
@@ -218,7 +223,8 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
             body["top_k"] = -1
     if deployment.dialect == "azure-openai":
         # The deployment is in the path; the 2024-10-21 request schema has no model field.
-        url = (f"{base}/openai/deployments/{quote(deployment.azure_deployment, safe='')}/{PATHS[call.route]}"
+        azure_name = cast(str, deployment.azure_deployment)  # the dialect requires it (config.py)
+        url = (f"{base}/openai/deployments/{quote(azure_name, safe='')}/{PATHS[call.route]}"
                f"?api-version={quote(deployment.azure_api_version, safe='')}")
     else:
         url = f"{base}/{PATHS[call.route]}"
@@ -243,7 +249,8 @@ class _KeyFile:
     """A mounted secret, read again when its modification time changes (rotation)."""
 
     def __init__(self, deployment: Deployment) -> None:
-        self.path, self.name = deployment.api_key_file, deployment.name
+        # Made only for a deployment with an api_key_file.
+        self.path, self.name = cast(Path, deployment.api_key_file), deployment.name
         self._stamp: int | None = None
         self._key = ""
         self.read()
@@ -274,7 +281,7 @@ class _Credentials:
                                  f"{deployment.api_key_env} is not set")
         self._entra = entra_credential
         self._owns_entra = False
-        self._token = None
+        self._token: AccessToken | None = None
         self._token_lock = asyncio.Lock()
 
     async def headers(self) -> dict[str, str]:

@@ -17,7 +17,8 @@ class Tokenizer(Protocol):
     """What the gateway needs of a model's tokenizer: counting, chat rendering, logprob text."""
 
     def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]: ...
-    renders_tools: bool  # whether the chat template has a tools section
+    @property
+    def renders_tools(self) -> bool: ...  # whether the chat template has a tools section
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
     def token_text(self, token_id: int) -> str: ...
@@ -74,7 +75,9 @@ def _served_encoder(model: str, deployments: list[Deployment], encoder) -> Serve
         if encoder is None:
             raise DeploymentsError(f"deployment {deployments[0].name}: no embedded encoder was built "
                                    "(set TENANTGATE_EMBEDDING_MODEL)")
-        return ServedModel(name=model, targets=[EncoderTarget(deployments[0].name, encoder)], task="embed",
+        # An encoder target has everything of Target but run(): it embeds instead.
+        encoder_target: Target = EncoderTarget(deployments[0].name, encoder)  # type: ignore[assignment]  # no run()
+        return ServedModel(name=model, targets=[encoder_target], task="embed",
                            tokenize_inputs=encoder.tokenize, token_ids=token_ids)
     return ServedModel(name=model, targets=[UpstreamTarget(d, OpenAIUpstream(d, model)) for d in deployments],
                        takes_token_ids=False, task="embed", token_ids=token_ids)
@@ -92,7 +95,9 @@ def served_model_for(model: str, deployments: list[Deployment], engine, signer, 
     kinds = {d.kind for d in deployments}
     if "openai" in kinds and len(kinds) > 1:
         raise DeploymentsError(f"model {model}: OpenAI-compatible upstreams cannot be mixed with engine deployments")
-    targets, tokenizer, declared = [], None, []
+    targets: list[Target] = []
+    tokenizer: Tokenizer | None = None
+    declared: list[int] = []
     for d in deployments:
         if d.kind == "embedded":
             if engine is None:

@@ -29,10 +29,15 @@ KV_FULL = 0.95  # a replica whose KV cache is this full takes new namespaces onl
 
 
 class Target(Protocol):
-    name: str  # unique: "<deployment>" or "<deployment>/<replica index>"
-    fingerprint: str
-    expects_records: bool
-    max_model_len: int | None  # its own context window, when known
+    # Read-only: a target may hold them as attributes, properties or class constants.
+    @property
+    def name(self) -> str: ...  # unique: "<deployment>" or "<deployment>/<replica index>"
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def expects_records(self) -> bool: ...
+    @property
+    def max_model_len(self) -> int | None: ...  # its own context window, when known
 
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None: ...
     def run(self, admitted) -> AsyncIterator[RequestOutput]: ...

@@ -193,7 +193,8 @@ class _Deadline:
 
     async def __aexit__(self, *exc_info) -> bool | None:
         try:
-            return await self._timeout.__aexit__(*exc_info)
+            await self._timeout.__aexit__(*exc_info)  # asyncio.Timeout's returns None: it suppresses nothing
+            return None
         except TimeoutError:
             raise self._kind(self._message) from None
 

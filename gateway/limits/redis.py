@@ -27,6 +27,7 @@ import random
 import time
 import weakref
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -297,7 +298,13 @@ class PoolExhausted(MaxConnectionsError):
     not evidence that Redis is down."""
 
 
-class _ReconnectingHealthCheck:
+if TYPE_CHECKING:  # a mixin of redis-py's connection classes (BoundedPool below)
+    _Connection = aioredis.connection.AbstractConnection
+else:
+    _Connection = object
+
+
+class _ReconnectingHealthCheck(_Connection):
     """A connection whose health check (a PING before a command, once it was idle) reconnects and
     pings once more when the first PING fails: PING is idempotent, and a connection that a
     restarted Redis dropped should cost its caller a reconnect, not a refusal. A second failure

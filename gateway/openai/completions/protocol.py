@@ -35,4 +35,4 @@ class CompletionRequest(SamplingFields):
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        return prompt
+        return prompt  # type: ignore[return-value]  # a batch's first prompt is str or list[int]

@@ -171,7 +171,8 @@ class ResponsesRequest(RequestModel):
         """The chat request (wire names) that runs this one after the `previous` conversation
         (a stored response's), and for each of its messages where it came from here (for the
         errors that chat's checks find). As OpenAI does, earlier instructions are not carried over."""
-        messages, origins = [], []
+        messages: list[dict] = []
+        origins: list[tuple] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append(("instructions",))

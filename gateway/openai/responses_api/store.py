@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+from typing import cast
 
 import redis.asyncio as aioredis
 from cryptography.exceptions import InvalidTag
@@ -59,7 +60,8 @@ class ResponseStore:
         if RESPONSE_ID.fullmatch(response_id) is None:
             return None
         try:
-            sealed = await self._client.get(self._name(tenant, response_id))
+            # The client does not decode responses: a value is bytes.
+            sealed = cast("bytes | None", await self._client.get(self._name(tenant, response_id)))
         except (RedisError, OSError) as exc:
             logger.error("the response store is unreachable: %s", type(exc).__name__)
             raise Unavailable("the response store is unreachable; retry shortly",
