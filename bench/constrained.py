@@ -36,20 +36,28 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine import (  # noqa: E402
-    DEFAULT_MODEL, CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, Tokenizer,
-    keyed_digest, resolve_model_path,
+from devkit.schemas import SCHEMAS
+from engine import (
+    DEFAULT_MODEL,
+    CacheScope,
+    EngineConfig,
+    ExecutionEnvelope,
+    Isolation,
+    LLMEngine,
+    SamplingParams,
+    Tokenizer,
+    keyed_digest,
+    resolve_model_path,
 )
-from engine.grammar import apply_bitmask  # noqa: E402
-from engine import sampler as sampler_module  # noqa: E402 - its apply_bitmask is timed in place
-from devkit.schemas import SCHEMAS  # noqa: E402
+from engine import sampler as sampler_module  # its apply_bitmask is timed in place
+from engine.grammar import apply_bitmask
 
 BATCHES = (1, 32)
 THREADS = os.cpu_count() or 1
 
 
 def load() -> str:
-    return "load %.1f" % os.getloadavg()[0]
+    return f"load {os.getloadavg()[0]:.1f}"
 
 
 def byte_level_decoder() -> dict[str, int]:
@@ -77,7 +85,8 @@ class Llguidance:
         self.executor = llguidance.LLExecutor(THREADS)
 
     def compile(self, schema: dict):
-        grammar = self.ll.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
+        grammar = self.ll.LLMatcher.grammar_from_json_schema(json.dumps(schema),
+                                                             defaults={"whitespace_flexible": False})
         return grammar
 
     def matcher(self, compiled):

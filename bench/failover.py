@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
-from devkit.issuer import LocalIssuer  # noqa: E402
-from devkit.failover import AUDIENCE, TENANT, Figures, find_haproxy, front_door_probe, run_failover  # noqa: E402
-from devkit.redis import find_redis_server  # noqa: E402
+from devkit.failover import AUDIENCE, TENANT, Figures, find_haproxy, front_door_probe, run_failover
+from devkit.issuer import LocalIssuer
+from devkit.redis import find_redis_server
+from engine.paths import CACHE_DIR_ENV, default_cache_dir
 
 
 def seconds(value: float | None) -> str:

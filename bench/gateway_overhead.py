@@ -41,9 +41,9 @@ from fastapi import Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devkit.issuer import LocalIssuer  # noqa: E402
-from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
-from devkit.server import free_port  # noqa: E402
+from devkit.issuer import LocalIssuer
+from devkit.server import free_port
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 TENANT = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # Northwind Labs in the example data, limits raised
 AUDIENCE = "api://tenantgate"

@@ -36,8 +36,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.engine_throughput import StepRecorder, Workload, copy_bandwidth, run_hf, run_tenantgate  # noqa: E402
-from engine import EngineConfig, LLMEngine, local_envelope  # noqa: E402
+from bench.engine_throughput import StepRecorder, Workload, copy_bandwidth, run_hf, run_tenantgate
+from engine import EngineConfig, LLMEngine, local_envelope
 
 PROMPT, NEW = 128, 128
 BATCHES = (1, 8, 64, 256)

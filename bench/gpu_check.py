@@ -37,9 +37,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine import EngineConfig, LLMEngine, SamplingParams, local_envelope  # noqa: E402
-from devkit.checkpoints import write_checkpoint  # noqa: E402
-from devkit.oracle import CHECKPOINTS, assert_matches, build_reference, greedy  # noqa: E402
+from devkit.checkpoints import write_checkpoint
+from devkit.oracle import CHECKPOINTS, assert_matches, build_reference, greedy
+from engine import EngineConfig, LLMEngine, SamplingParams, local_envelope
 
 DETERMINISTIC_TRIALS = 8
 DEVICE = "cuda"
@@ -51,7 +51,7 @@ def check(name: str, fn) -> None:
     try:
         detail = fn()
         print(f"PASS {name} ({time.monotonic() - start:.1f}s){': ' + detail if detail else ''}", flush=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a failed check is reported, and the next one runs
         failures.append(name)
         print(f"FAIL {name} ({time.monotonic() - start:.1f}s)\n{traceback.format_exc(limit=-4)}", flush=True)
 
@@ -65,7 +65,8 @@ def kernel_cases(checkpoint: Path) -> str:
     for r in failed:
         print(f"  {r['case']}:\n{r['error']}")
     if proc.returncode or failed or not results:
-        raise AssertionError(f"{len(failed)} of {len(results)} cases failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+        raise AssertionError(f"{len(failed)} of {len(results)} cases failed (rc {proc.returncode}): "
+                             f"{proc.stderr[-2000:]}")
     return f"{len(results)} cases"
 
 
@@ -91,7 +92,8 @@ def smollm2_oracle() -> str:
                                     max_model_len=1024))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     chats = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]
-    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": c}], add_generation_prompt=True) for c in chats]
+    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": c}], add_generation_prompt=True)
+               for c in chats]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     for prompt, result in zip(prompts, engine.generate(prompts, params, local_envelope())):
         ids = torch.tensor([prompt])
@@ -123,7 +125,8 @@ def deterministic_lane(path: Path) -> str:
             torch.equal(a, b) for a, b in zip(alone.logits, crowded.logits)
         ):
             raise AssertionError(f"trial {trial}: logits changed beside {companions} companions")
-    return f"{DETERMINISTIC_TRIALS} requests, each alone and beside 1-31 others, torch.equal on every logit ({engine.runner.dtype})"
+    return (f"{DETERMINISTIC_TRIALS} requests, each alone and beside 1-31 others, torch.equal on every logit "
+            f"({engine.runner.dtype})")
 
 
 def main() -> int:

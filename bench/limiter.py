@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.limits import Admission, InProcessLimiter  # noqa: E402
-from gateway.limits.redis import RedisLimiter, redis_client  # noqa: E402
-from devkit.redis import RedisServer, find_redis_server  # noqa: E402
+from devkit.redis import RedisServer, find_redis_server
+from gateway.limits import Admission, InProcessLimiter
+from gateway.limits.redis import RedisLimiter, redis_client
 
 
 def admissions(n: int) -> list[Admission]:

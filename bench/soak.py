@@ -64,14 +64,14 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import served_model_name  # noqa: E402
-from engine.paths import CACHE_DIR_ENV, default_cache_dir  # noqa: E402
-from devkit.disk import fill, mount_tmpfs, unmount  # noqa: E402
-from devkit.issuer import LocalIssuer  # noqa: E402
-from gateway.audit.sinks import rotated_files  # noqa: E402
-from gateway.policy.loader import DEFAULT_POLICY_DIR  # noqa: E402
-from devkit.redis import RedisServer, find_redis_server  # noqa: E402
-from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready  # noqa: E402
+from devkit.disk import fill, mount_tmpfs, unmount
+from devkit.issuer import LocalIssuer
+from devkit.redis import RedisServer, find_redis_server
+from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready
+from engine import served_model_name
+from engine.paths import CACHE_DIR_ENV, default_cache_dir
+from gateway.audit.sinks import rotated_files
+from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 MAX_DURATION_S = 600
 MAX_REQUESTS = 200_000  # a second bound on the load loop, beside the clock

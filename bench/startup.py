@@ -1,5 +1,6 @@
-"""How long the engine takes to start on SmolLM2 with the gateway's default KV pool (256 MiB): the first start (the GGUF file converted into
-the cache) and a later one (the converted weights read back), each in a fresh process, against
+"""How long the engine takes to start on SmolLM2 with the gateway's default KV pool (256 MiB): the
+first start (the GGUF file converted into the cache) and a later one (the converted weights read
+back), each in a fresh process, against
 the limits the real-model issue set (first <= 10 s, later <= 3 s). Python and torch imports are
 printed apart: they are the same for any model.
 

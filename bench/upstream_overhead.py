@@ -28,13 +28,20 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-from gateway_overhead import (  # noqa: E402
-    AUDIENCE, TENANT, bench_data, percentile, print_profile, run_load, start_server, stop_server,
+from gateway_overhead import (
+    AUDIENCE,
+    TENANT,
+    bench_data,
+    percentile,
+    print_profile,
+    run_load,
+    start_server,
+    stop_server,
 )
-from real_model import LlamaCpp, cpu_seconds, llamacpp_bin_dir  # noqa: E402
+from real_model import LlamaCpp, cpu_seconds, llamacpp_bin_dir
 
-from devkit.issuer import LocalIssuer  # noqa: E402
-from devkit.server import free_port  # noqa: E402
+from devkit.issuer import LocalIssuer
+from devkit.server import free_port
 
 TARGET_ADDED_P50_MS = 1.0
 MAX_TOKENS = 4
@@ -113,7 +120,8 @@ def main() -> int:
                                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                                timeout=60)
             check.raise_for_status()
-            print(f"upstream_overhead: llama-server ({SLOTS} slots, {THREADS} thread) on SmolLM2, {MAX_TOKENS} new tokens, "
+            print(f"upstream_overhead: llama-server ({SLOTS} slots, {THREADS} thread) on SmolLM2, "
+                  f"{MAX_TOKENS} new tokens, "
                   f"{args.rounds} alternating rounds of {args.n} requests at concurrency 1 and {SLOTS * 32} at 32, "
                   "prompt cached (deployment dedicated to the tenant)")
             p50 = {name: [] for name in servers}
@@ -141,7 +149,8 @@ def main() -> int:
             print(f"gateway process CPU per request at concurrency 1: {statistics.median(gateway_cpu):.2f} ms "
                   "(median of rounds; time the gateway works while the upstream decodes overlaps it)")
             print(f"concurrency 32: gateway {statistics.median(rps['gateway']):.1f} req/s, direct "
-                  f"{statistics.median(rps['direct']):.1f} req/s; ratio (median of rounds) {statistics.median(ratio):.2f}")
+                  f"{statistics.median(rps['direct']):.1f} req/s; "
+                  f"ratio (median of rounds) {statistics.median(ratio):.2f}")
         finally:
             stop_server(gateway)
             llama.close()

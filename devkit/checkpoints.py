@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -53,7 +54,14 @@ def write_checkpoint(
     max_shard_size: str | None = None,
 ) -> Path:
     """Write a random checkpoint of the given family into path and return path."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),
@@ -61,7 +69,7 @@ def write_checkpoint(
         "mistral": (MistralConfig, MistralForCausalLM),
     }
     config_cls, model_cls = classes[arch]
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,

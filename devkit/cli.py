@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer
-from devkit.issuer import dev_issuer_key_dir
+from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer, dev_issuer_key_dir
 from gateway.auth.principal import canonical_guid
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
@@ -86,8 +85,9 @@ def resolve_tenant(value: str, policy_dir: Path = DEFAULT_POLICY_DIR) -> str:
     matches = [tid for tid, name in names.items() if name.lower() == wanted]
     if not matches and wanted:
         matches = [tid for tid, name in names.items() if name.lower().startswith(wanted)]
-    if len(matches) == 1 and canonical_guid(matches[0]):
-        return canonical_guid(matches[0])
+    match = canonical_guid(matches[0]) if len(matches) == 1 else None
+    if match:
+        return match
     known = ", ".join(sorted(names.values())) or "none"
     problem = "matches more than one tenant" if matches else "is neither a tenant GUID nor a tenant name"
     raise _UsageError(f"--tenant {value!r} {problem} (tenants: {known})")
@@ -143,7 +143,7 @@ def _azure_token(args: argparse.Namespace) -> str | None:
     try:
         credential = DefaultAzureCredential(**options)
         return credential.get_token(*scopes, tenant_id=tenant_id).token
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - azure-identity raises many kinds; each is reported as no token
         # Azure's messages span many lines of hints; the first says what went wrong.
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         print(f"tenantgate token: no Azure token: {reason}", file=sys.stderr)

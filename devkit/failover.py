@@ -22,9 +22,9 @@ from pathlib import Path
 
 import openai
 
-from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
 from devkit.redis import RedisServer
 from devkit.server import TENANTGATE, free_port, gateway_env, stop, wait_ready
+from gateway.audit import VerifyReport, load_or_create_signing_key, verify_files
 
 REPO = Path(__file__).resolve().parents[1]
 FRONT_DOOR_TF = REPO / "infra" / "terraform" / "main.frontdoor.tf"
@@ -215,7 +215,8 @@ class Stamp:
     def audit_request_ids(self) -> tuple[set[str], int]:
         """The request ids of the records in the audit file, and how many lines did not parse
         (a torn last line, if the kill fell inside a write)."""
-        ids, torn = set(), 0
+        ids: set[str] = set()
+        torn = 0
         if not self.audit_file.exists():
             return ids, torn
         for line in self.audit_file.read_text().splitlines():
@@ -320,7 +321,8 @@ class HAProxy:
     def stop(self) -> None:
         if self.process is not None:
             stop(self.process, 10)
-            self.process.stderr.close()
+            if self.process.stderr is not None:  # always a pipe
+                self.process.stderr.close()
             self.process = None
 
     def servers(self) -> dict[str, dict[str, str]]:
@@ -421,7 +423,7 @@ class Figures:
     refused: int  # failures a live stamp answered
     last_refused_s: float | None
     acknowledged: int
-    lost_records: list[str]  # request ids answered 200 with no record in the stamp that served them
+    lost_records: list[str | None]  # request ids answered 200 with no record in the stamp that served them
     unattributed: int  # 200 answers without the proxy's served-by header
     torn_lines: int
     out_of_rotation_s: float | None  # HAProxy marked the killed stamp DOWN this long after the kill
@@ -460,7 +462,7 @@ class Run:
     plain: Figures  # callers without retries (max_retries=0)
     retrying: Figures | None  # callers with the SDK's default retries (max_retries=2)
     detected_s: float | None  # the first failed probe of the killed stamp, after the kill
-    stamp_requests: dict[str, int]  # 200 answers by stamp, before and after the kill
+    stamp_requests: dict[str | None, int]  # 200 answers by stamp, before and after the kill
     verified: dict[str, VerifyReport]  # each stamp's audit file, verified
 
 

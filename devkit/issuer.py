@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
@@ -232,7 +232,7 @@ class LocalIssuer:
             sock.close()
             raise
         self._port = sock.getsockname()[1]
-        tls = {"ssl_certfile": str(self._tls[0]), "ssl_keyfile": str(self._tls[1])} if self._tls else {}
+        tls: dict[str, Any] = {"ssl_certfile": str(self._tls[0]), "ssl_keyfile": str(self._tls[1])} if self._tls else {}
         config = uvicorn.Config(
             self._app(), log_config=None, log_level=None, access_log=False, lifespan="off", http="h11", ws="none", **tls
         )

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from engine import SamplingParams
 from devkit.checkpoints import load_reference, reference_greedy
+from engine import SamplingParams
 
 NEW_TOKENS = 32
 NUM_PROMPTS = 16

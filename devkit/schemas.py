@@ -1,7 +1,8 @@
 """Twenty JSON schemas of every kind structured outputs must honour (objects, arrays, enums,
 nesting, numbers, booleans, required fields), each with a short minimal answer, so a small
 max_tokens finishes them: every integer and number is bounded, every free string has a
-maxLength (a greedy small model otherwise writes digits until max_tokens). The proof test and bench/constrained.py both use them."""
+maxLength (a greedy small model otherwise writes digits until max_tokens). The proof test and
+bench/constrained.py both use them."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ SCHEMAS: dict[str, dict] = {
     "tags": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
                                                        "minItems": 1, "maxItems": 3}},
              "required": ["tags"], "additionalProperties": False},
-    "int_array": {"type": "array", "items": {"type": "integer", "minimum": -99, "maximum": 99}, "minItems": 2, "maxItems": 4},
+    "int_array": {"type": "array", "items": {"type": "integer", "minimum": -99, "maximum": 99},
+                  "minItems": 2, "maxItems": 4},
     "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {
-        "id": {"type": "integer", "minimum": 0, "maximum": 999}, "admin": {"type": "boolean"}}, "required": ["id", "admin"],
-        "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
-    "point": {"type": "object", "properties": {"x": {"type": "number", "minimum": -10, "maximum": 10}, "y": {"type": "number", "minimum": -10, "maximum": 10}},
+        "id": {"type": "integer", "minimum": 0, "maximum": 999}, "admin": {"type": "boolean"}},
+        "required": ["id", "admin"], "additionalProperties": False}},
+        "required": ["user"], "additionalProperties": False},
+    "point": {"type": "object", "properties": {"x": {"type": "number", "minimum": -10, "maximum": 10},
+                                               "y": {"type": "number", "minimum": -10, "maximum": 10}},
               "required": ["x", "y"], "additionalProperties": False},
     "const_version": {"type": "object", "properties": {"version": {"const": 2}, "name": {"type": "string",
                                                                                            "maxLength": 10}},
@@ -32,27 +36,33 @@ SCHEMAS: dict[str, dict] = {
     "nullable": {"type": "object", "properties": {"note": {"type": ["string", "null"], "maxLength": 10}},
                  "required": ["note"], "additionalProperties": False},
     "enum_array": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
-    "any_of": {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99}, {"type": "boolean"}]}},
+    "any_of": {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99},
+                                                                    {"type": "boolean"}]}},
                "required": ["value"], "additionalProperties": False},
-    "optional_fields": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999}, "label": {"type": "string", "maxLength": 12}},
+    "optional_fields": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                         "label": {"type": "string", "maxLength": 12}},
                         "required": ["id"], "additionalProperties": False},
     "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}},
                 "required": ["code"], "additionalProperties": False},
-    "array_of_objects": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}},
-                                                    "required": ["k"], "additionalProperties": False},
+    "array_of_objects": {"type": "array",
+                         "items": {"type": "object",
+                                   "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}},
+                                   "required": ["k"], "additionalProperties": False},
                          "minItems": 1, "maxItems": 2},
     "deep": {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object",
              "properties": {"c": {"type": "boolean"}}, "required": ["c"], "additionalProperties": False}},
              "required": ["b"], "additionalProperties": False}}, "required": ["a"], "additionalProperties": False},
-    "refs": {"$defs": {"money": {"type": "object", "properties": {"cents": {"type": "integer", "minimum": 0, "maximum": 9999}},
+    "refs": {"$defs": {"money": {"type": "object",
+                                 "properties": {"cents": {"type": "integer", "minimum": 0, "maximum": 9999}},
                                  "required": ["cents"], "additionalProperties": False}},
              "type": "object", "properties": {"price": {"$ref": "#/$defs/money"}}, "required": ["price"],
              "additionalProperties": False},
-    "mixed": {"type": "object", "properties": {"title": {"type": "string", "maxLength": 10}, "done": {"type": "boolean"},
-                                               "priority": {"enum": [1, 2, 3]}},
+    "mixed": {"type": "object", "properties": {"title": {"type": "string", "maxLength": 10},
+                                               "done": {"type": "boolean"}, "priority": {"enum": [1, 2, 3]}},
               "required": ["title", "done", "priority"], "additionalProperties": False},
-    "string_enum_or_number": {"type": "object", "properties": {"unit": {"enum": ["kg", "lb"]},
-                                                               "amount": {"type": "number", "minimum": 0, "maximum": 100}},
+    "string_enum_or_number": {"type": "object",
+                              "properties": {"unit": {"enum": ["kg", "lb"]},
+                                             "amount": {"type": "number", "minimum": 0, "maximum": 100}},
                               "required": ["unit", "amount"], "additionalProperties": False},
 }
 

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import (
         DEFAULT_MODEL,
+        PACKAGED_ENCODERS,
+        PackagedModel,
         packaged_model_file,
         resolve_encoder_path,
         resolve_model_path,
@@ -80,7 +82,8 @@ _MODULES = {
     ),
     "engine.outputs": ("RequestOutput", "TokenLogprobs"),
     "engine.envelope": (
-        "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope", "tenant_digest",
+        "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope",
+        "tenant_digest",
     ),
     "engine.tokenizer": ("Tokenizer",),
     "engine.telemetry": (
@@ -89,7 +92,7 @@ _MODULES = {
     "engine.encoder": ("AsyncEncoder", "Encoder"),
     "engine.model.catalog": (
         "DEFAULT_MODEL", "resolve_model_path", "served_model_name", "packaged_model_file",
-        "resolve_encoder_path", "served_encoder_name",
+        "resolve_encoder_path", "served_encoder_name", "PACKAGED_ENCODERS", "PackagedModel",
     ),
 }
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}

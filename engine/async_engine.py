@@ -14,8 +14,9 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import AsyncGenerator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence as Seq
 
 from engine.envelope import ExecutionEnvelope
 from engine.errors import EngineDeadError, RequestError
@@ -85,7 +86,7 @@ class AsyncLLMEngine:
         envelope: ExecutionEnvelope,
         request_id: str | None = None,
         add_special_tokens: bool = True,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's deltas; leaving the loop early (or cancellation) aborts it."""
         request_id = request_id or f"req-{next(self._ids)}"
         grammar = None
@@ -140,7 +141,7 @@ class AsyncLLMEngine:
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
             self._fail_all(EngineDeadError("the engine was shut down"))
-        except BaseException as exc:  # noqa: BLE001 - every waiting caller must hear about it
+        except BaseException as exc:  # every waiting caller must hear about it
             logger.exception("engine loop failed")
             self._fail_all(exc)
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import cast
 
 from engine.sequence import Sequence
 
@@ -197,7 +198,7 @@ class BlockManager:
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
     def allocate(
-        self, seq: Sequence, num_tokens: int, prefix: list[int] = (), last_resort: bool = False,
+        self, seq: Sequence, num_tokens: int, prefix: list[int] | tuple[int, ...] = (), last_resort: bool = False,
         keep_own_cache: bool = False,
     ) -> bool:
         """Grow seq's table to cover num_tokens slots, first with the cached prefix blocks; all or
@@ -248,7 +249,7 @@ class BlockManager:
         evictable = {owner: len(ids) for owner, ids in self._evictable_by_owner.items()}
         for block_id in exclude:
             if self.blocks[block_id].ref_count == 0:
-                evictable[self.blocks[block_id].owner] -= 1
+                evictable[self.blocks[block_id].owner] -= 1  # type: ignore[index]  # a cached block has an owner
         num_free = self.num_free_blocks
         sources: list[bytes | None] = []
         while len(sources) < needed:
@@ -309,7 +310,8 @@ class BlockManager:
             if block.ref_count == 0:
                 if block.hash is not None:
                     self.evictable[block_id] = None
-                    self._evictable_by_owner.setdefault(block.owner, OrderedDict())[block_id] = None
+                    owner = cast(bytes, block.owner)  # a cached block has an owner
+                    self._evictable_by_owner.setdefault(owner, OrderedDict())[block_id] = None
                 else:
                     self._release(block)
         seq.block_table.clear()
@@ -319,22 +321,22 @@ class BlockManager:
 
     def _remove_evictable(self, block: Block) -> None:
         del self.evictable[block.block_id]
-        own = self._evictable_by_owner[block.owner]
+        own = self._evictable_by_owner[block.owner]  # type: ignore[index]  # an evictable block has an owner
         del own[block.block_id]
         if not own:
-            del self._evictable_by_owner[block.owner]
+            del self._evictable_by_owner[block.owner]  # type: ignore[arg-type]  # an evictable block has an owner
 
     def _evict(self, block: Block) -> None:
-        self.evicted[block.owner] += 1
+        self.evicted[block.owner] += 1  # type: ignore[index]  # an evictable block has an owner
         self._remove_evictable(block)
-        del self.cached[block.hash]
+        del self.cached[block.hash]  # type: ignore[arg-type]  # an evictable block is cached
         block.hash = None
         block.token_ids = None
-        self._uncharge(block.owner)
+        self._uncharge(block.owner)  # type: ignore[arg-type]  # an evictable block has an owner
         block.owner = None
 
     def _release(self, block: Block) -> None:
-        self._uncharge(block.owner)
+        self._uncharge(block.owner)  # type: ignore[arg-type]  # a block in use has an owner
         block.owner = None
         self.free_block_ids.append(block.block_id)
 
@@ -393,7 +395,8 @@ class BlockManager:
                 raise AllocatorError(f"block {bid}: the cache index disagrees with its hash")
             if block.owner is not None:
                 owners[block.owner] += 1
-            if bid in self.evictable and bid not in self._evictable_by_owner.get(block.owner, {}):
+            owned: Mapping[int, None] = self._evictable_by_owner.get(block.owner, {}) if block.owner is not None else {}
+            if bid in self.evictable and bid not in owned:
                 raise AllocatorError(f"block {bid} is missing from its owner's LRU list")
         if +owners != +self.charged:
             raise AllocatorError("per-tenant charges disagree with block ownership")

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     """Run a parsed command: logging configured once (a command's own --log-level, as serve has, or
     -v; uvicorn's loggers keep theirs), and input errors as one line and exit status 2."""
     level = getattr(args, "log_level", None) or ("info" if args.verbose else "warning")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ConfigError, ValueError, OSError) as exc:

@@ -10,7 +10,6 @@ from typing import Any
 
 from engine.errors import ConfigError
 
-
 # HF architecture name -> the variant of our decoder that implements it.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -216,7 +215,8 @@ class EngineConfig:
         utilization = self.gpu_memory_utilization
         if utilization is not None and (not isinstance(utilization, (int, float)) or not 0 < utilization <= 1):
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if not isinstance(self.grammar_compile_timeout_s, (int, float)) or not 0 < self.grammar_compile_timeout_s <= 600:
+        timeout = self.grammar_compile_timeout_s
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= 600:
             raise ConfigError(f"grammar_compile_timeout_s must be in (0, 600], got {self.grammar_compile_timeout_s!r}")
         if not isinstance(self.grammar_workers, int) or self.grammar_workers < 1:
             raise ConfigError(f"grammar_workers must be a positive integer, got {self.grammar_workers!r}")

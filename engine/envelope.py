@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from engine.errors import EnvelopeError
 
 
-class Isolation(str, enum.Enum):
+class Isolation(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-strings of a member
     SHARED = "shared"  # may share a step with any other shared request
     TENANT = "tenant"  # only with requests of the same tenant
     EXCLUSIVE = "exclusive"  # alone in its step
 
 
-class CacheScope(str, enum.Enum):
+class CacheScope(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-strings of a member
     """Which class of namespace the digest stands for; only used to label telemetry."""
 
     NONE = "none"

@@ -11,8 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-
-from engine.config import ModelConfig
+from typing import Any, Protocol
 
 # Bump when a change to the engine's kernels could change results for the same weights.
 NUMERICS_VERSION = "tenantgate-engine-numerics/1"
@@ -28,8 +27,14 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+class _Config(Protocol):
+    """A model's configuration (engine.config.ModelConfig, or the encoder's BertConfig)."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 def model_fingerprint(
-    weight_files: list[Path], tokenizer_digest: str, model_config: ModelConfig, dtype: str
+    weight_files: list[Path], tokenizer_digest: str, model_config: _Config, dtype: str
 ) -> str:
     manifest = {
         "numerics": NUMERICS_VERSION,

@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import cast
 
 import llguidance
 import torch
@@ -82,7 +83,7 @@ class Grammars:
     def bitmask_async(self, matchers: Sequence[llguidance.LLMatcher]) -> Future[torch.Tensor]:
         """bitmask(matchers), computed on a thread of its own, so it overlaps the step's forward pass."""
         self._ll()
-        return self._filler.submit(self.bitmask, list(matchers))
+        return self._filler.submit(self.bitmask, list(matchers))  # type: ignore[union-attr]  # _ll() has set it
 
     def bitmask(self, matchers: Sequence[llguidance.LLMatcher]) -> torch.Tensor:
         """[len(matchers), words] int32: the tokens each matcher allows next (see apply_bitmask)."""
@@ -94,8 +95,9 @@ class Grammars:
         if len(matchers) == 1:
             matchers[0].unsafe_compute_mask_ptr(bitmask.data_ptr(), words * 4)
         else:
-            self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
-                                                   words * 4, len(matchers))
+            executor = cast("llguidance.LLExecutor", self._executor)  # _ll() has set it
+            executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
+                                             words * 4, len(matchers))
         return bitmask
 
 

@@ -86,7 +86,8 @@ class GrammarCompiler:
 
     def _build(self, json_schema: str) -> llguidance.LLMatcher:
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_DEFAULTS)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json_schema, defaults=JSON_DEFAULTS)  # type: ignore[arg-type]  # its TypedDict is not exported
         except ValueError:
             raise GrammarError("the schema is not a JSON object") from None
         error = self._probe(grammar)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import weakref
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, cast
 
 _HEADER = struct.Struct(">I")
 READY = b"ready"
@@ -37,6 +37,8 @@ class ProbeWorker:
     def __init__(self, tokenizer_json: str, n_vocab: int, eos_token: int | None) -> None:
         self._process = subprocess.Popen([sys.executable, "-m", "engine.grammar_probe"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env())
+        # Both are pipes (PIPE above), never None.
+        self._stdin, self._stdout = cast("IO[bytes]", self._process.stdin), cast("IO[bytes]", self._process.stdout)
         # At exit or once unreachable, the child goes too (and is waited for: no zombie, no warning).
         self._finalizer = weakref.finalize(self, _stop, self._process)
         init = {"tokenizer": tokenizer_json, "n_vocab": n_vocab, "eos_token": eos_token}
@@ -47,11 +49,11 @@ class ProbeWorker:
         """The library's error for the grammar ("" when it compiles), or None when compiling took
         longer than timeout_s: the child is then killed, and this worker is spent."""
         if not self._started:
-            write_frame(self._process.stdin, self._init)
+            write_frame(self._stdin, self._init)
             if self._reply(START_TIMEOUT_S) != READY:
                 raise ProbeDied("the grammar probe did not start")
             self._started = True
-        write_frame(self._process.stdin, grammar.encode())
+        write_frame(self._stdin, grammar.encode())
         reply = self._reply(timeout_s)
         if reply is None:
             self.close()
@@ -66,10 +68,10 @@ class ProbeWorker:
         return self._process.poll() is None
 
     def _reply(self, timeout_s: float) -> bytes | None:
-        ready, _, _ = select.select([self._process.stdout], [], [], timeout_s)
+        ready, _, _ = select.select([self._stdout], [], [], timeout_s)
         if not ready:
             return None
-        reply = read_frame(self._process.stdout)
+        reply = read_frame(self._stdout)
         if reply is None:
             self.close()
             raise ProbeDied("the grammar probe exited")
@@ -88,10 +90,11 @@ def _stop(process: subprocess.Popen) -> None:
         process.kill()
     process.wait()
     for pipe in (process.stdin, process.stdout):
-        pipe.close()
+        if pipe is not None:
+            pipe.close()
 
 
-def write_frame(pipe: BinaryIO, payload: bytes) -> None:
+def write_frame(pipe: IO[bytes], payload: bytes) -> None:
     try:
         pipe.write(_HEADER.pack(len(payload)) + payload)
         pipe.flush()
@@ -99,7 +102,7 @@ def write_frame(pipe: BinaryIO, payload: bytes) -> None:
         raise ProbeDied("the grammar probe exited") from None
 
 
-def read_frame(pipe: BinaryIO) -> bytes | None:
+def read_frame(pipe: IO[bytes]) -> bytes | None:
     header = pipe.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None

@@ -7,8 +7,9 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any
 
 from engine.block_manager import BlockManager, KVStats
 from engine.config import EngineConfig, ModelConfig
@@ -26,6 +27,9 @@ from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import FinishReason, Sequence
 from engine.telemetry import NUM_MARGIN_STEPS, Recorder, RecordSink
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    import llguidance
 
 logger = logging.getLogger(__name__)
 
@@ -152,10 +156,10 @@ class LLMEngine:
         arrival = next(self._arrivals)
         raw_digest = self.recorder.prompt_digest(prompt if isinstance(prompt, str) else token_ids)
         seq = Sequence(request_id, token_ids, params, self.max_model_len, arrival, envelope)
-        for choice in range(1, params.n):
-            seq.choices.append(Sequence(request_id, token_ids, params.for_choice(choice), self.max_model_len,
-                                        arrival, envelope, choice_index=choice))
-        grammars = [None] * len(seq.choices)
+        for index in range(1, params.n):
+            seq.choices.append(Sequence(request_id, token_ids, params.for_choice(index), self.max_model_len,
+                                        arrival, envelope, choice_index=index))
+        grammars: Seq[llguidance.LLMatcher | None] = [None] * len(seq.choices)
         if params.json_schema is not None:
             grammar = grammar or self.grammars.compile(params.json_schema, envelope)
             grammars = self.grammars.matchers(grammar, len(seq.choices))

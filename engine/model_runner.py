@@ -15,17 +15,18 @@ import functools
 import logging
 from concurrent.futures import Future
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ConfigError
-from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
-from engine.model.llama import LlamaForCausalLM
-from engine.model.invariant import KEY_UNIT, ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
-from engine.model.loader import load_weights
 from engine.grammar import Grammars
-from engine.sampler import SampleResult, Sampler
+from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, PagedLaunch, PrefillSpan, build_mask
+from engine.model.invariant import ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import load_weights
+from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ class ModelRunner:
     def _allocate_kv(self, model_config: ModelConfig, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.block_size, model_config.num_key_value_heads, model_config.head_dim)
         return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(model_config.num_hidden_layers)
         ]
 
@@ -175,13 +177,15 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         stats = torch.cuda.memory_stats(self.device)
         activations = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-        budget = int(total * self._config.gpu_memory_utilization) - (total - free) - activations
+        utilization = cast(float, self._config.gpu_memory_utilization)  # set: LLMEngine sizes the pool from it
+        budget = int(total * utilization) - (total - free) - activations
         block_bytes = kv_bytes_per_block(model_config, self.block_size, self.dtype)
         num_blocks = budget // block_bytes - 1  # less the scratch block
         if num_blocks < 1:
             raise ConfigError(
                 f"no device memory left for the KV cache: {total - free} of {total} bytes in use after loading, "
-                f"{activations} more for activations; raise gpu_memory_utilization ({self._config.gpu_memory_utilization})"
+                f"{activations} more for activations; raise gpu_memory_utilization "
+                f"({self._config.gpu_memory_utilization})"
             )
         logger.info("KV pool: %d blocks (%d MiB) from free device memory", num_blocks, num_blocks * block_bytes >> 20)
         return num_blocks
@@ -193,7 +197,10 @@ class ModelRunner:
         tokens, longest, bs = self._config.max_num_batched_tokens, self._max_model_len, self.block_size
         lengths = [min(longest, tokens - start) for start in range(0, tokens, longest)]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        tables, slots, positions, first_block = [], [], [], 0
+        tables: list[list[int]] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        first_block = 0
         for n in lengths:
             table = list(range(first_block, first_block + -(-n // bs)))
             first_block += len(table)
@@ -213,7 +220,8 @@ class ModelRunner:
         constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
         if not constrained:
             return None
-        return constrained, self.grammars.bitmask_async([seqs[i].grammar for i in constrained])
+        grammars = cast("Grammars", self.grammars)  # a row with a grammar: the engine was given grammars
+        return constrained, grammars.bitmask_async([seqs[i].grammar for i in constrained])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
@@ -380,7 +388,7 @@ class ModelRunner:
                 decode_lens.append(end)
             elif paged:
                 for values, value in zip(chunks, (row, num_new, end, table)):
-                    values.append(value)
+                    values.append(value)  # type: ignore[attr-defined]  # each list takes its own kind
             else:
                 mask = None
                 # (the invariant path builds its own masks)
@@ -391,8 +399,8 @@ class ModelRunner:
                 if invariant:  # blocks for the longest key length (the extra ones are masked)
                     blocks = blocks + [0] * (-(-key_length(end - 1) // bs) - len(blocks))
                     key_groups = self._chunk_keys(row, start, end)
-                blocks = torch.tensor(blocks, device=dev)
-                prefills.append(PrefillSpan(row, row + num_new, end, blocks, mask, key_groups))
+                block_ids = torch.tensor(blocks, device=dev)
+                prefills.append(PrefillSpan(row, row + num_new, end, block_ids, mask, key_groups))
             if end == seq.num_tokens:
                 sample_rows.append(row + num_new - 1)
                 sampling.append(i)
@@ -438,7 +446,8 @@ class ModelRunner:
         )
 
     def _tile_mask(self, positions: list[int] | range, num_keys: int) -> torch.Tensor:
-        return tile_mask(torch.tensor(positions), self._group, num_keys, self.sliding_window, self.dtype).to(self.device)
+        mask = tile_mask(torch.tensor(positions), self._group, num_keys, self.sliding_window, self.dtype)
+        return mask.to(self.device)
 
     def _chunk_keys(self, row: int, start: int, end: int) -> list[ChunkKeys]:
         """The chunk of positions [start, end) at step rows from `row`, split where the key length changes."""

@@ -74,23 +74,23 @@ class Sampler:
         chosen = processed.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
-            rows = torch.tensor(sampled_rows, device=logits.device)
-            probs = warp_logits(processed[rows], [params[i] for i in sampled_rows]).softmax(dim=-1)
+            sampled = torch.tensor(sampled_rows, device=logits.device)
+            probs = warp_logits(processed[sampled], [params[i] for i in sampled_rows]).softmax(dim=-1)
             uniforms = torch.stack(
                 [torch.rand((), generator=self.generator_for(request_ids[i], params[i])) for i in sampled_rows]
             ).to(logits.device)
-            chosen[rows] = inverse_cdf(probs, uniforms)
+            chosen[sampled] = inverse_cdf(probs, uniforms)
 
         chosen_ids = chosen.tolist()
         want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: dict[int, TokenLogprobs] = {}
         if want_logprobs:
-            rows = torch.tensor(want_logprobs, device=logits.device)
-            lp = torch.log_softmax(logits[rows], dim=-1)
-            k = max(params[i].logprobs for i in want_logprobs)
-            top_vals, top_ids = lp.topk(max(k, 1), dim=-1)
-            chosen_lp = lp.gather(1, chosen[rows].unsqueeze(1)).squeeze(1).tolist()
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+            wanted = torch.tensor(want_logprobs, device=logits.device)
+            lp = torch.log_softmax(logits[wanted], dim=-1)
+            k = max(params[i].logprobs or 0 for i in want_logprobs)  # each is set (want_logprobs)
+            best = lp.topk(max(k, 1), dim=-1)
+            chosen_lp = lp.gather(1, chosen[wanted].unsqueeze(1)).squeeze(1).tolist()
+            top_vals, top_ids = best.values.tolist(), best.indices.tolist()
             for j, i in enumerate(want_logprobs):
                 n = params[i].logprobs
                 top = tuple(zip(top_ids[j][:n], top_vals[j][:n]))
@@ -142,10 +142,10 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
                  torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device))
         counts = torch.zeros(len(penalized), logits.shape[-1], dtype=logits.dtype, device=device)
         counts.index_put_(index, torch.ones(index[0].shape, dtype=logits.dtype, device=device), accumulate=True)
-        frequency, presence = torch.tensor([[params[i].frequency_penalty, params[i].presence_penalty] for i in penalized],
-                                           dtype=logits.dtype, device=device).unbind(dim=1)
-        rows = torch.tensor(penalized, device=device)
-        logits[rows] -= counts * frequency[:, None] + (counts > 0).to(logits.dtype) * presence[:, None]
+        penalties = [[params[i].frequency_penalty, params[i].presence_penalty] for i in penalized]
+        frequency, presence = torch.tensor(penalties, dtype=logits.dtype, device=device).unbind(dim=1)
+        penalized_rows = torch.tensor(penalized, device=device)
+        logits[penalized_rows] -= counts * frequency[:, None] + (counts > 0).to(logits.dtype) * presence[:, None]
     return logits
 
 

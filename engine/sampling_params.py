@@ -62,12 +62,14 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise SamplingParamsError(name, f"must be a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
+                raise SamplingParamsError(name,
+                                          f"must be a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise SamplingParamsError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise SamplingParamsError("logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
+            raise SamplingParamsError("logprobs",
+                                      f"must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
             raise SamplingParamsError("stop", "must be a non-empty string or a list of them")

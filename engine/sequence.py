@@ -16,7 +16,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-strings of a member
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"

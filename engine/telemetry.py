@@ -15,8 +15,9 @@ import threading
 import time
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -133,7 +134,8 @@ class Recorder:
         now = time.monotonic()
         envelopes = [seq.envelope for seq in batch.seqs]
         deterministic = batch.deterministic
-        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000 for seq in batch.admitted]
+        waits = [(seq.first_scheduled_time - seq.arrival_time) * 1000  # type: ignore[operator]  # admitted: scheduled
+                 for seq in batch.admitted]
         waiting = scheduler.waiting
         oldest_wait = now - min((s.arrival_time for s in waiting), default=now)
         if batch.preempted or stats.num_free_blocks + stats.num_cached_blocks < 0.05 * stats.num_blocks:
@@ -318,7 +320,8 @@ class PrometheusSink:
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue = Histogram(
-            "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS, registry=r
+            "tenantgate_request_queue_time_seconds", "Time from arrival to first schedule", buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "tenantgate_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache", ["scope"], registry=r

@@ -10,18 +10,28 @@ import asyncio
 import logging
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import cast
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 
 from engine.paths import default_cache_dir
-from gateway.audit import AuditRecorder, AuditTrail, RedisStreamSink, RotatingFileSink, StreamSink
-from gateway.audit import boot_chain_id, load_or_create_signing_key
+from gateway.audit import (
+    AuditRecorder,
+    AuditSink,
+    AuditTrail,
+    RedisStreamSink,
+    RotatingFileSink,
+    StreamSink,
+    boot_chain_id,
+    load_or_create_signing_key,
+)
+from gateway.context import DevIssuer, Gateway
 from gateway.deployments.config import deployments_for, embedded_only
 from gateway.deployments.registry import ServedModel, served_model_for
-from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.deployments.routing import Router
-from gateway.context import DevIssuer, Gateway
+from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.error_handlers import install_handlers
 from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder
 from gateway.limits import InProcessLimiter, Limiter
@@ -107,14 +117,17 @@ async def build_models(settings: Settings, metrics: GatewayMetrics, stack: Async
         if encoder is not None:
             stack.push_async_callback(encoder.aclose)
     if deployments is None:
-        deployments = embedded_only(engine.model_name, encoder.model_name if encoder is not None else None,
+        deployments = embedded_only(engine.model_name if engine is not None else None,
+                                    encoder.model_name if encoder is not None else None,
                                     settings.embedding_token_ids)
     signer = None
     if deployments.models_of_kind("tenantgate"):
         from engine.remote import EnvelopeSigner, load_private_key
 
-        signer = EnvelopeSigner(load_private_key(settings.envelope_signing_key), ttl_s=settings.envelope_ttl_s)
-    models, replicas = {}, []
+        key_file = cast(Path, settings.envelope_signing_key)  # set: deployments_for checks it
+        signer = EnvelopeSigner(load_private_key(key_file), ttl_s=settings.envelope_ttl_s)
+    models: dict[str, ServedModel] = {}
+    replicas: list[ReplicaTarget] = []
     for model, entries in deployments.models.items():
         served = await asyncio.to_thread(served_model_for, model, entries, engine, signer, encoder)
         for target in served.targets:
@@ -155,7 +168,9 @@ def build_responses_store(settings: Settings):
 def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     from gateway.redaction import Redactor
 
-    sinks, anchors, redis_sink = [], [], None
+    sinks: list[AuditSink] = []
+    anchors: list[AuditSink] = []
+    redis_sink: RedisStreamSink | None = None
     if settings.audit_stdout:
         sinks.append(StreamSink())
     if settings.audit_file is not None:
@@ -219,7 +234,7 @@ async def build_gateway(settings: Settings, stack: AsyncExitStack, *, metrics: G
 
     app_verifier = verifier
     if app_verifier is None:
-        from gateway.auth import EntraVerifier
+        from gateway.auth.entra import EntraVerifier
 
         app_verifier = EntraVerifier(
             authority=authority, audiences=settings.audiences, tenant_allowed=app_policy.tenant_known,

@@ -48,7 +48,6 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["dev_issuer"] = True  # refused by the settings if the environment is production
     settings = load_settings(**overrides)  # logging is configured once, by engine.cli.run
     from gateway.deployments.config import DeploymentsError, deployments_for
-
     from gateway.tracing import TracingError, traces_enabled
 
     try:
@@ -88,4 +87,4 @@ and a local token issuer on http://127.0.0.1:{settings.dev_issuer_port} with rea
 
   python -c 'import os, openai; c = openai.OpenAI(base_url="{base}/v1", api_key=os.environ["TOKEN"]);
 print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
-""", flush=True)
+""", flush=True)  # noqa: E501 - the one-liner is printed to be copied whole

@@ -11,7 +11,7 @@ from gateway.limits.headroom import QuotaHeadroom
 
 if TYPE_CHECKING:
     from gateway.audit import AuditRecorder
-    from gateway.auth import EntraVerifier
+    from gateway.auth.entra import EntraVerifier
     from gateway.deployments.registry import ServedModel
     from gateway.deployments.routing import Router
     from gateway.inference import InferenceBackend
@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from gateway.openai.responses_api.store import ResponseStore
     from gateway.policy.service import PolicyEngine
     from gateway.settings import Settings
+
+
+def _router() -> Router:
+    from gateway.deployments.routing import Router
+
+    return Router()
 
 
 class DevIssuer(Protocol):
@@ -46,7 +52,7 @@ class Gateway:
     audit: AuditRecorder
     metrics: GatewayMetrics
     models: dict[str, ServedModel] = field(default_factory=dict)  # by the name callers use
-    router: Router | None = None
+    router: Router = field(default_factory=lambda: _router())  # the app's is built from the settings
     responses_store: ResponseStore | None = None  # where /v1/responses stores (Redis); None: nothing is stored
     issuer: DevIssuer | None = None  # development only (settings.dev_issuer): tests mint tokens with it
     started: int = 0  # Unix time the app started: the `created` of /v1/models entries

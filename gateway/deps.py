@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -84,7 +85,7 @@ async def authenticate(request: Request, gateway: GatewayDep, exchange: Exchange
 PrincipalDep = Annotated[Principal, Depends(authenticate)]
 
 
-def inference_caller(route: str):
+def inference_caller(route: str) -> Callable[..., Awaitable[Principal]]:
     """The caller of an inference route: authenticated, and refused at once while its tenant's policy
     evaluation is held (it failed moments ago), before the body is validated, rendered or judged. A
     tenant whose data fails evaluation then costs the shared loop little more than its
@@ -100,4 +101,4 @@ def inference_caller(route: str):
             raise refusal
         return principal
 
-    return Annotated[Principal, Depends(caller)]
+    return caller

@@ -11,6 +11,8 @@ class GatewayError(Exception):
     status_code = 500
     type = "server_error"
     code = "internal_error"  # every error carries a code (docs/api.md lists them)
+    # A policy refusal's Judgement, for its audit record (pipeline/admission.judge sets it).
+    judgement: object | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:

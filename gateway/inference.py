@@ -11,8 +11,15 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from engine import EncoderError, ExecutionEnvelope, PendingRecords, RequestError, RequestOutput, SamplingParams
-from engine import StepHistory
+from engine import (
+    EncoderError,
+    ExecutionEnvelope,
+    PendingRecords,
+    RequestError,
+    RequestOutput,
+    SamplingParams,
+    StepHistory,
+)
 from gateway.deployments.base import Embeddings, ReplicaLoad, RunRequest
 
 
@@ -40,8 +47,8 @@ class InProcessTarget:
     Its scheduler honours every isolation, cache scope and lane itself, so no decision is unmet.
     The app closes it where the app built it (a test's may outlive its app), never as a target."""
 
-    name = "embedded"  # its deployment's name (gateway/deployments/registry.py names it)
-    remote = False  # its span is the engine's, in this process
+    name: str = "embedded"  # its deployment's name (gateway/deployments/registry.py names it)
+    remote: bool = False  # its span is the engine's, in this process
 
     def unmet(self, envelope: ExecutionEnvelope, tenant_id: str) -> str | None:
         return None
@@ -49,8 +56,14 @@ class InProcessTarget:
     def reported_load(self) -> ReplicaLoad | None:
         return None
 
+    def generate(self, token_ids: Sequence[int], params: SamplingParams, envelope: ExecutionEnvelope,
+                 request_id: str) -> AsyncIterator[RequestOutput]:
+        raise RequestError("this engine does not generate", param="model")
+
     def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]:
         """A generating engine's outputs for the request (its generate())."""
+        if request.params is None:
+            raise RequestError("this model embeds; it does not generate", param="model")
         return self.generate(request.token_ids, request.params, request.envelope, request.request_id)
 
 
@@ -89,7 +102,7 @@ class EngineBackend(InProcessTarget, GatewayTokenizer):
         self._tokenizer = engine.tokenizer
         self.expects_records = True
         self._records = PendingRecords()
-        self.steps = StepHistory()  # the operator console's regime timeline and KV by tenant
+        self.steps: StepHistory | None = StepHistory()  # the operator console's regime timeline and KV by tenant
         engine.sinks += [self._records, self.steps]
 
     def engine_record(self, request_id: str):
@@ -114,8 +127,8 @@ class EncoderBackend(InProcessTarget):
     waits on torch and no tenant waits for another's whole batch. Only requests that may share
     (the envelope's isolation and deterministic lane) share a step, and no state outlives a request."""
 
-    expects_records = False
-    max_model_len = None  # each input is cut at the encoder's own length instead
+    expects_records: bool = False
+    max_model_len: int | None = None  # each input is cut at the encoder's own length instead
 
     def __init__(self, encoder, *, model_name: str) -> None:
         from engine import AsyncEncoder
@@ -135,11 +148,14 @@ class EncoderBackend(InProcessTarget):
         if dimensions is not None and dimensions != self.dimensions:
             raise RequestError(f"dimensions must be {self.dimensions} for this model "
                                "(it has no shortened embeddings)", param="dimensions")
+        inputs = request.embed_inputs
+        if inputs is None:  # the service tokenizes every input for the embedded encoder
+            raise RequestError("the inputs were not tokenized for this encoder", param="input")
         try:
-            vectors = await self.async_encoder.embed(request.embed_inputs, request.envelope)
+            vectors = await self.async_encoder.embed(inputs, request.envelope)
         except EncoderError as exc:  # ids out of the vocabulary's bounds
             raise RequestError(str(exc), param="input") from None
-        return Embeddings(vectors.numpy(), sum(len(ids) for ids in request.embed_inputs))
+        return Embeddings(vectors.numpy(), sum(len(ids) for ids in inputs))
 
     def engine_record(self, request_id: str):
         return None
@@ -168,7 +184,7 @@ class NullBackend(InProcessTarget):
         self.fingerprint = "null"
         self.max_model_len = max_model_len
         self.expects_records = False
-        self.steps = None  # no engine, no steps
+        self.steps: StepHistory | None = None  # no engine, no steps
         self._running = False
 
     def engine_record(self, request_id: str):
@@ -178,7 +194,7 @@ class NullBackend(InProcessTarget):
         # One token per four bytes, like a typical BPE on English text.
         return list(range(max(1, len(text.encode()) // 4)))
 
-    renders_tools = False
+    renders_tools: bool = False
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode("".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages), False)

@@ -7,9 +7,8 @@ import json
 import logging
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.remote import EdgeRefusal, new_edge_request_id, read_body
 from gateway.pipeline.exchange import Exchange
@@ -128,7 +127,8 @@ class RequestMetrics:
             await self.app(scope, receive, sent)
         finally:
             path = scope.get("path", "")
-            route = _ROUTES.get(path) or next((label for prefix, label in _PREFIXES if path.startswith(prefix)), "other")
+            route = _ROUTES.get(path) or next((label for prefix, label in _PREFIXES if path.startswith(prefix)),
+                                              "other")
             exchange = exchange_in(scope)
             decision = exchange.decision
             self.metrics.requests.labels(route, str(sent.status), decision, exchange.tenant_label).inc()
@@ -155,6 +155,9 @@ class RequestsBeforeShutdown:
             await self.app(scope, self._after_requests(receive), send)
             return
         task = asyncio.current_task()
+        if task is None:  # not called from a task (never under a server): nothing to wait for
+            await self.app(scope, receive, send)
+            return
         self.running.add(task)
         try:
             await self.app(scope, receive, send)
@@ -226,7 +229,7 @@ class RequestTracing:
         if tracer is None or scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        carrier = {"traceparent": value.decode("latin-1")
+        carrier = {"traceparent": value.decode("latin-1")  # noqa: B035 - the caller's last traceparent wins
                    for name, value in scope.get("headers", ()) if name == CALLER_HEADER}
         method = scope["method"]
         span = tracer.start_span(

@@ -28,8 +28,8 @@ from engine.remote import EdgeLimits, edge_config
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
 from gateway.deps import bearer_token, verified_principal
-from gateway.errors import GatewayError
 from gateway.error_handlers import install_handlers
+from gateway.errors import GatewayError
 from gateway.middleware import BodySizeLimit
 
 OPERATOR_ROLE = "TenantGate.Operator"

@@ -12,11 +12,10 @@ import binascii
 import hashlib
 import hmac
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 from engine.remote import EdgeLimits
 from gateway.auth.principal import canonical_guid

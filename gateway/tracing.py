@@ -22,7 +22,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-
 TRACER_NAME = "tenantgate.gateway"
 # gen_ai.operation.name for each route (the conventions' well-known values).
 OPERATIONS = {"chat.completions": "chat", "completions": "text_completion", "embeddings": "embeddings",

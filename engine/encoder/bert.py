@@ -95,7 +95,7 @@ class BertEncoder(nn.Module):
             x = layer(x, keep)
         return x
 
-    def checkpoint_names(self) -> dict[str, nn.Parameter]:
+    def checkpoint_names(self) -> dict[str, torch.Tensor]:
         """Our parameters by their Hugging Face BertModel names (with or without a `bert.` prefix)."""
         names = {
             "embeddings.word_embeddings.weight": self.word_embeddings.weight,

@@ -14,6 +14,7 @@ place from the pool, with no gathered copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -121,10 +122,11 @@ def paged_attention(
     if meta.decode_rows is not None:
         # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
         # faster than gathering single slots.
-        num_seqs = meta.decode_block_tables.shape[0]
+        tables = cast(torch.Tensor, meta.decode_block_tables)  # set with decode_rows
+        num_seqs = tables.shape[0]
         qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, H, 1, D]
-        kd = _gather(k_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        vd = _gather(v_cache, meta.decode_block_tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        kd = _gather(k_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        vd = _gather(v_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
         od = _sdpa(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa).squeeze(2)
         out.index_copy_(0, meta.decode_rows, od)
     for span in meta.prefills:
@@ -151,7 +153,7 @@ def _invariant_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: fl
     for span in meta.prefills:
         kp = _gather(k_cache, span.block_table).view(1, -1, *kv_shape)
         vp = _gather(v_cache, span.block_table).view(1, -1, *kv_shape)
-        for chunk in span.key_groups:
+        for chunk in span.key_groups:  # type: ignore[union-attr]  # invariant mode: spans have key groups
             out[chunk.start : chunk.end] = invariant.attention(
                 q[chunk.start : chunk.end], kp[:, : chunk.num_keys], vp[:, : chunk.num_keys], chunk.mask, scale
             )
@@ -167,7 +169,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.
     """
     if q.device.type != "cpu" or q.dtype == torch.float32:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+    fp32: dict[str, Any] = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
     return F.scaled_dot_product_attention(q.to(**fp32), k.to(**fp32), v.to(**fp32), **kwargs).to(q.dtype)
 
 

@@ -40,11 +40,12 @@ PACKAGED_ENCODERS = {
 def packaged_model_file(name: str, catalog: dict[str, PackagedModel] = PACKAGED_MODELS) -> Path:
     packaged = catalog[name]
     try:
-        path = Path(importlib.metadata.distribution(packaged.distribution).locate_file(packaged.file))
+        path = Path(str(importlib.metadata.distribution(packaged.distribution).locate_file(packaged.file)))
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotFoundError(f"model {name!r} comes from a Python package: {packaged.install_hint}") from None
     if not path.is_file():
-        raise ModelNotFoundError(f"{packaged.distribution} is installed but lacks {packaged.file}: {packaged.install_hint}")
+        raise ModelNotFoundError(f"{packaged.distribution} is installed but lacks {packaged.file}: "
+                                 f"{packaged.install_hint}")
     return path
 
 

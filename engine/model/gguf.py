@@ -207,7 +207,7 @@ def tokenizer_files(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict[str, An
     types: list[int] = meta.get("tokenizer.ggml.token_type", [])
     merges = [tuple(m.split(" ", 1)) for m in meta.require("tokenizer.ggml.merges")]
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {}
+    vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         # A byte-level vocabulary spells every real token in its byte alphabet.
         vocab.setdefault(token if set(token) <= alphabet else _byte_spelling(token), index)
@@ -229,7 +229,8 @@ def tokenizer_files(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict[str, An
 
     special = {
         name: tokens[i]
-        for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding"))
+        for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                          ("pad_token", "padding"))
         if (i := meta.get(f"tokenizer.ggml.{key}_token_id")) is not None and 0 <= i < len(tokens)
     }
     for token in special.values():  # as transformers does: named special tokens are always special
@@ -238,7 +239,8 @@ def tokenizer_files(meta: _Metadata) -> tuple[tokenizers.Tokenizer, dict[str, An
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
     if add_bos or add_eos:
-        single = " ".join(([special["bos_token"]] if add_bos else []) + ["$A"] + ([special["eos_token"]] if add_eos else []))
+        single = " ".join(([special["bos_token"]] if add_bos else []) + ["$A"]
+                          + ([special["eos_token"]] if add_eos else []))
         used = {special[n] for n, on in (("bos_token", add_bos), ("eos_token", add_eos)) if on}
         backend.post_processor = processors.TemplateProcessing(
             single=single, special_tokens=[(t, backend.token_to_id(t)) for t in sorted(used)]
@@ -327,7 +329,8 @@ def _byte_spelling(token: str) -> str:
 
 def _byte_to_unicode() -> dict[int, str]:
     # GPT-2's byte alphabet: printable bytes stand for themselves, the rest map past U+0100 in order.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     table, extra = {}, 0
     for b in range(256):
         if b in printable:

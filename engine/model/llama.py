@@ -6,6 +6,8 @@ fused weights from the checkpoint's separate tensors.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -134,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
 
     def row_functions(self) -> list[tuple[RowFn, int]]:
         """Each row-wise function forward() runs, with its input width (every layer has the same shapes)."""
-        layer, cfg = self.layers[0], self.config
+        layer, cfg = self._decoder_layers()[0], self.config
         return [
             (layer.input_layernorm, cfg.hidden_size),
             (layer.self_attn.qkv_proj, cfg.hidden_size),
@@ -143,17 +145,22 @@ class LlamaForCausalLM(nn.Module):
             (self.norm, cfg.hidden_size),
         ]
 
+    def _decoder_layers(self) -> list[DecoderLayer]:
+        # A ModuleList's items are plain Modules to a type checker; these are DecoderLayers.
+        return cast("list[DecoderLayer]", list(self.layers))
+
     def checkpoint_tensors(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """HF tensor name -> (parameter, first row, row count) it fills (fused weights take slices)."""
         cfg = self.config
-        q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        inter = cfg.intermediate_size
         out: dict[str, tuple[torch.Tensor, int, int]] = {
             "model.embed_tokens.weight": (self.embed_tokens.weight, 0, cfg.vocab_size),
             "model.norm.weight": (self.norm.weight, 0, cfg.hidden_size),
         }
         if not cfg.tie_word_embeddings:
             out["lm_head.weight"] = (self.lm_head.weight, 0, cfg.vocab_size)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self._decoder_layers()):
             p = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
             slices = {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv)}

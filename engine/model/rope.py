@@ -31,6 +31,9 @@ def _llama3_scaling(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
+    cos: torch.Tensor  # buffers (register_buffer below)
+    sin: torch.Tensor
+
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         inv_freq = inverse_frequencies(rope, head_dim)

@@ -44,9 +44,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-header-bytes", type=int, default=EDGE.max_header_bytes, metavar="BYTES",
                        help=f"a request line and headers over this get 431 (default {EDGE.max_header_bytes})")
     serve.add_argument("--header-timeout", type=float, default=EDGE.header_timeout_s, metavar="SECONDS",
-                       help=f"from a request's first byte to its last header; then 408 (default {EDGE.header_timeout_s:g})")
+                       help="from a request's first byte to its last header; then 408 "
+                            f"(default {EDGE.header_timeout_s:g})")
     serve.add_argument("--body-timeout", type=float, default=EDGE.body_timeout_s, metavar="SECONDS",
-                       help=f"from a request's last header to its last body byte; then 408 (default {EDGE.body_timeout_s:g})")
+                       help="from a request's last header to its last body byte; then 408 "
+                            f"(default {EDGE.body_timeout_s:g})")
     serve.add_argument("--max-connections", type=int, default=EDGE.max_connections,
                        help=f"open connections; more get 503 and are closed (default {EDGE.max_connections})")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

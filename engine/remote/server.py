@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI, Request
@@ -25,12 +25,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from engine.async_engine import AsyncLLMEngine
-from engine.errors import EngineDeadError, RequestError
 from engine.envelope import ExecutionEnvelope
+from engine.errors import EngineDeadError, RequestError
 from engine.llm_engine import LLMEngine
 from engine.remote.edge import EdgeRefusal, read_body
 from engine.remote.protocol import (
-    ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, NDJSON, output_to_json, params_from_json, record_to_json,
+    ENVELOPE_HEADER,
+    GENERATE_PATH,
+    INFO_PATH,
+    LOAD_PATH,
+    NDJSON,
+    output_to_json,
+    params_from_json,
+    record_to_json,
 )
 from engine.remote.signing import REJECTION_REASONS, EnvelopeRejected, EnvelopeVerifier, VerifiedToken
 from engine.telemetry import PendingRecords, PrometheusSink
@@ -127,7 +134,7 @@ def _parse_body(body: bytes):
         raise _Refused(400, "invalid_request_error", message) from None
 
 
-async def _first(outputs: AsyncIterator, request: Request):
+async def _first(outputs: AsyncGenerator, request: Request):
     """The first delta, or None when the caller disconnected first (the request is then aborted)."""
 
     async def disconnected() -> None:
@@ -208,7 +215,7 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
     return app
 
 
-async def _stream(server: EngineServer, outputs: AsyncIterator, first, request_id: str,
+async def _stream(server: EngineServer, outputs: AsyncGenerator, first, request_id: str,
                   num_choices: int) -> AsyncIterator[bytes]:
     """Every choice's deltas, then the request's x-record after the last choice has finished."""
     output = first

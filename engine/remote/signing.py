@@ -212,13 +212,13 @@ class EnvelopeVerifier:
             raise EnvelopeRejected("malformed") from None
         if exp - iat > MAX_TTL_S:
             raise EnvelopeRejected("ttl_too_long")
-        token = VerifiedToken(envelope, request_id, claims["body_sha256"], exp)
-        token.check_unexpired(now)
+        verified = VerifiedToken(envelope, request_id, claims["body_sha256"], exp)
+        verified.check_unexpired(now)
         if iat > now + CLOCK_LEEWAY_S:
             raise EnvelopeRejected("not_yet_valid")
         if self.replays.accepted(request_id, now):  # refused before its body; `add` still decides
             raise EnvelopeRejected("replayed")
-        return token
+        return verified
 
     def verify_body(self, token: VerifiedToken, body: bytes, now: float | None = None) -> tuple[ExecutionEnvelope, str]:
         """The envelope and request id of a verified token, if `body` is the one it was signed for."""

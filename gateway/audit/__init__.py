@@ -6,10 +6,10 @@ to sinks (stdout, a rotating file, a Redis Stream) and anchors its head in a sec
 cut from or added to a chain's end.
 """
 
-from gateway.audit.verify import VerifyReport, key_id, load_public_key, verify_files
 from gateway.audit.recorder import AuditRecorder, digest_label
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
+from gateway.audit.verify import VerifyReport, key_id, load_public_key, verify_files
 from gateway.encoding import canonical_json
 
 __all__ = [

@@ -19,10 +19,17 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.audit.verify import DEFAULT_MAX_UNSIGNED_AGE_S, TAMPERED, VerifyReport, key_id, load_public_key, verify
-from gateway.audit.verify import verify_files
 from gateway.audit.sinks import read_stream, rotated_files
 from gateway.audit.trail import load_or_create_signing_key, public_key_pem
+from gateway.audit.verify import (
+    DEFAULT_MAX_UNSIGNED_AGE_S,
+    TAMPERED,
+    VerifyReport,
+    key_id,
+    load_public_key,
+    verify,
+    verify_files,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -158,7 +158,7 @@ class RotatingFileSink:
                     self._offset = 0
         except OSError as exc:  # ENOSPC, EDQUOT, EFBIG, EIO: the disk's answer, never the entry's text
             if not self._refusing:
-                reason = errno.errorcode.get(exc.errno, type(exc).__name__)
+                reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)  # no errno: no code either
                 logger.error("audit file %s refused a write (%s): holding its entries in memory, and refusing "
                              "new requests, until the disk takes them", self.path, reason)
             self._refusing = True
@@ -331,7 +331,7 @@ def read_stream(client: Any, stream: str = "tenantgate:audit", *, batch: int = 1
     seen: set[bytes] = set()
     last = "-"
     while rows := client.xrange(stream, min=last, max="+", count=batch):
-        for entry_id, fields in rows:
+        for _entry_id, fields in rows:
             value = fields.get(b"entry", fields.get("entry", b""))
             raw = value if isinstance(value, bytes) else value.encode("utf-8")
             digest = hashlib.sha256(raw).digest()

@@ -41,8 +41,18 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.verify import ANCHOR, CHECKPOINT, RECORD, RESERVED_FIELDS, TORN_LINE_ENDED
-from gateway.audit.verify import anchor_genesis_digest, genesis_digest, key_id, line_digest, sign
+from gateway.audit.verify import (
+    ANCHOR,
+    CHECKPOINT,
+    RECORD,
+    RESERVED_FIELDS,
+    TORN_LINE_ENDED,
+    anchor_genesis_digest,
+    genesis_digest,
+    key_id,
+    line_digest,
+    sign,
+)
 from gateway.encoding import canonical_json
 
 logger = logging.getLogger("tenantgate.audit")
@@ -50,9 +60,12 @@ RETRY_S = 0.5  # how soon a sink that holds entries tries its store again
 
 
 class AuditSink(Protocol):
-    repairs: Sequence[dict]  # torn lines this sink ended on opening, for the trail to record (empty: none)
-    held: int  # entries it keeps in memory, not yet in its store
-    stalled: bool  # it holds entries its store refused, or as many as it may
+    @property
+    def repairs(self) -> Sequence[dict]: ...  # torn lines this sink ended on opening, for the trail (empty: none)
+    @property
+    def held(self) -> int: ...  # entries it keeps in memory, not yet in its store
+    @property
+    def stalled(self) -> bool: ...  # it holds entries its store refused, or as many as it may
 
     def accepts(self, line: str) -> bool: ...  # whether write(line) would keep it (written, or held)
     def write(self, line: str) -> None: ...  # one entry, without the newline; kept, never dropped
@@ -87,10 +100,10 @@ def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
             pass
         finally:
             os.unlink(tmp)
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    if not isinstance(key, Ed25519PrivateKey):
+    loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(loaded, Ed25519PrivateKey):
         raise ValueError(f"{path} is not an Ed25519 private key")
-    return key
+    return loaded
 
 
 def public_key_pem(key: Ed25519PrivateKey) -> bytes:
@@ -202,7 +215,7 @@ class AuditTrail:
         for sink in self.sinks + self.anchors:
             try:
                 sink.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one sink that fails to close must not keep the others open
                 logger.error("audit sink %s failed to close (%s)", _name(sink), _name(exc))
 
     def __enter__(self) -> AuditTrail:
@@ -238,7 +251,7 @@ class AuditTrail:
             try:
                 sink.write(line)
                 kept += 1
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one sink that fails must not keep the entry from the others
                 # Names the seq and types only: a sink's exception message may quote the line.
                 self.sink_errors += 1
                 logger.error("audit sink %s failed to write seq %d (%s)", _name(sink), self._seq, _name(exc))
@@ -289,7 +302,7 @@ class AuditTrail:
             try:
                 sink.write(line)
                 kept += 1
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one anchor sink that fails must not keep it from the others
                 self.sink_errors += 1
                 logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
                              _name(exc))
@@ -304,7 +317,7 @@ class AuditTrail:
         for sink in sinks:
             try:
                 sink.flush()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a sink that fails to flush is counted; the others still flush
                 ok = False
                 self.sink_errors += 1
                 logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), seq, _name(exc))

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -93,7 +94,9 @@ def sign(document: dict, signer) -> dict:
 
 
 def _signature_ok(checkpoint: dict, keys: dict[str, Ed25519PublicKey]) -> bool:
-    key = keys.get(checkpoint.get("key_id"))
+    key = keys.get(checkpoint.get("key_id"))  # type: ignore[arg-type]  # an odd key_id finds no key
+    if key is None:
+        return False
     try:
         key.verify(base64.b64decode(checkpoint["sig"], validate=True), signed_body(checkpoint))
     except (AttributeError, KeyError, TypeError, ValueError, InvalidSignature):
@@ -115,7 +118,10 @@ def _span(first: int, last: int, verbs: str, noun: str = "entry") -> str:
 
 def _time_of(entry: dict) -> float:
     value = entry.get("time")
-    return float(value) if type(value) in (int, float) and math.isfinite(value) else math.nan
+    if type(value) not in (int, float):
+        return math.nan
+    number = cast(float, value)  # an int or a float, as the test above says
+    return float(number) if math.isfinite(number) else math.nan
 
 
 OK, TAMPERED, UNVERIFIED = "ok", "tampered", "unverified"
@@ -195,6 +201,7 @@ class _Verifier:
             self.chains[chain_id].failed = True
 
     def load_anchors(self, lines: Iterable[str | bytes]) -> None:
+        keys = cast("dict[str, Ed25519PublicKey]", self.keys)  # __init__ reads anchors only with keys
         self.anchored = {}
         for number, raw in enumerate(lines, 1):
             try:
@@ -209,8 +216,9 @@ class _Verifier:
                 self.notes.append(f"anchor {number} is not a readable anchor (skipped)")
                 continue
             self.anchor_count += 1
-            if canonical_json(anchor) != line or not _signature_ok(anchor, self.keys):
-                self.problems.append((0, chain_id, seq, f"the anchor for seq {seq} has an invalid signature (forged or altered)"))
+            if canonical_json(anchor) != line or not _signature_ok(anchor, keys):
+                self.problems.append((0, chain_id, seq,
+                                      f"the anchor for seq {seq} has an invalid signature (forged or altered)"))
                 continue
             anchored = self.anchored.setdefault(chain_id, _Anchored())
             if anchored.heads.setdefault(seq, head) != head:
@@ -231,7 +239,7 @@ class _Verifier:
 
     def _anchor_gaps(self) -> list[tuple[int, str | None, int | None, str]]:
         """Anchors deleted from the store while a later one remains, and anchors that do not follow the one before."""
-        gaps = []
+        gaps: list[tuple[int, str | None, int | None, str]] = []
         for chain_id, anchored in (self.anchored or {}).items():
             numbers = sorted(anchored.links)
             for before, after in zip(numbers, numbers[1:]):
@@ -245,7 +253,8 @@ class _Verifier:
                                                         "(altered or replaced)"))
             first = anchored.links.get(0)
             if first is not None and first.prev != anchor_genesis_digest(chain_id):
-                gaps.append((0, chain_id, first.seq, "anchor 0 does not begin the chain's anchors (altered or replaced)"))
+                gaps.append((0, chain_id, first.seq,
+                             "anchor 0 does not begin the chain's anchors (altered or replaced)"))
         return gaps
 
     def _stale(self, age: float, old: str = "old") -> str | None:
@@ -321,7 +330,7 @@ class _Verifier:
             count = entry.get("count")
             if chain.count_offset is None and type(count) is int:
                 chain.count_offset = count - chain.records
-            if type(count) is not int or count != chain.records + chain.count_offset:
+            if type(count) is not int or count != chain.records + cast(int, chain.count_offset):  # set above
                 return self.fail(chain_id, seq, f"checkpoint at seq {seq} does not match the records before it")
             chain.signed_seq = seq
             chain.closed = entry.get("final") is True
@@ -353,12 +362,12 @@ class _Verifier:
                                        f"seq {chain.next_seq} (altered or replaced)")
 
     def _not_an_entry(self) -> None:
-        position, where, _, _ = self.pending
+        position, where, _, _ = self.pending  # type: ignore[misc]  # called while a line is pending
         self.pending = None
         self.problems.append((position, None, None, f"{where} is not an audit entry"))
 
     def _torn_line_ended(self, entry: dict) -> None:
-        _, where, data, _ = self.pending
+        _, where, data, _ = self.pending  # type: ignore[misc]  # called while a line is pending
         named = entry.get("torn_sha256") == hashlib.sha256(data).hexdigest() and entry.get("torn_bytes") == len(data)
         if entry["type"] == RECORD and entry.get("event") == TORN_LINE_ENDED and named:
             self.pending = None
@@ -398,8 +407,8 @@ class _Verifier:
             if anchored is not None:
                 if anchored.final_seq is not None and end > anchored.final_seq:
                     problems.append((end_position, chain_id, anchored.final_seq,
-                                     f"{_span(anchored.final_seq, end - 1, 'follows/follow')} the chain's closing anchor "
-                                     "(written after its writer shut down)"))
+                                     f"{_span(anchored.final_seq, end - 1, 'follows/follow')} "
+                                     "the chain's closing anchor (written after its writer shut down)"))
                     continue
                 if anchored.last_seq > end:
                     closing = anchored.final_seq == anchored.last_seq == end + 1
@@ -430,7 +439,7 @@ class _Verifier:
                 stale = self._stale(self.now - anchored.last_time, "old (its writer stopped)")
                 why = f", and the chain's last anchor is {stale}"
             else:  # only the records' own time tells, and whoever wrote them chose it
-                stale = self._stale(self.now - chain.tail_time)
+                stale = self._stale(self.now - chain.tail_time)  # type: ignore[operator]  # set by the unsigned records
                 why = f" and {stale}"
             if stale is not None:
                 unsigned = _span(covered, end - 1, "is/are", "record")
@@ -440,15 +449,16 @@ class _Verifier:
         if self.anchored is not None:
             absent = sum(1 for c, a in self.anchored.items() if c not in self.chains and a.last_seq > 0)
             if absent:
-                warnings.append(f"{absent} anchored chains have no entries here (other writers, rotated away, or deleted)")
+                warnings.append(f"{absent} anchored chains have no entries here "
+                                "(other writers, rotated away, or deleted)")
         if self.keys is None:
             warnings.append("signatures were not checked (no public key)")
         warnings = [t[2] for t in tails] + self.notes + warnings
-        counts = dict(records=self.records, checkpoints=self.checkpoints, chains=len(self.chains), warnings=warnings,
-                      anchors=self.anchor_count)
+        counts: dict[str, Any] = dict(records=self.records, checkpoints=self.checkpoints, chains=len(self.chains),
+                                      warnings=warnings, anchors=self.anchor_count)
         if problems:
-            _, chain_id, seq, reason = min(problems, key=lambda p: p[0])
-            return VerifyReport(False, seq, reason, chain=chain_id, verdict=TAMPERED, **counts)
+            _, problem_chain, seq, reason = min(problems, key=lambda p: p[0])
+            return VerifyReport(False, seq, reason, chain=problem_chain, verdict=TAMPERED, **counts)
         if self.strict and unverified:
             chain_id, seq, reason = unverified[0]
             return VerifyReport(False, seq, reason, chain=chain_id, verdict=UNVERIFIED, **counts)

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Literal, overload
 
 import httpx
 from joserfc import jws
@@ -82,6 +83,10 @@ def _jws_registry(max_token_bytes: int) -> jws.JWSRegistry:
     return registry
 
 
+@overload
+def _numeric_date(claims: dict, name: str, *, required: Literal[True]) -> float: ...
+@overload
+def _numeric_date(claims: dict, name: str, *, required: Literal[False]) -> float | None: ...
 def _numeric_date(claims: dict, name: str, *, required: bool) -> float | None:
     if name not in claims:
         if required:
@@ -184,7 +189,7 @@ class EntraVerifier:
         except TenantsUnknownError:
             log.info("token not checked: the tenant list is not known yet")
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure refuses the token (fail closed)
             # Fail closed. The cause is dropped: its text might quote the token.
             log.warning("token refused: code=invalid_token error=%s", type(exc).__name__)
             raise AuthError("invalid_token") from None

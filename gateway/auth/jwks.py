@@ -141,24 +141,24 @@ class KeyCache:
                 raise AuthUnavailableError()
         elif started >= entry.refresh_after:
             self._start_fetch(tenant_id, version, entry)  # not awaited: this request uses the keys it has
-        key = entry.key_set.keys.get(kid)
+        key = entry.key_set.keys.get(kid)  # type: ignore[union-attr]  # usable or just fetched: it has keys
         # Keys fetched while this request waited are already the newest there are.
         if key is None and entry.fetched_at < started and started >= entry.retry_at \
                 and self._may_force(tenant_id, started):
             await self._refresh(tenant_id, version, entry)
             if entry.fetched_at < started:
                 self._forced_at.pop(tenant_id, None)  # it failed: the window stays open for the retry
-            key = entry.key_set.keys.get(kid)
+            key = entry.key_set.keys.get(kid)  # type: ignore[union-attr]  # a refresh keeps the last good keys
         if key is None:
             raise AuthError("unknown_key")
-        return entry.key_set.issuer, key
+        return entry.key_set.issuer, key  # type: ignore[union-attr]  # it had keys above
 
     def cached_key(self, tenant_id: str, version: str, kid: str) -> SigningKey | None:
         """The key named kid if signing_key would use it without waiting; never fetches."""
         entry = self._entries.get((tenant_id, version))
         if entry is None or not entry.usable(time.monotonic()):
             return None
-        return entry.key_set.keys.get(kid)
+        return entry.key_set.keys.get(kid)  # type: ignore[union-attr]  # usable: it has keys
 
     def key_sets_missing(self) -> int:
         """Key sets (tenant, token version) tried whose keys could never be fetched."""
@@ -207,7 +207,7 @@ class KeyCache:
         try:
             async with asyncio.timeout(self._timeout_s):
                 key_set = await self._download(tenant_id, version)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never raises: logged, and the last good keys stay
             reason = exc.reason if isinstance(exc, _FetchError) else type(exc).__name__
             log.warning("jwks fetch failed: tenant=%s version=%s reason=%s", tenant_id, version, reason)
             entry.failed, entry.retry_at = True, time.monotonic() + self._retry_s

@@ -25,8 +25,14 @@ from gateway.auth.principal import Principal
 from gateway.console.sessions import Sessions
 from gateway.console.views import VIEWS, console_views
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.operator import OPERATOR_ROLE, OperatorDep, audit_operator, operator_for, operator_refusal
-from gateway.operator import verified_on_gateway_loop
+from gateway.operator import (
+    OPERATOR_ROLE,
+    OperatorDep,
+    audit_operator,
+    operator_for,
+    operator_refusal,
+    verified_on_gateway_loop,
+)
 
 COOKIE = "tenantgate_console"
 PATH = "/console"
@@ -192,6 +198,6 @@ async def console_json(request: Request, operator: OperatorDep, view: str | None
 
 def install_console(app: FastAPI) -> None:
     app.state.console_sessions = Sessions(app.state.gateway.settings.console_session_ttl_s)
-    app.add_exception_handler(ConsoleRefused, _refused)
+    app.add_exception_handler(ConsoleRefused, _refused)  # type: ignore[arg-type]  # Starlette types it by Exception
     app.include_router(pages)
     app.include_router(api)

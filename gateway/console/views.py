@@ -11,7 +11,7 @@ import asyncio
 import json
 from collections import defaultdict
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from gateway.audit import digest_label, rotated_files, verify_files
 from gateway.context import Gateway
@@ -34,7 +34,7 @@ VIEWS = ("tenants", "quotas", "kv", "prefix", "regimes", "audit", "policy")
 
 
 def _utc(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class Samples:
@@ -83,7 +83,8 @@ def tenants_view(samples: Samples) -> dict:
 def quotas_view(gateway: Gateway, now: float) -> dict:
     rows = []
     for tenant, h in sorted(gateway.headroom.snapshot().items()):
-        rows.append({"tenant": digest_label(tenant), **asdict(h), "answered": _utc(h.time), "age_s": round(now - h.time)})
+        rows.append({"tenant": digest_label(tenant), **asdict(h), "answered": _utc(h.time),
+                     "age_s": round(now - h.time)})
     return {"rows": rows, "limiter": "redis" if gateway.settings.redis_url.get_secret_value() else "in-process"}
 
 
@@ -122,7 +123,7 @@ def prefix_view(samples: Samples) -> dict:
 
 def regimes_view(gateway: Gateway, samples: Samples) -> dict:
     """Runs of consecutive steps under one regime, newest first, and all steps by regime (metrics)."""
-    totals = defaultdict(int)
+    totals: defaultdict[str, int] = defaultdict(int)
     for labels, value in samples("steps"):
         totals[labels.get("regime", "")] += int(value)
     snapshot = _engine_steps(gateway)
@@ -186,7 +187,7 @@ async def console_views(gateway: Gateway, names: tuple[str, ...] = VIEWS) -> dic
     """The views asked for, from one reading of the registry (and one verification of the trail)."""
     samples = Samples(gateway.metrics.registry)
     verified = await asyncio.to_thread(_verify_trail, gateway) if {"audit", "policy"} & set(names) else {}
-    now = datetime.now(timezone.utc).timestamp()
+    now = datetime.now(UTC).timestamp()
     build = {
         "tenants": lambda: tenants_view(samples),
         "quotas": lambda: quotas_view(gateway, now),

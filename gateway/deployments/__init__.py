@@ -1,1 +1,2 @@
-"""Deployments: the servers a model runs on (embedded engine, tenantgate engine replicas, OpenAI-compatible upstreams)."""
+"""Deployments: the servers a model runs on (embedded engine, tenantgate engine replicas,
+OpenAI-compatible upstreams)."""

@@ -8,12 +8,16 @@ import asyncio
 import logging
 import os
 import time
-
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from gateway.deployments.base import (
     UpstreamUnavailable,
 )
 from gateway.deployments.config import Deployment
+
+if TYPE_CHECKING:
+    from azure.core.credentials import AccessToken
 
 logger = logging.getLogger("tenantgate.gateway.upstream")
 
@@ -24,7 +28,8 @@ class _KeyFile:
     """A mounted secret, read again when its modification time changes (rotation)."""
 
     def __init__(self, deployment: Deployment) -> None:
-        self.path, self.name = deployment.api_key_file, deployment.name
+        # Made only for a deployment with an api_key_file.
+        self.path, self.name = cast(Path, deployment.api_key_file), deployment.name
         self._stamp: int | None = None
         self._key = ""
         self.read()
@@ -55,7 +60,7 @@ class Credentials:
                                  f"{deployment.api_key_env} is not set")
         self._entra = entra_credential
         self._owns_entra = False
-        self._token = None
+        self._token: AccessToken | None = None
         self._token_lock = asyncio.Lock()
 
     async def headers(self) -> dict[str, str]:

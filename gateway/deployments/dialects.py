@@ -32,8 +32,8 @@ import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import quote
-
 
 from engine import CacheScope, ExecutionEnvelope
 from gateway.deployments.base import (
@@ -182,7 +182,8 @@ def compile_request(deployment: Deployment, call: UpstreamCall, served_model: st
             body["top_k"] = -1
     if deployment.dialect == "azure-openai":
         # The deployment is in the path; the 2024-10-21 request schema has no model field.
-        url = (f"{base}/openai/deployments/{quote(deployment.azure_deployment, safe='')}/{PATHS[call.route]}"
+        azure_name = cast(str, deployment.azure_deployment)  # the dialect requires it (config.py)
+        url = (f"{base}/openai/deployments/{quote(azure_name, safe='')}/{PATHS[call.route]}"
                f"?api-version={quote(deployment.azure_api_version, safe='')}")
     else:
         url = f"{base}/{PATHS[call.route]}"

@@ -15,7 +15,13 @@ import httpx
 import numpy as np
 
 from gateway.deployments.base import (
-    Embeddings, UpstreamCall, UpstreamIdle, UpstreamInterrupted, UpstreamOutput, UpstreamRejected, UpstreamUnavailable,
+    Embeddings,
+    UpstreamCall,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamOutput,
+    UpstreamRejected,
+    UpstreamUnavailable,
 )
 from gateway.deployments.config import Deployment
 from gateway.deployments.credentials import Credentials

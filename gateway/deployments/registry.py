@@ -8,16 +8,17 @@ from typing import Literal, Protocol
 
 from gateway.deployments.config import Deployment, DeploymentsError, TokenIds
 from gateway.deployments.openai_compatible import OpenAIUpstream
+from gateway.deployments.replica_client import ReplicaClient
 from gateway.deployments.routing import Target
 from gateway.deployments.targets import ReplicaTarget, UpstreamTarget
-from gateway.deployments.replica_client import ReplicaClient
 
 
 class Tokenizer(Protocol):
     """What the gateway needs of a model's tokenizer: counting, chat rendering, logprob text."""
 
     def encode(self, text: str, add_special_tokens: bool, parse_special: bool = False) -> list[int]: ...
-    renders_tools: bool  # whether the chat template has a tools section
+    @property
+    def renders_tools(self) -> bool: ...  # whether the chat template has a tools section
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
     def token_text(self, token_id: int) -> str: ...
@@ -52,7 +53,8 @@ class ServedModel:
 def load_tokenizer(model: str) -> Tokenizer:
     """The tokenizer of a model reference (a packaged name, demo, a .gguf file or a checkpoint
     directory), as the engine would load it; GGUF files are converted once and cached."""
-    from engine import Tokenizer as EngineTokenizer, resolve_model_path
+    from engine import Tokenizer as EngineTokenizer
+    from engine import resolve_model_path
     from gateway.inference import GatewayTokenizer
 
     return GatewayTokenizer(EngineTokenizer.from_dir(resolve_model_path(model, progress=False)))

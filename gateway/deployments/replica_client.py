@@ -16,11 +16,23 @@ import httpx
 
 from engine import ExecutionEnvelope, PendingRecords, RequestOutput, SamplingParams
 from engine.remote import (
-    ENVELOPE_HEADER, GENERATE_PATH, INFO_PATH, LOAD_PATH, REJECTION_REASONS, EnvelopeSigner, output_from_json,
-    params_to_json, record_from_json,
+    ENVELOPE_HEADER,
+    GENERATE_PATH,
+    INFO_PATH,
+    LOAD_PATH,
+    REJECTION_REASONS,
+    EnvelopeSigner,
+    output_from_json,
+    params_to_json,
+    record_from_json,
 )
 from gateway.deployments.base import (
-    EnvelopeRefused, ReplicaLoad, UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable,
+    EnvelopeRefused,
+    ReplicaLoad,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
 )
 
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError)
@@ -181,7 +193,8 @@ class _Deadline:
 
     async def __aexit__(self, *exc_info) -> bool | None:
         try:
-            return await self._timeout.__aexit__(*exc_info)
+            await self._timeout.__aexit__(*exc_info)  # asyncio.Timeout's returns None: it suppresses nothing
+            return None
         except TimeoutError:
             raise self._kind(self._message) from None
 

@@ -117,7 +117,8 @@ class Router:
         if health.failures >= self.breaker_failures:
             health.open_until = self._clock() + self.breaker_open_s
         if self.metrics is not None:
-            self.metrics.deployment_failures.labels(target.name, "after_output" if after_output else "before_output").inc()
+            when = "after_output" if after_output else "before_output"
+            self.metrics.deployment_failures.labels(target.name, when).inc()
 
     def is_open(self, target: Target) -> bool:
         return self._of(target).open_until > self._clock()

@@ -29,8 +29,8 @@ CL100K_DIALECTS = ("openai", "azure-openai")
 class ReplicaTarget:
     """One `tenantgate engine serve` replica: its engine enforces every decision itself."""
 
-    expects_records = True
-    remote = True  # called over HTTP, with the trace's traceparent
+    expects_records: bool = True
+    remote: bool = True  # called over HTTP, with the trace's traceparent
 
     def __init__(self, name: str, replica: ReplicaClient) -> None:
         self.name = name
@@ -44,6 +44,8 @@ class ReplicaTarget:
         return None
 
     def run(self, request: RunRequest) -> AsyncIterator[RequestOutput]:
+        if request.params is None:
+            raise ValueError("a replica generates: its request carries sampling params")
         return self.replica.generate(request.token_ids, request.params, request.envelope, request.request_id,
                                      headers=request.headers)
 
@@ -80,9 +82,9 @@ class UpstreamTarget:
     batch-invariant for the deterministic lane, dedicated to the tenant for tenant or exclusive
     isolation, and a cache scope its dialect can keep apart (gateway/deployments/dialects.py)."""
 
-    expects_records = False
-    max_model_len = None  # the deployment's context_tokens, when declared, caps its model
-    remote = True
+    expects_records: bool = False
+    max_model_len: int | None = None  # the deployment's context_tokens, when declared, caps its model
+    remote: bool = True
 
     def __init__(self, deployment: Deployment, upstream: OpenAIUpstream) -> None:
         self.name = deployment.name

@@ -27,6 +27,7 @@ import random
 import time
 import weakref
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -295,7 +296,13 @@ class PoolExhausted(MaxConnectionsError):
     not evidence that Redis is down."""
 
 
-class _ReconnectingHealthCheck:
+if TYPE_CHECKING:  # a mixin of redis-py's connection classes (BoundedPool below)
+    _Connection = aioredis.connection.AbstractConnection
+else:
+    _Connection = object
+
+
+class _ReconnectingHealthCheck(_Connection):
     """A connection whose health check (a PING before a command, once it was idle) reconnects and
     pings once more when the first PING fails: PING is idempotent, and a connection that a
     restarted Redis dropped should cost its caller a reconnect, not a refusal. A second failure
@@ -330,8 +337,9 @@ class BoundedPool(aioredis.BlockingConnectionPool):
             raise
 
 
-def redis_client(url: str, *, timeout_s: float, entra: bool = False, entra_scope: str = "https://redis.azure.com/.default",
-                 max_connections: int = 256, pool_timeout_s: float | None = None) -> aioredis.Redis:
+def redis_client(url: str, *, timeout_s: float, entra: bool = False,
+                 entra_scope: str = "https://redis.azure.com/.default", max_connections: int = 256,
+                 pool_timeout_s: float | None = None) -> aioredis.Redis:
     """A client with bounded timeouts and no retry loop, on a sized pool whose callers wait at
     most pool_timeout_s (default: timeout_s) for a connection. Password and TLS come from the URL
     (`rediss://:password@host:port`); with entra, the password is an Entra ID token from

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.deployments.dialects import unsupported_fields
-from gateway.deployments.registry import ServedModel
 from gateway.context import Gateway
+from gateway.deployments.dialects import unsupported_fields
+from gateway.deployments.registry import Tokenizer
+from gateway.deployments.targets import UpstreamTarget
 from gateway.errors import InvalidRequest
 from gateway.openai.protocol import SamplingFields
 from gateway.pipeline.admission import Ask
@@ -23,15 +24,24 @@ def unsupported(body: SamplingFields) -> None:
         raise InvalidRequest("seed must be an integer in [0, 2**63)", param="seed")
 
 
+def logprob_text(gateway: Gateway, model: str) -> Callable[[int], str]:
+    """The text of a token id, for logprobs: only a model the gateway has the tokenizer of takes them
+    (build_ask refuses logprobs for one whose upstreams get text)."""
+    tokenizer = gateway.models[model].tokenizer
+    if tokenizer is None:
+        raise InvalidRequest("logprobs are not available for this model", param="logprobs")
+    return tokenizer.token_text
+
+
 def estimate_tokens(text: str) -> int:
     return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN_ESTIMATE))
 
 
 def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id: str, runs_as: str | None = None,
-              encode: Callable[[ServedModel], list[int]], text: Callable[[], str], max_tokens: int | None,
-              logprobs: int | None, special_token_ids: Callable[[ServedModel], list[int]] | None = None,
+              encode: Callable[[Tokenizer], list[int]], text: Callable[[], str], max_tokens: int | None,
+              logprobs: int | None, special_token_ids: Callable[[Tokenizer], list[int]] | None = None,
               json_schema: str | None = None, schema_param: str = "response_format") -> Ask:
-    """`encode(served)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
+    """`encode(tokenizer)`: the prompt's ids with the model's tokenizer; `text()`: the prompt as text,
     for models the gateway has no tokenizer for."""
     unsupported(body)
     served = gateway.models.get(body.model)
@@ -41,17 +51,19 @@ def build_ask(gateway: Gateway, body: SamplingFields, *, route: str, request_id:
         if not served.takes_token_ids:
             if logprobs is not None:
                 raise InvalidRequest("logprobs are not available for this model", param="logprobs")
-            refused = unsupported_fields(wire, [t.deployment.dialect for t in served.targets])
+            dialects = [t.deployment.dialect for t in served.targets if isinstance(t, UpstreamTarget)]
+            refused = unsupported_fields(wire, [dialect for dialect in dialects if dialect is not None])
             if "n" in refused:
                 raise InvalidRequest("n must be 1 for this model: its upstream deployments return one choice "
                                      "per request here (docs/upstreams.md)", param="n")
             if refused:
                 raise InvalidRequest(f"{refused[0]} is not supported for this model", param=refused[0])
-        if served.tokenizer is not None:
-            token_ids = encode(served)
+        tokenizer = served.tokenizer
+        if tokenizer is not None:
+            token_ids = encode(tokenizer)
             prompt_tokens = len(token_ids)
             if special_token_ids is not None:
-                special = lambda: special_token_ids(served)  # noqa: E731 - bound to this model
+                special = lambda: special_token_ids(tokenizer)  # noqa: E731 - bound to this model
         else:
             prompt_tokens = estimate_tokens(text())
         if not served.takes_token_ids:

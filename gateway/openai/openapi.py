@@ -1,8 +1,11 @@
 """What every OpenAI route documents: its error responses, in OpenAI's shape."""
 
+from typing import Any
+
 from gateway.openai.protocol import ErrorResponse
 
-ERROR_RESPONSES = {
+# FastAPI's `responses` type: status (or "default") -> the response's OpenAPI fields.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request body"},
     401: {"model": ErrorResponse, "description": "Missing or invalid Entra ID access token"},
     403: {"model": ErrorResponse, "description": "Denied by policy"},

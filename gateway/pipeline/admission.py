@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
 from gateway.auth.principal import Principal
@@ -31,8 +31,8 @@ from gateway.errors import (
 )
 from gateway.json_values import json_depth
 from gateway.limits import Admission, QuotaStoreUnavailable, Ticket
-from gateway.pipeline.exchange import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, Exchange
 from gateway.pipeline.envelope import envelope_for_decision
+from gateway.pipeline.exchange import DECISION_ID_HEADER, MAX_TOKENS_CLAMPED_HEADER, Exchange
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import Decision
 from gateway.policy.service import Judgement
@@ -193,8 +193,8 @@ def _denial(judgement: Judgement, prompt_tokens: int) -> GatewayError:
     reasons = judgement.decision.reasons
     if MODEL_DENIED_REASON in reasons:
         return ModelDenied(reasons, judgement.revision)
-    windows = [CONTEXT_DENIED_REASON.fullmatch(reason) for reason in reasons]
-    if windows and all(windows):
+    windows = [window for reason in reasons if (window := CONTEXT_DENIED_REASON.fullmatch(reason))]
+    if reasons and len(windows) == len(reasons):
         return ContextLengthExceeded(prompt_tokens, int(windows[0][1]), tenants=True)
     return PolicyDenied(reasons, judgement.revision)
 
@@ -247,7 +247,7 @@ def _sampling_params(ask: Ask, max_tokens: int) -> SamplingParams:
             min_p=ask.min_p or 0.0,
             presence_penalty=ask.presence_penalty or 0.0,
             frequency_penalty=ask.frequency_penalty or 0.0,
-            logit_bias=ask.logit_bias or (),
+            logit_bias=ask.logit_bias or (),  # type: ignore[arg-type]  # a mapping of ids, normalised there
             seed=ask.seed,
             stop=ask.stop,
             logprobs=ask.logprobs,
@@ -310,7 +310,7 @@ async def admit(gateway: Gateway, exchange: Exchange, principal: Principal, ask:
             ticket = await reserve(gateway, principal, decision, ask.request_id, reserved, embeds=ask.embeds)
             span.set_attribute("tenantgate.quota.accounted", ticket.accounted)
     except GatewayError as exc:
-        judgement = judgement or getattr(exc, "judgement", None)
+        judgement = judgement or cast("Judgement | None", exc.judgement)
         with trace.stage("audit"):
             audit_refusal(gateway, ask, principal, judgement, prompt_tokens, exc, decision_id)
         raise

@@ -13,7 +13,8 @@ from gateway.policy.schema import Decision
 def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decision) -> ExecutionEnvelope:
     """Raises EnvelopeError/ValueError when the decision cannot become an envelope."""
     scope = CacheScope(decision.cache.scope)
-    namespace = None if scope is CacheScope.NONE else keyed_digest(namespace_key, "namespace:" + decision.cache.namespace)
+    namespace = (None if scope is CacheScope.NONE
+                 else keyed_digest(namespace_key, "namespace:" + decision.cache.namespace))
     return ExecutionEnvelope(
         cache_namespace=namespace,
         cache_scope=scope,

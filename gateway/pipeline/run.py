@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from types import TracebackType
 
 from opentelemetry.trace import SpanKind
@@ -25,8 +25,14 @@ from opentelemetry.trace import SpanKind
 from engine import EngineDeadError, RequestError, RequestOutput
 from gateway.audit import digest_label
 from gateway.context import Gateway
-from gateway.deployments.base import Embeddings, RunRequest, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
-from gateway.deployments.base import UpstreamUnavailable
+from gateway.deployments.base import (
+    Embeddings,
+    RunRequest,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from gateway.deployments.routing import Target
 from gateway.errors import GatewayError, InvalidRequest, Unavailable
 from gateway.pipeline.admission import Admitted, decision_summary
@@ -64,7 +70,7 @@ class Run:
         self.usage_excess: dict[str, int] = {}
         # Each choice's text, kept only when the decision allows content in records.
         self._texts: dict[int, list[str]] | None = {} if admitted.keeps_content else None
-        self._outputs: AsyncIterator[RequestOutput] | None = None
+        self._outputs: AsyncGenerator[RequestOutput, None] | None = None
         self._closed = False
         self._written: asyncio.Task | None = None  # the audit record, once close() handed it over
 
@@ -103,7 +109,7 @@ class Run:
         if self._outputs is not None:
             await self._outputs.aclose()
 
-    async def _attempts(self) -> AsyncIterator[RequestOutput]:
+    async def _attempts(self) -> AsyncGenerator[RequestOutput, None]:
         """The deployment's deltas; deployment trouble becomes a GatewayError."""
         admitted, router = self.admitted, self.gateway.router
         for target in admitted.targets:
@@ -142,7 +148,7 @@ class Run:
                 raise
             finally:
                 router.ended(target)
-                await outputs.aclose()  # a request left unfinished is aborted here, not when collected
+                await _aclose(outputs)  # a request left unfinished is aborted here, not when collected
                 span.set_attributes({"gen_ai.usage.output_tokens": self.output_tokens})
                 span.end()
         raise Unavailable(NO_TARGET, headers={"Retry-After": "1"})
@@ -372,6 +378,13 @@ class Run:
         if any(index > 0 for index in texts):
             return [response, *("".join(texts.get(i, ())) for i in range(1, self.admitted.ask.n))]
         return response
+
+
+async def _aclose(outputs: AsyncIterator[RequestOutput]) -> None:
+    """Closes a target's stream of outputs (an async generator, on every target here)."""
+    aclose = getattr(outputs, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _mid_stream(exc: UpstreamUnavailable) -> Unavailable:

@@ -106,7 +106,7 @@ class OpaWatch:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.refresh()
-            except Exception:  # noqa: BLE001 - the watch must outlive one bad answer
+            except Exception:  # the watch must outlive one bad answer
                 logger.exception("opa watch failed once; it keeps watching")
 
     async def start(self) -> None:

@@ -101,9 +101,9 @@ async def prepare_elsewhere(policy_dir: Path, data_dir: Path) -> PreparedPolicy:
         sys.executable, "-c", _PREPARE, json.dumps(sys.path), str(policy_dir), str(data_dir),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         limit=_LINE_LIMIT)
-    errors = asyncio.ensure_future(process.stderr.read())
+    errors = asyncio.ensure_future(process.stderr.read())  # type: ignore[union-attr]  # stderr=PIPE
     try:
-        prepared = await _read_prepared(process.stdout)
+        prepared = await _read_prepared(process.stdout)  # type: ignore[arg-type]  # stdout=PIPE
         code = await process.wait()
     finally:
         if process.returncode is None:  # cancelled mid-read (the gateway stops)
@@ -194,6 +194,6 @@ def build_engine(prepared: PreparedPolicy):
 async def build_engine_cooperatively(prepared: PreparedPolicy):
     """The engine, built on the calling loop's thread, which answers other tasks between steps."""
     engine = None
-    for engine in engine_steps(prepared):
+    for engine in engine_steps(prepared):  # noqa: B007 - the last step yields the built engine
         await asyncio.sleep(0)
     return engine

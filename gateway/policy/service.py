@@ -22,7 +22,7 @@ from gateway.background import BackgroundTask
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
 from gateway.policy.opa import DECISION_PATH, OpaWatch
-from gateway.policy.prepared import build_engine_cooperatively, checked, prepare_elsewhere
+from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
 from gateway.policy.schema import Decision, validate_decision
 
 logger = logging.getLogger("tenantgate.policy")
@@ -120,15 +120,20 @@ class EmbeddedPolicy:
         held = self._failing.get(tenant_id)
         return held is not None and held[0] == self._evaluator.revision and time.monotonic() < held[1]
 
+    @property
+    def _prepared(self) -> PreparedPolicy:
+        # Every evaluator of the service is built from a PreparedPolicy (an evaluator may take a PolicySource).
+        return self._evaluator.source  # type: ignore[return-value]  # built from a PreparedPolicy
+
     def tenant_known(self, tenant_id: str) -> bool:
         """Whether policy data registers this tenant (checked before any per-tenant key fetch)."""
-        return tenant_id in self._evaluator.source.tenant_ids
+        return tenant_id in self._prepared.tenant_ids
 
     def tenant_enabled(self, tenant_id: str) -> bool:
-        return tenant_id in self._evaluator.source.enabled_tenant_ids
+        return tenant_id in self._prepared.enabled_tenant_ids
 
     def tenant_ids(self) -> frozenset[str]:
-        return self._evaluator.source.tenant_ids
+        return self._prepared.tenant_ids
 
     def ready(self) -> bool:
         return True  # a policy that failed to load never got this far
@@ -156,7 +161,7 @@ class EmbeddedPolicy:
             await asyncio.sleep(self._reload_interval_s)
             try:
                 await self.reload_if_changed()
-            except Exception:  # noqa: BLE001 - the watcher must outlive a bad file system moment
+            except Exception:  # the watcher must outlive a bad file system moment
                 logger.exception("policy watcher failed once; it keeps watching")
 
     async def start(self) -> None:

@@ -92,12 +92,15 @@ class Redactor:
         if len(lowered) != len(spelled):  # only "İ" lower-cases to two characters
             lowered = spelled.replace("\u0130", "i").lower()
         whole = ((0, len(spelled)),)
-        windows = None
+        windows: list[tuple[int, int]] | None = None
         found: list[tuple[int, int, int]] = []
         for rank, detector in enumerate(self._detectors):
-            if detector.numeric and windows is None:
-                windows = numeric_windows(spelled)
-            for start, end in detector.spans(spelled, lowered, windows if detector.numeric else whole):
+            ranges: Sequence[tuple[int, int]] = whole
+            if detector.numeric:
+                if windows is None:
+                    windows = numeric_windows(spelled)
+                ranges = windows
+            for start, end in detector.spans(spelled, lowered, ranges):
                 found.append((*folded.original_span(start, end), rank))
         if not found:
             return []

@@ -16,9 +16,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -90,14 +91,15 @@ def parse_time(value: str, what: str) -> float:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise UsageError(f"{what} must be an ISO 8601 date or time, such as 2026-12-01 or 2026-12-01T10:00:00Z") from None
+        raise UsageError(f"{what} must be an ISO 8601 date or time, "
+                         "such as 2026-12-01 or 2026-12-01T10:00:00Z") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -111,20 +113,23 @@ class Usage:
         at, usage = entry.get("time"), entry.get("usage")
         if entry.get("type") != "record" or not isinstance(usage, dict) or entry.get("deployment") is None:
             return
-        if not (type(at) in (int, float) and math.isfinite(at) and self.start <= at < self.end):
+        if type(at) not in (int, float):
+            return
+        moment = cast(float, at)  # an int or a float, as the test above says
+        if not (math.isfinite(moment) and self.start <= moment < self.end):
             return
         row = self.rows.setdefault(tuple(entry.get(k) for k in KEY), dict.fromkeys(FIGURES, 0))
         row["requests"] += 1
         for name in TOKENS:
             row[name] += _number(usage.get(name))
-        engine = entry.get("engine") if isinstance(entry.get("engine"), dict) else {}
+        engine = entry["engine"] if isinstance(entry.get("engine"), dict) else {}
         row["kv_block_seconds"] += _number(engine.get("kv_block_seconds"))
         row["engine_ms"] += _number(engine.get("engine_ms"))
 
     def document(self, prices: Prices | None = None, names: dict[str, str] | None = None) -> dict:
         """The report as JSON: rows, totals and the verification it rests on."""
         rows, unpriced = [], set()
-        totals = dict.fromkeys(FIGURES, 0)
+        totals: dict[str, Any] = dict.fromkeys(FIGURES, 0)
         cost = Decimal(0)
         for key in sorted(self.rows, key=lambda k: tuple("" if v is None else str(v) for v in k)):
             figures = self.rows[key]
@@ -164,7 +169,10 @@ def to_csv(document: dict) -> str:
 
 
 def _number(value: object) -> int | float:
-    return value if type(value) in (int, float) and math.isfinite(value) and value >= 0 else 0
+    if type(value) not in (int, float):
+        return 0
+    number = cast(float, value)  # an int or a float, as the test above says
+    return number if math.isfinite(number) and number >= 0 else 0
 
 
 def _rounded(name: str, value: int | float) -> int | float:

@@ -98,8 +98,8 @@ def _tenants(directory: Path) -> Path:
     tenants = json.loads((DATA_DIR / "tenants.json").read_text())
     alpha = tenants["tenants"][ALPHA]
     assert {DEFAULT_MODEL, EMBEDDING_MODEL} <= set(alpha["models"])
-    tenants["tenants"][LAMBDA] = alpha | {"name": "Lambda Test", "responses": {"store": False}, "limits": alpha["limits"] | {
-        "tokens_per_minute": LAMBDA_TOKENS_PER_MINUTE}}
+    tenants["tenants"][LAMBDA] = alpha | {"name": "Lambda Test", "responses": {"store": False},
+                                          "limits": alpha["limits"] | {"tokens_per_minute": LAMBDA_TOKENS_PER_MINUTE}}
     (directory / "tenants.json").write_text(json.dumps(tenants))
     return directory
 

@@ -22,7 +22,7 @@ def table_rows() -> list[tuple[str, str, str, str]]:
     assert section, "docs/api.md has no '### Agent clients' section"
     lines = [line for line in section.group(1).splitlines() if line.startswith("| `")]
     rows = [(m.group(1), m.group(3), m.group(4), m.group(5)) for m in map(ROW.match, lines) if m]
-    assert len(rows) == len(lines), f"rows not in the table's form: {[l for l in lines if not ROW.match(l)]}"
+    assert len(rows) == len(lines), f"rows not in the table's form: {[line for line in lines if not ROW.match(line)]}"
     return rows
 
 

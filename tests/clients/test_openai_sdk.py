@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.clients.conftest import ClientGateway, LAMBDA_TOKENS_PER_MINUTE, result, run_flow
+from tests.clients.conftest import LAMBDA_TOKENS_PER_MINUTE, ClientGateway, result, run_flow
 
 
 @pytest.fixture(scope="module")

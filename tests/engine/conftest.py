@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.checkpoints import write_checkpoint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from devkit.checkpoints import write_checkpoint
 
 
 @pytest.fixture

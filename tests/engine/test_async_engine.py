@@ -43,7 +43,8 @@ async def test_concurrent_streams_are_served_together(async_engine) -> None:
 
 
 async def test_leaving_the_stream_aborts_and_frees_blocks(async_engine) -> None:
-    stream = async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="gone", envelope=ENV)
+    stream = async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="gone",
+                                   envelope=ENV)
     async for _ in stream:
         assert async_engine.engine.kv_stats().num_used_blocks > 0
         break
@@ -85,7 +86,8 @@ async def test_bad_requests_raise_before_streaming(async_engine) -> None:
 
 async def test_external_abort_ends_the_stream_with_abort(async_engine) -> None:
     deltas = []
-    async for delta in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="x", envelope=ENV):
+    async for delta in async_engine.generate(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True), request_id="x",
+                                             envelope=ENV):
         deltas.append(delta)
         if len(deltas) == 1:
             async_engine.abort("x")

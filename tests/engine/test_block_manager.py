@@ -9,7 +9,6 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.utils.envelopes import ENV, envelope
 
-
 _arrivals = itertools.count()
 
 

@@ -11,10 +11,12 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_generate_streams_a_continuation(tiny_dir) -> None:
-    result = run_cli("generate", "--model", str(tiny_dir), "--prompt", "The gateway", "--max-tokens", "8", "--temperature", "0")
+    result = run_cli("generate", "--model", str(tiny_dir), "--prompt", "The gateway", "--max-tokens", "8",
+                     "--temperature", "0")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
-    again = run_cli("generate", "--model", str(tiny_dir), "--prompt", "The gateway", "--max-tokens", "8", "--temperature", "0")
+    again = run_cli("generate", "--model", str(tiny_dir), "--prompt", "The gateway", "--max-tokens", "8",
+                    "--temperature", "0")
     assert again.stdout == result.stdout
 
 

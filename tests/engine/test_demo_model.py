@@ -9,13 +9,13 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from engine.errors import ModelNotFoundError
 from engine.model import demo
+from engine.model.catalog import resolve_model_path
 from engine.model.demo import (
     DEMO_MODEL_NAME,
     DEMO_MODEL_VERSION,
     default_cache_dir,
     ensure_demo_model,
 )
-from engine.model.catalog import resolve_model_path
 from engine.tokenizer import Tokenizer
 
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

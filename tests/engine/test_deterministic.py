@@ -37,7 +37,7 @@ def run_crowded(engine, rng: random.Random, prompt, params, env, companions: int
     prompts = [prompt]
     all_params = [params]
     envs = [env]
-    for j in range(companions):
+    for _ in range(companions):
         length = rng.randrange(1, 200)
         prompts.append([rng.randrange(2, 500) for _ in range(length)])
         all_params.append(
@@ -101,8 +101,13 @@ def test_deterministic_requests_are_bit_identical_under_load(engines) -> None:
         )
         env = envelope(f"tenant-{case}", deterministic=True)  # a fresh namespace: the first run is cold
         companions = rng.randrange(1, 32)
-        alone = lambda engine: engine.generate([prompt], params, env)[0]  # noqa: E731
-        crowded = lambda engine: run_crowded(engine, rng, prompt, params, env, companions)  # noqa: E731
+
+        def alone(engine):
+            return engine.generate([prompt], params, env)[0]  # noqa: B023 - called in this iteration only
+
+        def crowded(engine):
+            return run_crowded(engine, rng, prompt, params, env, companions)  # noqa: B023 - called in this iteration only
+
         # Engine 0 (no chunking): cold and alone, then cached and crowded.
         # Engine 1 (37-token budget, so prompts are chunked): cold and crowded, then cached and alone.
         runs = [alone(engines[0]), crowded(engines[0]), crowded(engines[1]), alone(engines[1])]

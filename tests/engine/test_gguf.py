@@ -93,7 +93,8 @@ def test_a_directory_holding_one_gguf_file_is_a_checkpoint(tmp_path, demo_model_
 
 
 def test_unsupported_tensor_type_is_named(tmp_path, demo_model_dir):
-    path = write_tiny_gguf(tmp_path / "tq.gguf", demo_model_dir, qtype="TQ2_0", shape={"hidden": 256, "intermediate": 256})
+    path = write_tiny_gguf(tmp_path / "tq.gguf", demo_model_dir, qtype="TQ2_0",
+                           shape={"hidden": 256, "intermediate": 256})
     with pytest.raises(GGUFError, match="TQ2_0"):
         ensure_converted(path, tmp_path / "cache", progress=False)
     assert not (tmp_path / "cache" / "models").exists() or not list((tmp_path / "cache" / "models").iterdir())
@@ -106,7 +107,8 @@ def test_unsupported_architecture_is_named(tmp_path, demo_model_dir):
     for field in reader.fields.values():
         if field.name.startswith("llama.") or field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if len(field.types) > 1 else None)
     writer.add_block_count(2)
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)

@@ -17,13 +17,13 @@ import jsonschema
 import pytest
 import torch
 
+from devkit.schemas import SCHEMAS
 from engine.config import EngineConfig
 from engine.grammar import apply_bitmask, bitmask_words
 from engine.llm_engine import LLMEngine, RequestError
 from engine.sampling_params import SamplingParams
 from tests.engine.test_deterministic import run_crowded
 from tests.utils.envelopes import envelope
-from devkit.schemas import SCHEMAS
 
 
 @pytest.fixture(scope="module")

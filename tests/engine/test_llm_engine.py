@@ -23,10 +23,12 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch(tiny_dir, make_engi
     engine = make_engine(model=str(tiny_dir))
     alone = engine.generate([PROMPT], params, envelopes=ENV)[0].token_ids
     others = [sampled(temperature=0.8, seed=i) for i in range(15)]
-    crowd = engine.generate([PROMPT] + [f"{PROMPT} {i} " * (i + 1) for i in range(15)], [params] + others, envelopes=ENV)
+    crowd = engine.generate([PROMPT] + [f"{PROMPT} {i} " * (i + 1) for i in range(15)], [params] + others,
+                            envelopes=ENV)
     assert crowd[0].token_ids == alone
     # The seed matters: another seed gives another continuation.
-    assert engine.generate([PROMPT], sampled(temperature=1.0, top_p=0.9, top_k=50, seed=4321), envelopes=ENV)[0].token_ids != alone
+    other_seed = engine.generate([PROMPT], sampled(temperature=1.0, top_p=0.9, top_k=50, seed=4321), envelopes=ENV)
+    assert other_seed[0].token_ids != alone
 
 
 def test_unseeded_requests_differ_from_each_other(tiny_dir, make_engine) -> None:
@@ -45,10 +47,12 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_dir, make_engine) -> None:
 def test_sampled_tokens_stay_inside_top_k_and_top_p(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir))
     for seed in range(4):
-        top_k = engine.generate([PROMPT], sampled(temperature=2.0, top_k=3, seed=seed, keep_logits=True), envelopes=ENV)[0]
+        top_k = engine.generate([PROMPT], sampled(temperature=2.0, top_k=3, seed=seed, keep_logits=True),
+                                envelopes=ENV)[0]
         for token, logits in zip(top_k.token_ids, top_k.logits):
             assert token in logits.topk(3).indices.tolist()
-        top_p = engine.generate([PROMPT], sampled(temperature=1.0, top_p=0.5, seed=seed, keep_logits=True), envelopes=ENV)[0]
+        top_p = engine.generate([PROMPT], sampled(temperature=1.0, top_p=0.5, seed=seed, keep_logits=True),
+                                envelopes=ENV)[0]
         for token, logits in zip(top_p.token_ids, top_p.logits):
             probs, order = logits.softmax(-1).sort(descending=True)
             nucleus = int((probs.cumsum(-1) - probs < 0.5).sum())
@@ -121,7 +125,8 @@ def test_stop_token_ids_and_eos_stop(tiny_dir, tmp_path, make_engine) -> None:
         (eos_dir / f.name).write_bytes(f.read_bytes())
     (eos_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop_at]}))
     eos_engine = make_engine(model=str(eos_dir))
-    assert eos_engine.generate([PROMPT], sampled(temperature=0, ignore_eos=False), envelopes=ENV)[0].token_ids == greedy[: first + 1]
+    stopped = eos_engine.generate([PROMPT], sampled(temperature=0, ignore_eos=False), envelopes=ENV)[0]
+    assert stopped.token_ids == greedy[: first + 1]
     assert eos_engine.generate([PROMPT], sampled(temperature=0), envelopes=ENV)[0].token_ids == greedy
 
 

@@ -36,7 +36,8 @@ def engine_for(path: Path, **kwargs) -> LLMEngine:
 def test_unknown_architecture_names_it_and_the_supported_ones(tiny_dir, tmp_path) -> None:
     path = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
     edit_config(path, architectures=["GPTNeoXForCausalLM"])
-    with pytest.raises(ConfigError, match="'GPTNeoXForCausalLM'.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
+    with pytest.raises(ConfigError,
+                       match="'GPTNeoXForCausalLM'.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
         engine_for(path)
 
 
@@ -139,8 +140,9 @@ def test_without_a_max_model_len_the_engine_serves_what_the_kv_cache_holds(tiny_
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"dtype": "float64"}, {"block_size": 0}, {"max_num_seqs": -1}, {"max_model_len": 0}, {"num_kv_blocks": 0},
-               {"gpu_memory_utilization": 0}, {"gpu_memory_utilization": 1.5}, {"gpu_memory_utilization": "0.9"}]
+    "kwargs", [{"dtype": "float64"}, {"block_size": 0}, {"max_num_seqs": -1}, {"max_model_len": 0},
+               {"num_kv_blocks": 0}, {"gpu_memory_utilization": 0}, {"gpu_memory_utilization": 1.5},
+               {"gpu_memory_utilization": "0.9"}]
 )
 def test_invalid_engine_settings(kwargs) -> None:
     with pytest.raises(ConfigError):

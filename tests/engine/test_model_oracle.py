@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from devkit.checkpoints import write_checkpoint
-from tests.utils.envelopes import ENV, envelope
 from devkit.oracle import ATOL, CHECKPOINTS, Reference, assert_matches, build_reference, greedy
+from tests.utils.envelopes import ENV, envelope
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.paths import CACHE_DIR_ENV, default_cache_dir
 from devkit.issuer import dev_issuer_key_dir
+from engine.paths import CACHE_DIR_ENV, default_cache_dir
 
 
 def test_the_cache_dir_is_the_variable_else_the_users_cache(monkeypatch) -> None:

@@ -100,7 +100,8 @@ def test_at_least_one_token_is_left_to_compute() -> None:
 
 def test_least_recently_used_cached_blocks_are_evicted_first() -> None:
     bm = BlockManager(6, 4)
-    old, new = make_seq("old", 8, envelope("t1"), tokens=list(range(8))), make_seq("new", 8, envelope("t1"), tokens=list(range(100, 108)))
+    old = make_seq("old", 8, envelope("t1"), tokens=list(range(8)))
+    new = make_seq("new", 8, envelope("t1"), tokens=list(range(100, 108)))
     for seq in (old, new):
         compute_and_cache(bm, seq)
     assert bm.num_cached_blocks == 4 and bm.num_free_blocks == 2
@@ -121,7 +122,8 @@ def test_a_tenant_at_quota_recycles_its_own_cached_blocks_not_others() -> None:
     flooder_env = envelope("t2", quota=4)
     bm.set_quota(flooder_env.isolation_key, 4)
     for i in range(5):  # t2 caches 16 tokens at a time, over and over
-        compute_and_cache(bm, make_seq(f"flood-{i}", 16, flooder_env, tokens=list(range(1000 * (i + 1), 1000 * (i + 1) + 16))))
+        compute_and_cache(bm, make_seq(f"flood-{i}", 16, flooder_env,
+                                       tokens=list(range(1000 * (i + 1), 1000 * (i + 1) + 16))))
         bm.check_invariants()
         assert bm.charged[flooder_env.isolation_key] <= 4
     ids, _ = bm.match_prefix(make_seq("again", 9, envelope("t1"), tokens=list(range(8)) + [0]))

@@ -60,7 +60,8 @@ def test_multi_tenant_soak(tiny_dir, make_engine) -> None:
             quota=rng.choice([16, 24, 32]), principal=principal,
         )
         prompt = rng.choice(system_prompts) + [rng.randrange(2, 500) for _ in range(rng.randrange(1, 40))]
-        params = SamplingParams(max_tokens=rng.randrange(1, 5), temperature=rng.choice([0.0, 1.0]), seed=i, ignore_eos=True)
+        params = SamplingParams(max_tokens=rng.randrange(1, 5), temperature=rng.choice([0.0, 1.0]), seed=i,
+                                ignore_eos=True)
         requests[str(i)] = (env, prompt, params)
 
     pending = list(requests)

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 from prometheus_client import generate_latest
 
-from engine.sampling_params import SamplingParams
 from engine import telemetry
+from engine.sampling_params import SamplingParams
 from engine.telemetry import ListSink, PrometheusSink
 from tests.utils.envelopes import envelope
 
@@ -181,4 +181,5 @@ def test_prefix_hit_ratio_is_over_each_scopes_recent_requests(tiny_dir, make_eng
     first, second, third = sink.requests
     assert first.cached_tokens == 0 and second.cached_tokens > 0
     # The first request (no hits) has left the window of two.
-    assert ratio("tenant") == (second.cached_tokens + third.cached_tokens) / (second.prompt_tokens + third.prompt_tokens)
+    assert ratio("tenant") == ((second.cached_tokens + third.cached_tokens)
+                               / (second.prompt_tokens + third.prompt_tokens))

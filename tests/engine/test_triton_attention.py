@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def results(llama_dir) -> dict[str, str | None]:
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "tests.utils.triton_cases", str(llama_dir)], env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "tests.utils.triton_cases", str(llama_dir)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {line["case"]: line["error"] for line in lines}

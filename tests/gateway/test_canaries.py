@@ -25,10 +25,9 @@ import redis
 from stdnum import luhn
 from stdnum.iso7064 import mod_97_10
 
-from gateway.redaction import fold
-
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA
 from devkit.server import TENANTGATE, free_port, gateway_env, wait_ready
+from gateway.redaction import fold
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA
 
 ORDINARY = "Please summarise the quarterly report for the board by Friday"
 

@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, serve_env
 from devkit.server import TENANTGATE, free_port, tenantgate_serve, wait_ready
 from devkit.server import gateway_env as _env
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, serve_env
 
 
 def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
@@ -28,7 +28,8 @@ def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
     server = subprocess.Popen([TENANTGATE, "serve", "--dev", "--port", str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_ready(f"http://127.0.0.1:{port}", server, output=lambda: server.stdout.read() if server.poll() is not None else "")
+        wait_ready(f"http://127.0.0.1:{port}", server,
+                   output=lambda: server.stdout.read() if server.poll() is not None else "")
         token = subprocess.run(
             [TENANTGATE, "token", "--tenant", "northwind", "--issuer", f"http://127.0.0.1:{issuer_port}"],
             env=env, capture_output=True, text=True, check=True).stdout.strip()
@@ -70,7 +71,8 @@ def test_production_refuses_the_development_namespace_secret() -> None:
 ])
 def test_a_bad_deployments_file_is_refused_before_serving(tmp_path: Path, document: str, problem: str) -> None:
     (tmp_path / "deployments.json").write_text(document)
-    result = subprocess.run([TENANTGATE, "serve"], env=_env(TENANTGATE_DEPLOYMENTS_FILE=str(tmp_path / "deployments.json")),
+    result = subprocess.run([TENANTGATE, "serve"],
+                            env=_env(TENANTGATE_DEPLOYMENTS_FILE=str(tmp_path / "deployments.json")),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert problem in result.stderr and "Traceback" not in result.stderr

@@ -13,14 +13,20 @@ from contextlib import contextmanager
 import openai
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.tracing import TracingError, tracer_provider
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EMBEDDING_MODEL, gateway_settings
-from tests.gateway.api.conftest import embedding_encoder  # noqa: F401 - the fixture, shared with the API tests
+from tests.gateway.api.conftest import (
+    ALPHA,
+    AUDIENCE,
+    BETA,
+    EMBEDDING_MODEL,
+    embedding_encoder,  # noqa: F401 - the fixture, shared with the API tests
+    gateway_settings,
+)
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
 from tests.utils.otelcol import Span
-from devkit.server import serving
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -68,7 +74,7 @@ def children(spans: list[Span], parent: Span) -> dict[str, Span]:
 
 
 def test_each_request_is_a_server_span_under_the_callers_traceparent_with_a_span_per_stage(
-        local_issuer, otel_collector, embedding_encoder, tmp_path, monkeypatch) -> None:
+        local_issuer, otel_collector, embedding_encoder, tmp_path, monkeypatch) -> None:  # noqa: F811 - the fixture
     with traced_gateway(local_issuer, otel_collector, tmp_path, monkeypatch, embedding_encoder) as (base_url, fake,
                                                                                                   app):
         with client(base_url, local_issuer, ALPHA) as alpha, client(base_url, local_issuer, BETA) as beta:

@@ -29,7 +29,8 @@ def _not_kept(given: Any, kept: Any, path: str = "") -> list[str]:
             return [f"{path or '.'}: not an object in the schema"]
         found = []
         for key, value in given.items():
-            found += [f"{path}.{key}: not in the schema"] if key not in kept else _not_kept(value, kept[key], f"{path}.{key}")
+            found += ([f"{path}.{key}: not in the schema"] if key not in kept
+                      else _not_kept(value, kept[key], f"{path}.{key}"))
         return found
     if isinstance(given, list):
         if not isinstance(kept, list) or len(given) != len(kept):
@@ -40,8 +41,8 @@ def _not_kept(given: Any, kept: Any, path: str = "") -> list[str]:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / ".venv-infra" / "grafana-foundation-sdk"))
-    from grafana_foundation_sdk.cog import plugins  # noqa: PLC0415 - lives in .venv-infra only
-    from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: PLC0415
+    from grafana_foundation_sdk.cog import plugins  # lives in .venv-infra only
+    from grafana_foundation_sdk.models.dashboard import Dashboard
 
     if len(argv) != 2:
         print("usage: check_dashboard.py DASHBOARD.json", file=sys.stderr)

@@ -105,7 +105,7 @@ def _unquote(value: Any) -> Any:
 class Terraform:
     def __init__(self, root: Path) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / ".venv-infra" / "python-hcl2"))
-        import hcl2  # noqa: PLC0415 - lives in .venv-infra only
+        import hcl2  # lives in .venv-infra only
 
         self.resources: dict[str, dict[str, dict]] = {}
         self.locals: dict[str, Any] = {}
@@ -178,7 +178,7 @@ def _alerts(rules: Any, severities: Any) -> list | None:
 
 def _rules_file(path: Path) -> list | None:
     """The first group's rules of a Prometheus rules file (the chart's alerts.yaml)."""
-    import yaml  # noqa: PLC0415 - lives in .venv-infra only (checkov needs it)
+    import yaml  # lives in .venv-infra only (checkov needs it)
 
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))["groups"][0]["rules"]
@@ -259,7 +259,8 @@ def _terraform_endpoints(tf: Terraform) -> set[str]:
     call = tf.modules.get("private_endpoint", {})
     endpoints = str(call.get("endpoints"))
     if call.get("for_each") != "${local.private_endpoints}" or not (
-        endpoints.startswith("${{for key, stamp in var.stamps : key => {") and "resource_id = each.value.ids[key]" in endpoints
+        endpoints.startswith("${{for key, stamp in var.stamps : key => {")
+        and "resource_id = each.value.ids[key]" in endpoints
     ):
         return set()
     per_stamp = re.compile(r"\$\{\{for key, (\w+) in (azurerm_\w+\.\w+) : key => \1\.id\}\}")
@@ -311,13 +312,18 @@ def extract_terraform(root: Path) -> dict[str, Any]:
     zones = [template(zone) for zone in tf.locals.get("private_dns_zones", [{}])[0].values()] if isinstance(
         tf.locals.get("private_dns_zones"), list
     ) else []
-    zones += [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", json.dumps(tf.locals.get("private_dns_zones")))]
+    zones += [
+        template(zone)
+        for zone in re.findall(r"privatelink\.[\w.${}\-]+", json.dumps(tf.locals.get("private_dns_zones")))
+    ]
 
     account = tf.variables.get("gateway_service_account", {}).get("type", "")
     gpu_type = tf.variables.get("gpu_node_pool", {}).get("type", "")
     subject = tf.resolve("${local.gateway_subject}")
 
-    rule_sets = sorted([rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", []))
+    rule_sets = sorted(
+        [rule.get("type"), rule.get("version"), rule.get("action")] for rule in waf.get("managed_rule", [])
+    )
     waf_exclusions = sorted(
         [rule.get("type"), exclusion.get("match_variable"), exclusion.get("operator"), exclusion.get("selector")]
         for rule in waf.get("managed_rule", [])
@@ -333,7 +339,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "network_default_action": _block(vault, "network_acls").get("default_action"),
             "network_bypass": _block(vault, "network_acls").get("bypass"),
             "sku": vault.get("sku_name"),
-            "private_endpoint_per_vault": vault.get("for_each") == "${var.stamps}" and "azurerm_key_vault.this" in endpoints,
+            "private_endpoint_per_vault": (
+                vault.get("for_each") == "${var.stamps}" and "azurerm_key_vault.this" in endpoints
+            ),
         },
         "redis": {
             "access_keys_authentication": database.get("access_keys_authentication_enabled"),
@@ -455,8 +463,12 @@ def extract_terraform(root: Path) -> dict[str, Any]:
             "effect_default": tf.variables.get("kubernetes_policy_effect", {}).get("default"),
         },
         "deny_policy_definition_ids": sorted(GUID.findall(json.dumps(tf.locals.get("deny_policy_definitions")))),
-        "managed_redis_deny_fields": sorted(set(REDIS_ALIAS.findall(json.dumps(tf.locals.get("managed_redis_deny_rules"))))),
-        "defender_plans": sorted(plan.get("resource_type") for plan in tf.all("azurerm_security_center_subscription_pricing")),
+        "managed_redis_deny_fields": sorted(
+            set(REDIS_ALIAS.findall(json.dumps(tf.locals.get("managed_redis_deny_rules"))))
+        ),
+        "defender_plans": sorted(
+            plan.get("resource_type") for plan in tf.all("azurerm_security_center_subscription_pricing")
+        ),
         "stamp_private_dns_zones": sorted((tf.locals.get("stamp_private_dns_zones") or {}).values()),
         "data_collection_rules": sorted(
             [_block(rule, "data_flow").get("streams"), "azurerm_resource_group.this" in str(rule.get("location"))]
@@ -465,7 +477,9 @@ def extract_terraform(root: Path) -> dict[str, Any]:
         "prometheus_alerts": _alerts(
             _terraform_rules(root, tf.locals.get("prometheus_alerts")), tf.locals.get("prometheus_alert_severity")
         ),
-        "role_assignments": sorted(assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")),
+        "role_assignments": sorted(
+            assignment.get("role_definition_name") for assignment in tf.all("azurerm_role_assignment")
+        ),
         "conditions_and_order": {
             "private_dns_links_before_aks": _waits_for(
                 tf, "azurerm_kubernetes_cluster.this", "azurerm_private_dns_zone_virtual_network_link"
@@ -592,7 +606,7 @@ def _dig(node: Any, *path: str) -> Any:
 
 class Bicep:
     def __init__(self, root: Path) -> None:
-        from pycep import BicepParser  # noqa: PLC0415 - lives in .venv-infra only
+        from pycep import BicepParser  # lives in .venv-infra only
 
         parser = BicepParser()
         self.files: dict[str, dict] = {}
@@ -676,16 +690,26 @@ def _bicep_endpoints(bicep: Bicep) -> list[tuple[str, Any, tuple[str, str] | Non
 def _deploys(bicep: Bicep, file_name: str, kind: str) -> bool:
     """`file_name` deploys a `kind` resource, itself or through its modules."""
     document = bicep.files.get(file_name, {})
-    if any(resource.get("type") == kind and not resource.get("existing") for resource in document.get("resources", {}).values()):
+    if any(
+        resource.get("type") == kind and not resource.get("existing")
+        for resource in document.get("resources", {}).values()
+    ):
         return True
-    return any(_deploys(bicep, Path(_dig(module, "detail", "path") or "").name, kind) for module in document.get("modules", {}).values())
+    return any(
+        _deploys(bicep, Path(_dig(module, "detail", "path") or "").name, kind)
+        for module in document.get("modules", {}).values()
+    )
 
 
 def _deployed_after(bicep: Bicep, kind: str, first: str) -> bool:
     """Every module that deploys a `kind` resource waits, through dependsOn (its own or that of
     the modules it depends on), for a module that deploys `first`, in the file that holds it or in
     one that holds that file."""
-    holders = [name for name, document in bicep.files.items() if any(r.get("type") == kind for r in document.get("resources", {}).values())]
+    holders = [
+        name
+        for name, document in bicep.files.items()
+        if any(r.get("type") == kind for r in document.get("resources", {}).values())
+    ]
     if not holders:
         return False
     for holder in holders:
@@ -713,7 +737,9 @@ def _waits_in_parents(bicep: Bicep, file_name: str, first: str, visited: set[str
                 continue
             seen.add(current)
             pending += _body(modules[current]).get("dependsOn") or []
-        waited = any(_deploys(bicep, Path(_dig(modules[name], "detail", "path") or "").name, first) for name in seen - {symbol})
+        waited = any(
+            _deploys(bicep, Path(_dig(modules[name], "detail", "path") or "").name, first) for name in seen - {symbol}
+        )
         if not waited and not _waits_in_parents(bicep, parent, first, visited):
             return False
     return True
@@ -788,14 +814,19 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     stamp_endpoints = {target for file_name, _, target in endpoints if file_name == "stamp.bicep"}
 
     zone_sources = json.dumps(
-        [bicep.variable("main.bicep", "sharedPrivateDnsZoneNames"), bicep.variable("main.bicep", "aksPrivateDnsZoneNames")]
+        [
+            bicep.variable("main.bicep", "sharedPrivateDnsZoneNames"),
+            bicep.variable("main.bicep", "aksPrivateDnsZoneNames"),
+        ]
     )
     zones = [template(zone) for zone in re.findall(r"privatelink\.[\w.${}\-]+", zone_sources)]
 
     roles = []
     for file_name, _, assignment in bicep.resources("Microsoft.Authorization/roleAssignments"):
         reference = _dig(_body(assignment), "properties", "roleDefinitionId")
-        for guid in GUID.findall(json.dumps(bicep.variable(file_name, reference) if isinstance(reference, str) else reference)):
+        for guid in GUID.findall(
+            json.dumps(bicep.variable(file_name, reference) if isinstance(reference, str) else reference)
+        ):
             roles.append(ROLE_NAMES.get(guid, guid))
 
     account = bicep.parameter_default("gatewayServiceAccount") or {}
@@ -807,7 +838,12 @@ def extract_bicep(root: Path) -> dict[str, Any]:
     if isinstance(private_cluster, str):  # a parameter passed down from main.bicep
         private_cluster = bicep.parameter_default(private_cluster)
     waf_exclusions = sorted(
-        [rule.get("ruleSetType"), exclusion.get("matchVariable"), exclusion.get("selectorMatchOperator"), exclusion.get("selector")]
+        [
+            rule.get("ruleSetType"),
+            exclusion.get("matchVariable"),
+            exclusion.get("selectorMatchOperator"),
+            exclusion.get("selector"),
+        ]
         for rule in _dig(waf, "properties", "managedRules", "managedRuleSets") or []
         for exclusion in rule.get("exclusions") or []
     )
@@ -830,7 +866,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         },
         "redis": {
             "access_keys_authentication": _dig(database, "properties", "accessKeysAuthentication") != "Disabled",
-            "entra_access_policy_assignments": len(bicep.resources("Microsoft.Cache/redisEnterprise/databases/accessPolicyAssignments")),
+            "entra_access_policy_assignments": len(
+                bicep.resources("Microsoft.Cache/redisEnterprise/databases/accessPolicyAssignments")
+            ),
             "tls_only": _dig(database, "properties", "clientProtocol") == "Encrypted",
             "public_network_access": _dig(cache, "properties", "publicNetworkAccess") != "Disabled",
             "high_availability": _dig(cache, "properties", "highAvailability") == "Enabled",
@@ -840,7 +878,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         },
         "aks": {
             "local_accounts_disabled": properties.get("disableLocalAccounts"),
-            "entra_azure_rbac": _dig(properties, "aadProfile", "enableAzureRBAC") and _dig(properties, "aadProfile", "managed"),
+            "entra_azure_rbac": (
+                _dig(properties, "aadProfile", "enableAzureRBAC") and _dig(properties, "aadProfile", "managed")
+            ),
             "kubernetes_rbac": properties.get("enableRBAC"),
             "workload_identity": _dig(properties, "securityProfile", "workloadIdentity", "enabled"),
             "oidc_issuer": _dig(properties, "oidcIssuerProfile", "enabled"),
@@ -851,7 +891,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "container_insights_with_entra": bool(_dig(addons, "omsagent", "enabled"))
             and as_bool(_dig(addons, "omsagent", "config", "useAADAuth")),
             "managed_prometheus": bool(_dig(properties, "azureMonitorProfile", "metrics", "enabled")),
-            "secret_store_rotation": as_bool(_dig(addons, "azureKeyvaultSecretsProvider", "config", "enableSecretRotation")),
+            "secret_store_rotation": as_bool(
+                _dig(addons, "azureKeyvaultSecretsProvider", "config", "enableSecretRotation")
+            ),
             "image_cleaner": _dig(properties, "securityProfile", "imageCleaner", "enabled"),
             "web_app_routing": app_routing.get("enabled"),
             "web_app_routing_nginx": _dig(app_routing, "nginx", "defaultIngressControllerType"),
@@ -907,7 +949,11 @@ def extract_bicep(root: Path) -> dict[str, Any]:
             "zone_redundancy": _dig(registry, "properties", "zoneRedundancy") == "Enabled",
             "dedicated_data_endpoints": _dig(registry, "properties", "dataEndpointEnabled"),
             "export_policy": _dig(policies, "exportPolicy", "status") == "enabled",
-            "retention_days": _dig(policies, "retentionPolicy", "days") if _dig(policies, "retentionPolicy", "status") == "enabled" else None,
+            "retention_days": (
+                _dig(policies, "retentionPolicy", "days")
+                if _dig(policies, "retentionPolicy", "status") == "enabled"
+                else None
+            ),
         },
         "front_door": {
             "sku": _dig(profile, "sku", "name"),
@@ -945,18 +991,31 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         "policy_definition_ids": sorted(GUID.findall(json.dumps(definitions))),
         "required_tags": sorted(bicep.variable("main.bicep", "requiredTags") or []),
         "kubernetes_policies": {
-            "definition_ids": sorted(GUID.findall(json.dumps(bicep.variable("aks.bicep", "kubernetesPolicyDefinitions")))),
+            "definition_ids": sorted(
+                GUID.findall(json.dumps(bicep.variable("aks.bicep", "kubernetesPolicyDefinitions")))
+            ),
             "assignments": sum(
-                1 for _, _, assignment in bicep.resources("Microsoft.Authorization/policyAssignments") if _body(assignment).get("scope")
+                1
+                for _, _, assignment in bicep.resources("Microsoft.Authorization/policyAssignments")
+                if _body(assignment).get("scope")
             ),
             "effect_default": bicep.parameter_default("kubernetesPolicyEffect"),
         },
-        "deny_policy_definition_ids": sorted(GUID.findall(json.dumps(bicep.variable("governance.bicep", "denyPolicies")))),
-        "managed_redis_deny_fields": sorted(set(REDIS_ALIAS.findall(json.dumps(bicep.variable("governance.bicep", "managedRedisDenyRules"))))),
-        "defender_plans": sorted(_body(plan).get("name") for _, _, plan in bicep.resources("Microsoft.Security/pricings")),
+        "deny_policy_definition_ids": sorted(
+            GUID.findall(json.dumps(bicep.variable("governance.bicep", "denyPolicies")))
+        ),
+        "managed_redis_deny_fields": sorted(
+            set(REDIS_ALIAS.findall(json.dumps(bicep.variable("governance.bicep", "managedRedisDenyRules"))))
+        ),
+        "defender_plans": sorted(
+            _body(plan).get("name") for _, _, plan in bicep.resources("Microsoft.Security/pricings")
+        ),
         "stamp_private_dns_zones": sorted(bicep.variable("stamp.bicep", "stampPrivateDnsZoneNames") or []),
         "data_collection_rules": sorted(
-            [_dig(_body(rule), "properties", "dataFlows", 0, "streams"), _body(rule).get("location") == "monitoringLocation"]
+            [
+                _dig(_body(rule), "properties", "dataFlows", 0, "streams"),
+                _body(rule).get("location") == "monitoringLocation",
+            ]
             for _, _, rule in bicep.resources("Microsoft.Insights/dataCollectionRules")
         ),
         "prometheus_alerts": _alerts(
@@ -966,7 +1025,9 @@ def extract_bicep(root: Path) -> dict[str, Any]:
         "role_assignments": sorted(roles),
         "conditions_and_order": {
             "private_dns_links_before_aks": _deployed_after(
-                bicep, "Microsoft.ContainerService/managedClusters", "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+                bicep,
+                "Microsoft.ContainerService/managedClusters",
+                "Microsoft.Network/privateDnsZones/virtualNetworkLinks",
             ),
             "front_door_route_only_with_origins": _route_only_with_origins(bicep),
         },

@@ -82,7 +82,8 @@ def test_promtool_check_rules_fails_on_a_broken_rule(promtool: Path, tmp_path: P
     broken.write_text(text.replace("sum by (le) (rate(", "sum by (le (rate(", 1), encoding="utf-8")
     result = run([promtool, "check", "rules", broken])
     assert result.returncode != 0
-    assert "TenantgateTimeToFirstTokenHigh" in result.stdout + result.stderr or "parse error" in result.stdout + result.stderr
+    assert ("TenantgateTimeToFirstTokenHigh" in result.stdout + result.stderr
+            or "parse error" in result.stdout + result.stderr)
 
 
 def test_promtool_unit_tests_pass(promtool: Path) -> None:
@@ -274,7 +275,8 @@ def test_landing_zone_grafana_gets_the_charts_dashboard(tools: Tools) -> None:
     settings = extract_settings(tools, "grafana", INFRA / "terraform")
     assert settings.pop("dashboard_file") == str(DASHBOARD.relative_to(REPO))
     provider = {"source": "grafana/grafana", "version": ">= 3.0, < 5.0"}
-    example = {"provider": provider, "url": "${module.tenantgate.grafana_endpoint}", "auth_in_configuration": False, "enabled": False}
+    example = {"provider": provider, "url": "${module.tenantgate.grafana_endpoint}", "auth_in_configuration": False,
+               "enabled": False}
     assert settings == {
         "folder": ["tenantgate", "tenantgate"],
         "dashboard_in_folder": True,
@@ -318,7 +320,8 @@ def test_pod_monitors_scrape_the_gateway_and_engine_metrics_ports(rendered_manif
     objects = _objects(rendered_manifests["monitoring"].read_text(encoding="utf-8"))
     monitors = _of_kind(objects, "PodMonitor")
     assert set(monitors) == {"-gateway", "-engine"}
-    workloads = {"-gateway": _of_kind(objects, "Deployment")["-gateway"], "-engine": _of_kind(objects, "StatefulSet")["-engine"]}
+    workloads = {"-gateway": _of_kind(objects, "Deployment")["-gateway"],
+                 "-engine": _of_kind(objects, "StatefulSet")["-engine"]}
     policies = _of_kind(objects, "NetworkPolicy")
     scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
     for name, monitor in monitors.items():
@@ -335,7 +338,8 @@ def test_pod_monitors_scrape_the_gateway_and_engine_metrics_ports(rendered_manif
         # The scraper's namespace may reach that port.
         ingress = policies[f"{name}-ingress"]["spec"]["ingress"]
         assert any(
-            scraper in rule["from"] and {"port": ports[endpoint["port"]], "protocol": "TCP"} in rule["ports"] for rule in ingress
+            scraper in rule["from"] and {"port": ports[endpoint["port"]], "protocol": "TCP"} in rule["ports"]
+            for rule in ingress
         ), name
 
 
@@ -348,7 +352,8 @@ def test_embedded_mode_monitors_the_gateway_only_with_the_operators_api_by_defau
 
 
 def test_chart_refuses_an_unknown_pod_monitor_api(tools: Tools) -> None:
-    result = render_chart(tools, "--set", "monitoring.podMonitor.enabled=true", "--set", "monitoring.podMonitor.apiVersion=v1")
+    result = render_chart(tools, "--set", "monitoring.podMonitor.enabled=true",
+                          "--set", "monitoring.podMonitor.apiVersion=v1")
     assert result.returncode != 0
     assert "apiVersion" in result.stderr
 

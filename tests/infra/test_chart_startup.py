@@ -29,11 +29,11 @@ import openai
 import pytest
 import yaml
 
+from devkit.redis import RedisServer
+from devkit.server import TENANTGATE, ServeProcess, free_port, gateway_env, tenantgate_serve
 from tests.infra.conftest import CHART, KUBERNETES_VERSION, REPO, find_go_binary, run
 from tests.utils.issuer import NORTHWIND, WorkloadIdentityIssuer
 from tests.utils.opa import BundleServer, OpaServer, read_tarball, start_opa, stop_opa, wait_http
-from devkit.redis import RedisServer
-from devkit.server import TENANTGATE, ServeProcess, free_port, gateway_env, tenantgate_serve
 from tests.utils.tls import write_certificates
 from tests.utils.tools import missing_tool
 
@@ -112,7 +112,8 @@ def _key_vault_secrets(cwd: Path) -> dict[str, str]:
         if argv[:4] == ["az", "keyvault", "secret", "set"]:
             name = _option(argv, "--name")
             # A --value is `$(openssl rand -base64 48)`: a random value of that size stands for it.
-            written[name] = (cwd / _option(argv, "--file")).read_text() if "--file" in argv else secrets.token_urlsafe(48)
+            written[name] = ((cwd / _option(argv, "--file")).read_text() if "--file" in argv
+                             else secrets.token_urlsafe(48))
     return written
 
 
@@ -127,7 +128,8 @@ def _signed_bundle(cwd: Path, *bundle_options: str) -> Path:
 
 def _documented_public_key(cwd: Path) -> Path:
     """The file step 4's `helm upgrade --install` passes as the bundle's public key."""
-    (name,) = re.findall(r"^ *--set-file opa\.bundle\.publicKey=(\S+) \\$", DEPLOY_DOC.read_text(encoding="utf-8"), re.M)
+    (name,) = re.findall(r"^ *--set-file opa\.bundle\.publicKey=(\S+) \\$", DEPLOY_DOC.read_text(encoding="utf-8"),
+                         re.M)
     return cwd / name
 
 
@@ -180,7 +182,8 @@ def _pod_files(root: Path, objects: list[dict], pod: dict, key_vault: dict[str, 
                 (directory / name).write_text(text.replace(WEBHOOK_TOKEN_DIR, str(files.path(WEBHOOK_TOKEN_DIR))))
         elif "csi" in volume:
             for item in _csi_objects(objects, volume):
-                assert item["objectName"] in key_vault, f"the chart mounts {item['objectName']}, which docs/deploy.md never stores"
+                assert item["objectName"] in key_vault, (f"the chart mounts {item['objectName']}, "
+                                                         "which docs/deploy.md never stores")
                 (directory / item.get("objectAlias", item["objectName"])).write_text(key_vault[item["objectName"]])
         else:
             assert set(volume) == {"name", "emptyDir"}, volume
@@ -245,7 +248,8 @@ class Pod:
         return reply.model
 
     def active_revision(self) -> str:
-        return httpx.get(self.opa.url + "/v1/data/system/bundles").json()["result"]["tenantgate"]["manifest"]["revision"]
+        bundles = httpx.get(self.opa.url + "/v1/data/system/bundles").json()
+        return bundles["result"]["tenantgate"]["manifest"]["revision"]
 
     def audit_revisions(self) -> list[str]:
         lines = self.gateway.stdout.read_text().splitlines()

@@ -93,7 +93,8 @@ def _assert_everything_parsed(reports: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("example", [example.name for example in TERRAFORM_EXAMPLES])
-def test_checkov_terraform_example_has_no_failed_checks(example: str, terraform_example_reports: dict[str, list[dict]]) -> None:
+def test_checkov_terraform_example_has_no_failed_checks(example: str,
+                                                        terraform_example_reports: dict[str, list[dict]]) -> None:
     reports = terraform_example_reports[example]
     assert len(reports) == 1, f"one scan of {example}, one report"
     _assert_everything_parsed(reports)
@@ -105,7 +106,8 @@ def _addresses(reports: list[dict]) -> set[str]:
     return {check["resource"] for outcome in outcomes for check in _checks(reports, outcome)}
 
 
-def test_checkov_saw_every_stamp_of_every_example(tools: Tools, terraform_example_reports: dict[str, list[dict]]) -> None:
+def test_checkov_saw_every_stamp_of_every_example(tools: Tools,
+                                                  terraform_example_reports: dict[str, list[dict]]) -> None:
     # Two --directory arguments once made checkov scan single-region twice and two-region never,
     # with every check passing. Each example's stamps, read from its source, must be in its report.
     layout = extract_settings(tools, "examples", INFRA / "terraform")
@@ -141,7 +143,8 @@ def test_checkov_rendered_manifests_have_no_failed_checks(
     _assert_everything_parsed(reports)
     _assert_no_failed_checks(reports)
     # Every workload the rendering holds was checked, by address (kind.namespace.name).
-    documents = [document for document in yaml.safe_load_all(rendered_manifests[mode].read_text(encoding="utf-8")) if document]
+    documents = [document for document in yaml.safe_load_all(rendered_manifests[mode].read_text(encoding="utf-8"))
+                 if document]
     workloads = {
         f"{document['kind']}.tenantgate.{document['metadata']['name']}"
         for document in documents
@@ -162,7 +165,8 @@ def test_checkov_bicep_parsed_every_file(bicep_reports: list[dict]) -> None:
     resource_files = set()
     for check in _checks(bicep_reports, "passed_checks") + _checks(bicep_reports, "skipped_checks"):
         resource_files.add(Path(check["file_path"]).name)
-    for name in ("aks.bicep", "key-vault.bicep", "redis.bicep", "front-door.bicep", "network.bicep", "bundles.bicep", "registry.bicep"):
+    for name in ("aks.bicep", "key-vault.bicep", "redis.bicep", "front-door.bicep", "network.bicep", "bundles.bicep",
+                 "registry.bicep"):
         assert name in resource_files, f"checkov checked nothing in {name}"
 
 
@@ -338,8 +342,10 @@ def test_custom_checks_fail_insecure_settings(tools: Tools, tmp_path: Path) -> N
         ("bicep", {"CKV_TG_1", "CKV_TG_2", "CKV_TG_3", "CKV_TG_4", "CKV_TG_5", "CKV_TG_6"}),
     ):
         reports = checkov(tools, framework, tmp_path / framework)
-        failed = {check["check_id"] for check in _checks(reports, "failed_checks") if check["check_id"].startswith("CKV_TG_")}
-        assert failed == expected, f"{framework}: custom checks that failed {sorted(failed)}, expected {sorted(expected)}"
+        failed = {check["check_id"] for check in _checks(reports, "failed_checks")
+                  if check["check_id"].startswith("CKV_TG_")}
+        assert failed == expected, (f"{framework}: custom checks that failed {sorted(failed)}, "
+                                    f"expected {sorted(expected)}")
 
 
 def test_unparsable_bicep_is_reported_not_passed(tools: Tools, tmp_path: Path) -> None:

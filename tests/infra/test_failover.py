@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devkit.issuer import LocalIssuer
 from devkit.failover import AUDIENCE, TENANT, OriginProbe, front_door_probe, run_failover
+from devkit.issuer import LocalIssuer
 
 PROBE_SCALE = 0.05  # Front Door's 30 s interval becomes 1.5 s
 SLACK_S = 1.0  # scheduling on a loaded machine

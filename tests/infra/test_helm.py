@@ -96,10 +96,13 @@ def test_engine_runs_on_the_gpu_pool(rendered_manifests: dict[str, Path]) -> Non
         engine = pod["containers"][0]
         assert engine["resources"]["limits"][resource] == 1, mode
         assert pod["nodeSelector"] == {"tenantgate.io/pool": "gpu"}, mode
-        assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"} in pod["tolerations"]
+        assert {
+            "key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule",
+        } in pod["tolerations"]
     # With a remote engine the gateway asks for no GPU.
     gateway = _one(_objects(rendered_manifests["remote"]), "Deployment", "-gateway")
-    assert not any(key.startswith("nvidia.com/") for key in gateway["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"])
+    limits = gateway["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert not any(key.startswith("nvidia.com/") for key in limits)
 
 
 def test_landing_zone_gpu_taint_matches_the_chart_toleration(tools: Tools, rendered_manifests: dict[str, Path]) -> None:
@@ -173,7 +176,9 @@ def test_service_account_is_the_federated_one(tools: Tools, rendered_manifests: 
 
 def test_network_policies_deny_by_default_and_allow_only_the_gateway_paths(rendered_manifests: dict[str, Path]) -> None:
     objects = _objects(rendered_manifests["remote"])
-    policies = {o["metadata"]["name"].removeprefix("tg-tenantgate-"): o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
+    policies = {
+        o["metadata"]["name"].removeprefix("tg-tenantgate-"): o["spec"] for o in objects if o["kind"] == "NetworkPolicy"
+    }
     assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
     egress = policies["gateway-egress"]["egress"]
     ports = {port["port"] for rule in egress for port in rule["ports"]}
@@ -182,25 +187,36 @@ def test_network_policies_deny_by_default_and_allow_only_the_gateway_paths(rende
     assert [rule["ports"] for rule in engine_ingress] == [[{"port": 8100, "protocol": "TCP"}]] * 2
     engine_from = engine_ingress[0]["from"][0]["podSelector"]["matchLabels"]
     assert engine_from["app.kubernetes.io/component"] == "gateway", "only the gateway reaches the engine"
-    assert engine_ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}], "and metrics scrapes"
+    assert engine_ingress[1]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    ], "and metrics scrapes"
     assert "engine-egress" not in policies, "engines send nothing but DNS"
     assert "engine-ingress" not in {
-        o["metadata"]["name"].removeprefix("tg-tenantgate-") for o in _objects(rendered_manifests["embedded"]) if o["kind"] == "NetworkPolicy"
+        o["metadata"]["name"].removeprefix("tg-tenantgate-")
+        for o in _objects(rendered_manifests["embedded"])
+        if o["kind"] == "NetworkPolicy"
     }
 
 
 def _gateway_egress_to(objects: list[dict], namespace: str) -> list[dict]:
     egress = _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"]
     return [rule for rule in egress if any(
-        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": namespace} for peer in rule["to"])]
+        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": namespace}
+        for peer in rule["to"])]
 
 
 @pytest.mark.parametrize("mode", [mode for mode in RENDER_MODES if mode != "monitoring"])
-def test_traces_are_off_by_default_and_no_collector_is_reachable(mode: str, rendered_manifests: dict[str, Path]) -> None:
+def test_traces_are_off_by_default_and_no_collector_is_reachable(mode: str,
+                                                                 rendered_manifests: dict[str, Path]) -> None:
     objects = _objects(rendered_manifests[mode])
-    assert not [name for container in _containers(objects) for name in _env(container) if name.startswith("OTEL_")], mode
+    assert not [
+        name for container in _containers(objects) for name in _env(container) if name.startswith("OTEL_")
+    ], mode
     assert not _gateway_egress_to(objects, "observability"), mode
-    ports = {port["port"] for rule in _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"] for port in rule["ports"]}
+    ports = {
+        port["port"] for rule in _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"]
+        for port in rule["ports"]
+    }
     assert 4318 not in ports, mode
 
 
@@ -251,7 +267,9 @@ def test_gateway_scales_and_survives_disruption(rendered_manifests: dict[str, Pa
     assert {port["name"] for port in service["ports"]} == {"http", "metrics"}
 
 
-def test_ingress_takes_its_certificate_from_key_vault_through_the_app_routing_add_on(rendered_manifests: dict[str, Path]) -> None:
+def test_ingress_takes_its_certificate_from_key_vault_through_the_app_routing_add_on(
+    rendered_manifests: dict[str, Path],
+) -> None:
     objects = _objects(rendered_manifests["embedded"])
     ingress = _one(objects, "Ingress", "tg-tenantgate")
     vault = _one(objects, "SecretProviderClass", "-keyvault")["spec"]["parameters"]["keyvaultName"]
@@ -294,7 +312,9 @@ def _engine_replica_urls(objects: list[dict], namespace: str = "tenantgate") -> 
     assert headless["spec"]["clusterIP"] == "None" and engines["spec"]["serviceName"] == headless["metadata"]["name"]
     port = engines["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
     name, service = engines["metadata"]["name"], headless["metadata"]["name"]
-    return [f"http://{name}-{i}.{service}.{namespace}.svc.cluster.local:{port}" for i in range(engines["spec"]["replicas"])]
+    return [
+        f"http://{name}-{i}.{service}.{namespace}.svc.cluster.local:{port}" for i in range(engines["spec"]["replicas"])
+    ]
 
 
 def _csi_objects(provider: dict) -> list[dict]:
@@ -302,7 +322,8 @@ def _csi_objects(provider: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("mode", ["remote", "upstreams"])
-def test_deployments_file_lists_each_engine_replica_by_its_stable_name(mode: str, rendered_manifests: dict[str, Path]) -> None:
+def test_deployments_file_lists_each_engine_replica_by_its_stable_name(mode: str,
+                                                                       rendered_manifests: dict[str, Path]) -> None:
     objects = _objects(rendered_manifests[mode])
     deployments = parse_deployments(_deployments_file(objects))
     engines = deployments.models_of_kind("tenantgate")
@@ -311,7 +332,9 @@ def test_deployments_file_lists_each_engine_replica_by_its_stable_name(mode: str
     assert len(engines[0].replicas) == (3 if mode == "upstreams" else 2)
 
 
-def test_deployments_file_routes_a_model_to_its_inference_pool_and_the_values_upstreams(rendered_manifests: dict[str, Path]) -> None:
+def test_deployments_file_routes_a_model_to_its_inference_pool_and_the_values_upstreams(
+    rendered_manifests: dict[str, Path],
+) -> None:
     objects = _objects(rendered_manifests["upstreams"])
     values = yaml.safe_load(UPSTREAMS_VALUES.read_text(encoding="utf-8"))
     pool = values["inferencePools"][0]
@@ -325,7 +348,10 @@ def test_deployments_file_routes_a_model_to_its_inference_pool_and_the_values_up
     # Every API key file is one the gateway's Key Vault volume holds.
     gateway_pod = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
     secrets_dir = next(m["mountPath"] for m in gateway_pod["containers"][0]["volumeMounts"] if m["name"] == "keyvault")
-    mounted = {f"{secrets_dir}/{o.get('objectAlias', o['objectName'])}" for o in _csi_objects(_one(objects, "SecretProviderClass", "-keyvault"))}
+    mounted = {
+        f"{secrets_dir}/{o.get('objectAlias', o['objectName'])}"
+        for o in _csi_objects(_one(objects, "SecretProviderClass", "-keyvault"))
+    }
     assert {str(via_pool.api_key_file), str(fallback.api_key_file)} <= mounted
 
 
@@ -357,7 +383,9 @@ def test_engines_mount_only_the_envelope_public_keys(mode: str, rendered_manifes
     engine = pod["containers"][0]
     assert not [item for item in engine["env"] if "valueFrom" in item] and "envFrom" not in engine
     csi = [v for v in pod["volumes"] if "csi" in v]
-    assert {tuple(sorted(v)) for v in pod["volumes"]} <= {("emptyDir", "name"), ("csi", "name")}, "no Secret or other volume"
+    assert {tuple(sorted(v)) for v in pod["volumes"]} <= {("emptyDir", "name"), ("csi", "name")}, (
+        "no Secret or other volume"
+    )
     assert len(csi) == 1
     engine_provider = providers[csi[0]["csi"]["volumeAttributes"]["secretProviderClass"]]
     assert [o["objectName"] for o in _csi_objects(engine_provider)] == public_keys
@@ -367,10 +395,12 @@ def test_engines_mount_only_the_envelope_public_keys(mode: str, rendered_manifes
 
     # The private key is in the gateway's class only, where TENANTGATE_ENVELOPE_SIGNING_KEY finds it.
     gateway_pod = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
-    gateway_provider = providers[next(v for v in gateway_pod["volumes"] if "csi" in v)["csi"]["volumeAttributes"]["secretProviderClass"]]
+    gateway_volume = next(v for v in gateway_pod["volumes"] if "csi" in v)
+    gateway_provider = providers[gateway_volume["csi"]["volumeAttributes"]["secretProviderClass"]]
     signing = next(o for o in _csi_objects(gateway_provider) if o["objectName"] == "tenantgate-envelope-signing-key")
     secrets_dir = next(m["mountPath"] for m in gateway_pod["containers"][0]["volumeMounts"] if m["name"] == "keyvault")
-    assert _env(gateway_pod["containers"][0])["TENANTGATE_ENVELOPE_SIGNING_KEY"] == f"{secrets_dir}/{signing['objectAlias']}"
+    signing_key = _env(gateway_pod["containers"][0])["TENANTGATE_ENVELOPE_SIGNING_KEY"]
+    assert signing_key == f"{secrets_dir}/{signing['objectAlias']}"
     assert engine_provider is not gateway_provider
     assert "tenantgate-envelope-signing-key" not in json.dumps(engine_provider)
 
@@ -398,7 +428,9 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
     assert parent == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": pool["gateway"]["name"],
                       "namespace": pool["poolNamespace"], "sectionName": pool["gateway"]["sectionName"]}
     (rule,) = route["spec"]["rules"]
-    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["poolName"]}]
+    assert rule["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["poolName"]}
+    ]
     (match,) = rule["matches"]
     assert match["path"] == {"type": "PathPrefix", "value": "/v1"}
     assert match["headers"] == [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": pool["upstreamModel"]}]
@@ -406,7 +438,8 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
     # The gateway may reach the inference Gateway's proxies on the URL's port, and nothing more there.
     egress = _one(objects, "NetworkPolicy", "-gateway-egress")["spec"]["egress"]
     to_pool = [rule for rule in egress if any(
-        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": pool["poolNamespace"]} for peer in rule["to"])]
+        peer.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": pool["poolNamespace"]}
+        for peer in rule["to"])]
     assert len(to_pool) == 1
     assert to_pool[0]["to"][0]["podSelector"]["matchLabels"] == pool["gateway"]["podLabels"]
     assert to_pool[0]["ports"] == [{"port": 80, "protocol": "TCP"}]
@@ -417,11 +450,24 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
     ("values", "message"),
     [
         (("--set", "engine.mode=remote", "--set", "engine.replicas=0"), "/engine/replicas"),
-        (("--set", "engine.mode=remote", "--set", "azure.envelopePublicKeySecretNames=null"), "envelopePublicKeySecretNames"),
-        (("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "url": "http://igw/v1"}]'), "/inferencePools/0"),
-        (("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "gateway": {"name": "g"}, "url": "igw"}]'), "/inferencePools/0/url"),
         (
-            ("--set-json", 'deployments={"m": [{"name": "v", "kind": "openai", "dialect": "vllm", "url": "http://v/v1", "api_key_file": "/etc/key"}]}'),
+            ("--set", "engine.mode=remote", "--set", "azure.envelopePublicKeySecretNames=null"),
+            "envelopePublicKeySecretNames",
+        ),
+        (
+            ("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "url": "http://igw/v1"}]'),
+            "/inferencePools/0",
+        ),
+        (
+            ("--set-json", 'inferencePools=[{"model": "m", "poolName": "p", "gateway": {"name": "g"}, "url": "igw"}]'),
+            "/inferencePools/0/url",
+        ),
+        (
+            (
+                "--set-json",
+                'deployments={"m": [{"name": "v", "kind": "openai", "dialect": "vllm", "url": "http://v/v1", '
+                '"api_key_file": "/etc/key"}]}',
+            ),
             "api_key_file /etc/key is not mounted",
         ),
         (("--set", "engine.mode=sidecar"), "/engine/mode"),
@@ -434,7 +480,10 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "gateway.settings.operatorTenants=northwind"), "/gateway/settings/operatorTenants"),
         (("--set", "ingress.keyVaultCertificateName="), "/ingress/keyVaultCertificateName"),
         # OTLP over gRPC is refused by the gateway at start-up; the chart refuses it first.
-        (("--set", "tracing.enabled=true", "--set", "tracing.endpoint=grpc://otel-collector:4317"), "/tracing/endpoint"),
+        (
+            ("--set", "tracing.enabled=true", "--set", "tracing.endpoint=grpc://otel-collector:4317"),
+            "/tracing/endpoint",
+        ),
         (("--set", "tracing.sampler=jaeger_remote"), "/tracing/sampler"),
         (("--set", "tracing.samplerArg=ten"), "/tracing/samplerArg"),
     ],

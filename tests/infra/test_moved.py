@@ -20,7 +20,8 @@ def test_every_moved_block_lands_on_an_instance_the_module_makes(tools: Tools) -
     # Thirteen diagnostic settings (ten kinds per stamp, three made once, the opt-in CMK's) and
     # five services' endpoints.
     assert len(moved) == 18
-    assert {block["from"].split(".")[0] for block in moved} == {"azurerm_monitor_diagnostic_setting", "azurerm_private_endpoint"}
+    assert {block["from"].split(".")[0] for block in moved} == {"azurerm_monitor_diagnostic_setting",
+                                                                 "azurerm_private_endpoint"}
     assert not _misplaced(moved), _misplaced(moved)
 
 
@@ -31,7 +32,8 @@ def test_a_renamed_target_or_instance_key_or_a_redeclared_address_is_caught(tool
     text = path.read_text(encoding="utf-8")
     for old, new in (
         ("    hub_vnet = {\n", "    hub_network = {\n"),
-        ("ids = { platform = azurerm_cdn_frontdoor_profile.this.id }", "ids = { profile = azurerm_cdn_frontdoor_profile.this.id }"),
+        ("ids = { platform = azurerm_cdn_frontdoor_profile.this.id }",
+         "ids = { profile = azurerm_cdn_frontdoor_profile.this.id }"),
     ):
         assert old in text
         text = text.replace(old, new)

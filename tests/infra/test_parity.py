@@ -93,7 +93,8 @@ def test_landing_zone_settings_are_the_secure_ones(terraform_settings: dict) -> 
 
     assert settings["waf"]["mode"] == "Prevention"
     assert settings["waf"]["enabled"] is True
-    assert {rule[0] for rule in settings["waf"]["managed_rule_sets"]} == {"Microsoft_DefaultRuleSet", "Microsoft_BotManagerRuleSet"}
+    assert {rule[0] for rule in settings["waf"]["managed_rule_sets"]} == {"Microsoft_DefaultRuleSet",
+                                                                          "Microsoft_BotManagerRuleSet"}
     assert settings["front_door"]["sku"] == "Premium_AzureFrontDoor"
     assert settings["front_door"]["origin_over_private_link"] is True
 
@@ -164,7 +165,8 @@ def test_waf_exempts_only_the_prompt_fields(terraform_settings: dict) -> None:
     ]
 
 
-def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict, edits: tuple[tuple[str, str, str], ...]) -> list[str]:
+def _drifted_keys(tools: Tools, tmp_path: Path, terraform_settings: dict,
+                  edits: tuple[tuple[str, str, str], ...]) -> list[str]:
     """The settings that differ from the Terraform once `edits` (file, old, new) change a copy of
     the Bicep."""
     drifted = tmp_path / "infra" / "bicep"

@@ -94,11 +94,13 @@ def test_tflint_reports_flaws(tflint: Path, tmp_path: Path) -> None:
     # The config loads the ruleset with its full preset: an undocumented variable is reported.
     (tmp_path / "main.tf").write_text(FLAWED_MODULE, encoding="utf-8")
     rules = {issue["rule"]["name"] for issue in lint(tflint, tmp_path)}
-    assert {"terraform_documented_variables", "terraform_required_version", "terraform_unused_declarations"} <= rules, rules
+    assert {"terraform_documented_variables", "terraform_required_version",
+            "terraform_unused_declarations"} <= rules, rules
 
 
 def test_tflint_azurerm_ruleset_reports_flaws(tflint: Path, azurerm_ruleset: Path, tmp_path: Path) -> None:
     # A GPU size Azure does not have, and a data account without prevent_destroy.
     (tmp_path / "main.tf").write_text(FLAWED_MODULE, encoding="utf-8")
     rules = {issue["rule"]["name"] for issue in lint(tflint, tmp_path, "--enable-plugin=azurerm")}
-    assert {"azurerm_kubernetes_cluster_node_pool_invalid_vm_size", "azurerm_resources_missing_prevent_destroy"} <= rules, rules
+    assert {"azurerm_kubernetes_cluster_node_pool_invalid_vm_size",
+            "azurerm_resources_missing_prevent_destroy"} <= rules, rules

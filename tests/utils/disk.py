@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devkit.disk import fill, mount_tmpfs, unmount  # noqa: F401 (fill: the tests' fill)
+from devkit.disk import fill, mount_tmpfs, unmount  # noqa: F401 - fill is re-exported: the tests' fill
 from tests.utils.tools import missing_tool
 
 

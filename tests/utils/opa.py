@@ -96,7 +96,7 @@ class BundleServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:  # http.server's naming
                 if self.path.split("?")[0] != server.RESOURCE:
                     status = 404
                 elif bearer is not None and self.headers.get("Authorization") != f"Bearer {bearer}":
@@ -114,7 +114,7 @@ class BundleServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 server.requests.append(("POST", self.path, 405))
                 self.send_error(405)
 

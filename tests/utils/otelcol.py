@@ -83,7 +83,8 @@ class OtelCollector:
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"the collector did not listen in time:\n{self.log.read_text()[-2000:]}")
+                    tail = self.log.read_text()[-2000:]
+                    raise TimeoutError(f"the collector did not listen in time:\n{tail}") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:

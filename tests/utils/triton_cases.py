@@ -22,8 +22,8 @@ import dataclasses
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -49,7 +49,8 @@ class Step:
         g = torch.Generator().manual_seed(seed)
         self.lengths, self.block_size = lengths, block_size
         shape = (NUM_BLOCKS, block_size, num_kv_heads, HEAD_DIM)
-        self.k_cache, self.v_cache = torch.randn(shape, generator=g).to(DEVICE), torch.randn(shape, generator=g).to(DEVICE)
+        self.k_cache = torch.randn(shape, generator=g).to(DEVICE)
+        self.v_cache = torch.randn(shape, generator=g).to(DEVICE)
         total = sum(new for _, new in lengths)
         self.q = torch.randn(total, num_heads, HEAD_DIM, generator=g).to(DEVICE)
         self.k = torch.randn(total, num_kv_heads, HEAD_DIM, generator=g).to(DEVICE)
@@ -189,9 +190,9 @@ def engine_paged_path(kernels, checkpoint: Path) -> None:
     and (on CPU) decode steps through the graph buffers; and its deterministic lane gives a
     request the same logits alone and in company."""
     from engine.config import EngineConfig
+    from engine.envelope import local_envelope
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
-    from engine.envelope import local_envelope
 
     rng = torch.Generator().manual_seed(3)
     prefix = torch.randint(2, 500, (21,), generator=rng).tolist()
@@ -315,7 +316,7 @@ def main() -> None:
         try:
             case(kernels)
             error = None
-        except Exception:  # reported to the parent test, which fails on it
+        except Exception:  # noqa: BLE001 - reported to the parent test, which fails on it
             error = traceback.format_exc(limit=-3)
         print(json.dumps({"case": name, "error": error}), flush=True)
 

@@ -7,8 +7,16 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from gateway.openai.chat.tools import (
+    MAX_TOOLS,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    render_calls,
+    system_prompt,
+)
 from gateway.openai.closed_schemas import check_strict, closed
-from gateway.openai.chat.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolCall, ToolChoice, render_calls, system_prompt
 from gateway.openai.protocol import JsonObject, RequestModel, SamplingFields
 
 MAX_MESSAGES = 2048
@@ -35,7 +43,7 @@ class Message(RequestModel):
     function_call: None = None
 
     @model_validator(mode="after")
-    def _an_assistants_fields(self) -> "Message":
+    def _an_assistants_fields(self) -> Message:
         for name in ("tool_calls", "refusal", "annotations"):
             if getattr(self, name) is not None and self.role != "assistant":
                 raise ValueError(f"only assistant messages carry {name}")
@@ -63,7 +71,7 @@ class JsonSchema(RequestModel):
     strict: bool | None = None  # the schema is always enforced, strict or not
 
     @model_validator(mode="after")
-    def _strict(self) -> "JsonSchema":
+    def _strict(self) -> JsonSchema:
         check_strict(self.json_schema, self.strict, f"response_format '{self.name}'")
         return self
 
@@ -103,7 +111,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ChatCompletionRequest":
+    def _consistent(self) -> ChatCompletionRequest:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ValueError("give max_completion_tokens or max_tokens, not both")
         if self.top_logprobs is not None and not self.logprobs:

@@ -13,8 +13,7 @@ from engine import RequestOutput
 from gateway.deployments.base import UpstreamOutput
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.tools import AutoCalls, NamedToolChoice, new_call_id, parse_calls
-from gateway.openai.responder import Renderer, chat_logprobs, finish_reason, joined_by_choice, system_fingerprint
-from gateway.openai.responder import usage
+from gateway.openai.responder import Renderer, chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
 from gateway.pipeline.run import Run
 
 
@@ -41,7 +40,9 @@ class ChatRenderer(Renderer):
         self.token_text = token_text  # with logprobs: the model's text of each token id
         self.tools = body.active_tools
         self.extra = {"usage": None} if body.stream_options and body.stream_options.include_usage else {}
-        self.named = bool(self.tools) and isinstance(body.tool_choice, NamedToolChoice)
+        # A named function's name (its answer is that call's arguments); None under any other choice.
+        self.named = (body.tool_choice.function.name if self.tools and isinstance(body.tool_choice, NamedToolChoice)
+                      else None)
         self.reader = AutoCalls(self.tools, body.parallel_calls) if body.reads_calls_as_generated else None
         self.call_id, self.opened = new_call_id(), False  # a named function's call
         self.held: list[str] = []  # under `required`, the answer so far
@@ -63,10 +64,10 @@ class ChatRenderer(Renderer):
     def delta(self, output: RequestOutput) -> list[dict]:
         if self.tools and isinstance(output, UpstreamOutput):
             return self._upstream_calls(output)
-        if self.named:
-            return self._named_call(output)
+        if self.named is not None:
+            return self._named_call(self.named, output)
         if self.reader is not None:
-            return self._auto_calls(output)
+            return self._auto_calls(self.reader, output)
         if self.tools:
             return self._required_calls(output)
         out = []
@@ -81,7 +82,7 @@ class ChatRenderer(Renderer):
         return out
 
     def _upstream_calls(self, output: UpstreamOutput) -> list[dict]:
-        delta = {"content": output.new_text} if output.new_text else {}
+        delta: dict[str, object] = {"content": output.new_text} if output.new_text else {}
         if output.tool_calls:
             delta["tool_calls"] = output.tool_calls
         out = [self.chunk(delta)] if delta else []
@@ -89,11 +90,11 @@ class ChatRenderer(Renderer):
             out.append(self.chunk({}, finish_reason(output.finish_reason)))
         return out
 
-    def _named_call(self, output: RequestOutput) -> list[dict]:
+    def _named_call(self, name: str, output: RequestOutput) -> list[dict]:
         out = []
         if not self.opened:
             self.opened = True
-            function = {"name": self.body.tool_choice.function.name, "arguments": ""}
+            function = {"name": name, "arguments": ""}
             out.append(self.chunk({"tool_calls": [{"index": 0, "id": self.call_id, "type": "function",
                                                    "function": function}]}))
         if output.new_text:
@@ -102,8 +103,8 @@ class ChatRenderer(Renderer):
             out.append(self.chunk({}, finish_reason(output.finish_reason)))
         return out
 
-    def _auto_calls(self, output: RequestOutput) -> list[dict]:
-        reader, out = self.reader, []
+    def _auto_calls(self, reader: AutoCalls, output: RequestOutput) -> list[dict]:
+        out: list[dict] = []
         content, made = reader.feed(output.new_text)
         content += reader.finish() if output.finished else ""
         if content:

@@ -7,9 +7,9 @@ from fastapi.responses import Response
 from engine import TokenizerError
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
-from gateway.deployments.registry import ServedModel
+from gateway.deployments.registry import Tokenizer
 from gateway.errors import InvalidRequest
-from gateway.openai.asks import build_ask
+from gateway.openai.asks import build_ask, logprob_text
 from gateway.openai.chat.protocol import ChatCompletionRequest, schema_of
 from gateway.openai.chat.render import ChatRenderer
 from gateway.openai.chat.tools import constrained_schema
@@ -21,12 +21,12 @@ from gateway.pipeline.run import Run
 ROUTE = "chat.completions"
 
 
-def prompt_token_ids(served: ServedModel, body: ChatCompletionRequest) -> list[int]:
+def prompt_token_ids(tokenizer: Tokenizer, body: ChatCompletionRequest) -> list[int]:
     try:
         # Only the template's own control tokens are special; message text that spells one stays text.
-        tools = [t.model_dump(exclude_none=True) for t in body.active_tools] if served.tokenizer.renders_tools else None
-        return served.tokenizer.encode_chat(body.template_messages(tools_in_system=not served.tokenizer.renders_tools),
-                                            tools=tools or None)
+        tools = [t.model_dump(exclude_none=True) for t in body.active_tools] if tokenizer.renders_tools else None
+        return tokenizer.encode_chat(body.template_messages(tools_in_system=not tokenizer.renders_tools),
+                                     tools=tools or None)
     except TokenizerError:
         # The template's own message may quote the conversation; say what failed, not what it saw.
         raise InvalidRequest("the messages cannot be rendered with this model's chat template "
@@ -44,7 +44,7 @@ def chat_ask(gateway: Gateway, body: ChatCompletionRequest, request_id: str, *, 
     `format_param` in errors); deployments run it as chat completions."""
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return build_ask(gateway, body, route=route, runs_as=ROUTE, request_id=request_id,
-                     encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
+                     encode=lambda tokenizer: prompt_token_ids(tokenizer, body), text=lambda: prompt_text(body),
                      max_tokens=body.requested_max_tokens, logprobs=logprobs,
                      # A forced call's answer is its arguments, held to the tool's parameters; response_format
                      # holds every other answer (the one after the tool's result, under auto or none).
@@ -57,5 +57,5 @@ async def create_chat_completion(gateway: Gateway, exchange: Exchange, principal
                                  body: ChatCompletionRequest) -> Response:
     ask = chat_ask(gateway, body, new_request_id("chatcmpl"))
     run = Run(gateway, await admit(gateway, exchange, principal, ask), exchange)
-    token_text = gateway.models[body.model].tokenizer.token_text if ask.logprobs is not None else None
+    token_text = logprob_text(gateway, body.model) if ask.logprobs is not None else None
     return await respond(run, ChatRenderer(run, body, token_text), stream=body.stream)

@@ -39,7 +39,7 @@ class FunctionDefinition(RequestModel):
     strict: bool | None = None  # the parameters schema is enforced whenever the call is constrained
 
     @model_validator(mode="after")
-    def _strict(self) -> "FunctionDefinition":
+    def _strict(self) -> FunctionDefinition:
         check_strict(self.parameters, self.strict, f"function '{self.name}'")
         return self
 
@@ -116,7 +116,8 @@ def _call(name: str, arguments: object) -> dict:
 
 def _named_call(candidate: object, names: set[str]) -> dict | None:
     """A {"name", "arguments"} object naming one of the tools, as a call; None otherwise."""
-    if isinstance(candidate, dict) and candidate.get("name") in names and isinstance(candidate.get("arguments", {}), dict):
+    if (isinstance(candidate, dict) and candidate.get("name") in names
+            and isinstance(candidate.get("arguments", {}), dict)):
         return _call(candidate["name"], candidate.get("arguments", {}))
     return None
 

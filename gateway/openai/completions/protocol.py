@@ -22,7 +22,7 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
-    def _supported(self) -> "CompletionRequest":
+    def _supported(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo is not supported")
         if self.suffix:
@@ -35,4 +35,4 @@ class CompletionRequest(SamplingFields):
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        return prompt
+        return prompt  # type: ignore[return-value]  # a batch's first prompt is str or list[int]

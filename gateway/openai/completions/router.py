@@ -1,13 +1,16 @@
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from gateway.auth.principal import Principal
 from gateway.deps import ExchangeDep, GatewayDep, inference_caller
 from gateway.openai.completions.protocol import CompletionRequest
 from gateway.openai.completions.service import ROUTE, create_completion
 from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
-Caller = inference_caller(ROUTE)
+Caller = Annotated[Principal, Depends(inference_caller(ROUTE))]
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES, summary="Create a text completion")

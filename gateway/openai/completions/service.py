@@ -7,9 +7,9 @@ from fastapi.responses import Response
 from engine import RequestOutput, TokenLogprobs
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
-from gateway.deployments.registry import ServedModel
+from gateway.deployments.registry import Tokenizer
 from gateway.errors import InvalidRequest
-from gateway.openai.asks import build_ask
+from gateway.openai.asks import build_ask, logprob_text
 from gateway.openai.completions.protocol import CompletionRequest
 from gateway.openai.responder import Renderer, finish_reason, joined_by_choice, respond, system_fingerprint, usage
 from gateway.pipeline.admission import admit, new_request_id
@@ -19,11 +19,11 @@ from gateway.pipeline.run import Run
 ROUTE = "completions"
 
 
-def prompt_token_ids(served: ServedModel, body: CompletionRequest, *, parse_special: bool = False) -> list[int]:
+def prompt_token_ids(tokenizer: Tokenizer, body: CompletionRequest, *, parse_special: bool = False) -> list[int]:
     """The prompt's ids; special-token strings in a text prompt stay text unless parse_special."""
     prompt = body.prompt_value()
     if isinstance(prompt, str):
-        return served.tokenizer.encode(prompt, add_special_tokens=True, parse_special=parse_special)
+        return tokenizer.encode(prompt, add_special_tokens=True, parse_special=parse_special)
     return list(prompt)
 
 
@@ -86,9 +86,9 @@ async def create_completion(gateway: Gateway, exchange: Exchange, principal: Pri
     if body.prompt_value() == "":
         raise InvalidRequest("the prompt is empty", param="prompt")
     ask = build_ask(gateway, body, route=ROUTE, request_id=new_request_id("cmpl"),
-                    encode=lambda served: prompt_token_ids(served, body), text=lambda: prompt_text(body),
+                    encode=lambda tokenizer: prompt_token_ids(tokenizer, body), text=lambda: prompt_text(body),
                     max_tokens=body.max_tokens, logprobs=body.logprobs,
-                    special_token_ids=lambda served: prompt_token_ids(served, body, parse_special=True))
+                    special_token_ids=lambda tokenizer: prompt_token_ids(tokenizer, body, parse_special=True))
     run = Run(gateway, await admit(gateway, exchange, principal, ask), exchange)
-    token_text = gateway.models[body.model].tokenizer.token_text if body.logprobs is not None else None
+    token_text = logprob_text(gateway, body.model) if body.logprobs is not None else None
     return await respond(run, CompletionRenderer(run, body, token_text), stream=body.stream)

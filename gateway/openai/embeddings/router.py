@@ -1,6 +1,9 @@
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from gateway.auth.principal import Principal
 from gateway.deps import ExchangeDep, GatewayDep, inference_caller
 from gateway.openai.embeddings.protocol import EmbeddingRequest
 from gateway.openai.embeddings.service import create_embeddings
@@ -8,7 +11,7 @@ from gateway.openai.openapi import ERROR_RESPONSES
 from gateway.pipeline.admission import EMBEDDINGS_ROUTE as ROUTE
 
 router = APIRouter()
-Caller = inference_caller(ROUTE)
+Caller = Annotated[Principal, Depends(inference_caller(ROUTE))]
 
 
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES, summary="Create embeddings")

@@ -26,14 +26,15 @@ async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request
     estimate, settled on the upstream's own count afterwards. Token ids of a model that reads
     them as cl100k_base are decoded first (off the event loop too) and go on as their texts."""
     served = gateway.models.get(body.model)
+    if served is not None and served.task != "embed":
+        served = None  # admission refuses it by name; here it is counted as an upstream's would be
     texts, ids = body.texts(), body.token_ids()
-    embeds = served is not None and served.task == "embed"
-    decoded = embeds and ids is not None and served.token_ids == "cl100k_base"
-    if decoded:
-        texts, ids = await asyncio.to_thread(cl100k.decode, ids, body.model), None
+    decoded = False
+    if served is not None and ids is not None and served.token_ids == "cl100k_base":
+        texts, ids, decoded = await asyncio.to_thread(cl100k.decode, ids, body.model), None, True
     inputs = None
-    if embeds and served.tokenize_inputs is not None:
-        inputs = ids if ids is not None else await asyncio.to_thread(served.tokenize_inputs, texts)
+    if served is not None and served.tokenize_inputs is not None:
+        inputs = ids if ids is not None else await asyncio.to_thread(served.tokenize_inputs, texts or [])
         prompt_tokens = sum(map(len, inputs))
         bound = gateway.settings.embedding_max_request_tokens
         if prompt_tokens > bound:
@@ -42,7 +43,7 @@ async def build_embeddings_ask(gateway: Gateway, body: EmbeddingRequest, request
     elif ids is not None:
         prompt_tokens = sum(map(len, ids))
     else:
-        prompt_tokens = sum(estimate_tokens(text) for text in texts)
+        prompt_tokens = sum(estimate_tokens(text) for text in texts or [])
     return Ask(route=EMBEDDINGS_ROUTE, request_id=request_id, model=body.model, stream=False,
                prompt_tokens=prompt_tokens, token_ids=[], max_tokens=None,
                body=body.model_dump(mode="json", exclude_none=True), embed_inputs=inputs,

@@ -7,8 +7,8 @@ from gateway.context import Gateway
 from gateway.deps import ExchangeDep, GatewayDep, PrincipalDep
 from gateway.errors import GatewayError, ModelNotFound, PolicyDenied
 from gateway.middleware import new_edge_request_id
-from gateway.openai.protocol import Model, ModelList
 from gateway.openai.openapi import ERROR_RESPONSES
+from gateway.openai.protocol import Model, ModelList
 from gateway.pipeline.admission import judge, policy_input
 from gateway.pipeline.exchange import Exchange
 

@@ -37,7 +37,7 @@ class MessageItem(RequestModel):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     @model_validator(mode="after")
-    def _parts_for_role(self) -> "MessageItem":
+    def _parts_for_role(self) -> MessageItem:
         # OpenAI's rule: output_text is what an assistant said; the other roles send input_text.
         if isinstance(self.content, list) and self.role != "assistant" and any(
                 part.type == "output_text" for part in self.content):
@@ -171,7 +171,8 @@ class ResponsesRequest(RequestModel):
         """The chat request (wire names) that runs this one after the `previous` conversation
         (a stored response's), and for each of its messages where it came from here (for the
         errors that chat's checks find). As OpenAI does, earlier instructions are not carried over."""
-        messages, origins = [], []
+        messages: list[dict] = []
+        origins: list[tuple] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append(("instructions",))

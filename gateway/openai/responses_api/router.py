@@ -1,13 +1,16 @@
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from gateway.auth.principal import Principal
 from gateway.deps import ExchangeDep, GatewayDep, PrincipalDep, inference_caller
+from gateway.openai.openapi import ERROR_RESPONSES
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.service import ROUTE, create_response, retrieve_response
-from gateway.openai.openapi import ERROR_RESPONSES
 
 router = APIRouter()
-Caller = inference_caller(ROUTE)
+Caller = Annotated[Principal, Depends(inference_caller(ROUTE))]
 
 
 @router.post("/v1/responses", responses=ERROR_RESPONSES, summary="Create a model response")

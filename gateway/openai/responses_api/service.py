@@ -16,14 +16,16 @@ from pydantic import ValidationError
 
 from engine import RequestOutput
 from gateway.auth.principal import Principal
-from gateway.deployments.base import UpstreamOutput
 from gateway.context import Gateway
+from gateway.deployments.base import UpstreamOutput
 from gateway.errors import GatewayError, InvalidRequest, ResponseNotFound
+from gateway.openai.asks import logprob_text
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.render import answer
 from gateway.openai.chat.service import chat_ask
 from gateway.openai.responder import Renderer, chat_logprobs, joined, respond, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
+from gateway.openai.responses_api.store import ResponseStore
 from gateway.pipeline.admission import admit
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.run import Run
@@ -98,9 +100,9 @@ class StoredResponses:
     """Where a response and its conversation are kept, when they are: under the caller's tenant,
     and its principal where the decision scopes them so."""
 
-    def __init__(self, gateway: Gateway, principal: Principal, decision, previous: list[dict],
-                 conversation: list[dict]) -> None:
-        self.gateway = gateway
+    def __init__(self, store: ResponseStore, gateway: Gateway, principal: Principal, decision,
+                 previous: list[dict], conversation: list[dict]) -> None:
+        self.store = store
         self.digests = gateway.audit.principal_digests(principal)
         self.decision = decision
         self.previous = previous + conversation  # the conversation up to this answer
@@ -109,11 +111,11 @@ class StoredResponses:
         record = {"response": response, "conversation": self.previous + [assistant_message(text, calls)]}
         if _principal_owned(self.decision):
             record["principal"] = self.digests["principal"]  # sealed with the rest: it cannot be edited out
-        await self.gateway.responses_store.put(self.digests["tenant"], response_id, record,
-                                               ttl_s=self.decision.responses.retention_days * 86400)
+        await self.store.put(self.digests["tenant"], response_id, record,
+                             ttl_s=self.decision.responses.retention_days * 86400)
 
     async def delete(self, response_id: str) -> None:
-        await self.gateway.responses_store.delete(self.digests["tenant"], response_id)
+        await self.store.delete(self.digests["tenant"], response_id)
 
 
 class ResponseRenderer(Renderer):
@@ -162,7 +164,7 @@ class ResponseRenderer(Renderer):
         return {"id": self.message_id, "type": "message", "status": "in_progress" if text is None else self.status,
                 "role": "assistant", "content": [] if text is None else [self.part(text, logprobs)]}
 
-    def output(self, text: str, calls: list[dict], outputs: list[RequestOutput] = ()) -> list[dict]:
+    def output(self, text: str, calls: list[dict], outputs: Sequence[RequestOutput] = ()) -> list[dict]:
         """The output items: the message (unless the answer is calls alone), then one function_call per call."""
         return ([self.message(text, self.logprobs(list(outputs)))] if text or not calls else []) + [
             {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "status": self.status, "call_id": call["id"],
@@ -195,12 +197,18 @@ class ResponseRenderer(Renderer):
         self.answered = text, calls, self.output(text, calls, outputs)
         return self.answered[2]
 
+    def _answered(self) -> tuple[str, list[dict], list[dict]]:
+        """The answer whole() or closing() read (text, calls, output items)."""
+        if self.answered is None:
+            raise RuntimeError("the answer is read by whole() or closing() first")
+        return self.answered
+
     def whole(self, outputs: list[RequestOutput]) -> dict:
         return self.response(self._answer(outputs))
 
     async def keep(self) -> None:
         if self.store is not None:
-            text, calls, output = self.answered
+            text, calls, output = self._answered()
             await self.store.put(self.id, self.response(output), text, calls)
 
     async def forget(self) -> None:
@@ -217,7 +225,9 @@ class ResponseRenderer(Renderer):
                 {"type": "response.content_part.added", **self._at, "part": self.part("")}]
 
     def _text_delta(self, text: str, logprobs: list[dict] | None = None) -> list[dict]:
-        return [{"type": "response.output_text.delta", **self._at, "delta": text, "logprobs": logprobs or []}] if text else []
+        if not text:
+            return []
+        return [{"type": "response.output_text.delta", **self._at, "delta": text, "logprobs": logprobs or []}]
 
     def opening(self) -> list[dict]:
         return [{"type": "response.created", "response": self.response(None)},
@@ -248,7 +258,7 @@ class ResponseRenderer(Renderer):
 
     def done(self) -> bytes:
         kind = "response.incomplete" if self.incomplete else "response.completed"
-        return self.encode({"type": kind, "response": self.response(self.answered[2])})
+        return self.encode({"type": kind, "response": self.response(self._answered()[2])})
 
     def error(self, error: GatewayError) -> dict:
         return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
@@ -280,6 +290,8 @@ def _principal_owned(decision) -> bool:
 async def _stored(gateway: Gateway, principal: Principal, response_id: str) -> dict | None:
     """The record stored under this id for this caller: its tenant's, and if it was stored for
     one principal, only that principal's. Anyone else is told it does not exist."""
+    if gateway.responses_store is None:
+        return None
     digests = gateway.audit.principal_digests(principal)
     record = await gateway.responses_store.get(digests["tenant"], response_id)
     if record is None or record.get("principal", digests["principal"]) != digests["principal"]:
@@ -310,9 +322,10 @@ async def create_response(gateway: Gateway, exchange: Exchange, principal: Princ
         if asked is not None and not decision.responses.store:
             raise InvalidRequest("this tenant's policy does not allow stored responses (for this data "
                                  "classification); send the conversation as input items", param=asked)
-    store = (StoredResponses(gateway, principal, decision, previous, body.conversation())
-             if body.store and decision.responses.store else None)
-    token_text = gateway.models[body.model].tokenizer.token_text if chat.logprobs else None
+    store = None
+    if body.store and decision.responses.store and gateway.responses_store is not None:  # else refused above
+        store = StoredResponses(gateway.responses_store, gateway, principal, decision, previous, body.conversation())
+    token_text = logprob_text(gateway, body.model) if chat.logprobs else None
     return await respond(run, ResponseRenderer(run, body, chat, store=store, token_text=token_text),
                          stream=body.stream)
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+from typing import cast
 
 import redis.asyncio as aioredis
 from cryptography.exceptions import InvalidTag
@@ -38,7 +39,8 @@ class ResponseStore:
     async def put(self, tenant_digest: str, response_id: str, record: dict, ttl_s: int) -> None:
         """Stores `record` for `ttl_s` seconds; `tenant_digest` is the tenant's keyed digest."""
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = nonce + self._cipher.encrypt(nonce, json.dumps(record).encode(), f"{tenant_digest}\0{response_id}".encode())
+        bound = f"{tenant_digest}\0{response_id}".encode()  # the cipher's associated data
+        sealed = nonce + self._cipher.encrypt(nonce, json.dumps(record).encode(), bound)
         try:
             await self._client.set(self._name(tenant_digest, response_id), sealed, ex=ttl_s)
         except (RedisError, OSError) as exc:
@@ -59,14 +61,17 @@ class ResponseStore:
         if RESPONSE_ID.fullmatch(response_id) is None:
             return None
         try:
-            sealed = await self._client.get(self._name(tenant_digest, response_id))
+            # The client does not decode responses: a value is bytes.
+            sealed = cast("bytes | None", await self._client.get(self._name(tenant_digest, response_id)))
         except (RedisError, OSError) as exc:
             logger.error("the response store is unreachable: %s", type(exc).__name__)
-            raise Unavailable("the response store is unreachable; retry shortly", headers={"Retry-After": "2"}) from None
+            raise Unavailable("the response store is unreachable; retry shortly",
+                              headers={"Retry-After": "2"}) from None
         if sealed is None:
             return None
         try:
-            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], f"{tenant_digest}\0{response_id}".encode())
+            bound = f"{tenant_digest}\0{response_id}".encode()
+            plain = self._cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], bound)
         except InvalidTag:
             logger.error("a stored response failed its integrity check (wrong key, or moved); it is ignored")
             return None

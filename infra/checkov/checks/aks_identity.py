@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from _values import dig, first, is_true
 from checkov.arm.base_resource_check import BaseResourceCheck as ArmResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult
 from checkov.terraform.checks.resource.base_resource_check import BaseResourceCheck as TerraformResourceCheck
-
-from _values import dig, first, is_true
 
 WORKLOAD_IDENTITY_ID = "CKV_TG_2"
 WORKLOAD_IDENTITY_NAME = "Ensure AKS enables workload identity and the OIDC issuer"
@@ -35,7 +34,8 @@ class TerraformAksWorkloadIdentity(TerraformResourceCheck):
         )
 
     def scan_resource_conf(self, conf: dict[str, list[Any]]) -> CheckResult:
-        return _result(is_true(first(conf.get("workload_identity_enabled"))) and is_true(first(conf.get("oidc_issuer_enabled"))))
+        return _result(is_true(first(conf.get("workload_identity_enabled")))
+                       and is_true(first(conf.get("oidc_issuer_enabled"))))
 
 
 class ArmAksWorkloadIdentity(ArmResourceCheck):

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from _values import blocks, dig, first, is_false
 from checkov.arm.base_resource_check import BaseResourceCheck as ArmResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult
 from checkov.terraform.checks.resource.base_resource_check import BaseResourceCheck as TerraformResourceCheck
-
-from _values import blocks, dig, first, is_false
 
 ID = "CKV_TG_1"
 NAME = "Ensure the Front Door WAF policy is enabled in Prevention mode with managed rule sets"

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from _values import dig, first, is_true
 from checkov.arm.base_resource_check import BaseResourceCheck as ArmResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult
 from checkov.terraform.checks.resource.base_resource_check import BaseResourceCheck as TerraformResourceCheck
-
-from _values import dig, first, is_true
 
 ID = "CKV_TG_6"
 NAME = "Ensure Key Vault uses Azure RBAC authorization"
@@ -32,10 +31,12 @@ class TerraformKeyVaultRbac(TerraformResourceCheck):
 
 class ArmKeyVaultRbac(ArmResourceCheck):
     def __init__(self) -> None:
-        super().__init__(name=NAME, id=ID, categories=[CheckCategories.IAM], supported_resources=["Microsoft.KeyVault/vaults"])
+        super().__init__(name=NAME, id=ID, categories=[CheckCategories.IAM],
+                         supported_resources=["Microsoft.KeyVault/vaults"])
 
     def scan_resource_conf(self, conf: dict[str, Any]) -> CheckResult:
-        if is_true(dig(conf, "properties", "enableRbacAuthorization")) and not dig(conf, "properties", "accessPolicies"):
+        if (is_true(dig(conf, "properties", "enableRbacAuthorization"))
+                and not dig(conf, "properties", "accessPolicies")):
             return CheckResult.PASSED
         return CheckResult.FAILED
 

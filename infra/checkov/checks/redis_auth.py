@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from _values import dig, first, is_false, is_true
 from checkov.arm.base_resource_check import BaseResourceCheck as ArmResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult
 from checkov.terraform.checks.resource.base_resource_check import BaseResourceCheck as TerraformResourceCheck
-
-from _values import dig, first, is_false, is_true
 
 KEYS_ID = "CKV_TG_4"
 KEYS_NAME = "Ensure Redis has access keys disabled and Entra ID authentication on"

@@ -11,7 +11,17 @@ from typing import Literal
 import openai
 from pydantic import BaseModel
 
-from _flow import BASE_URL, MODEL, SMALL_BUDGET_TOKEN, TOKEN, WEATHER_PARAMETERS, WEATHER_TOOL, check, run, EMBEDDING_MODEL
+from _flow import (
+    BASE_URL,
+    EMBEDDING_MODEL,
+    MODEL,
+    SMALL_BUDGET_TOKEN,
+    TOKEN,
+    WEATHER_PARAMETERS,
+    WEATHER_TOOL,
+    check,
+    run,
+)
 
 client = openai.OpenAI(base_url=BASE_URL, api_key=TOKEN, max_retries=0, timeout=120)
 SHORT = {"model": MODEL, "temperature": 0, "max_tokens": 8}

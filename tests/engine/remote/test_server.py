@@ -15,16 +15,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.server import TENANTGATE, ServeProcess, gateway_env, tenantgate_serve
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
-from engine.remote.signing import body_digest
 from engine.remote.protocol import envelope_to_json
+from engine.remote.signing import body_digest
 from engine.sampling_params import SamplingParams
 from gateway.deployments.base import EnvelopeRefused, ReplicaLoad, UpstreamRejected
 from gateway.deployments.replica_client import ReplicaClient
 from tests.utils.envelopes import envelope
-from devkit.server import TENANTGATE, ServeProcess, gateway_env, tenantgate_serve
 from tests.utils.signing import write_key_pair
 
 ENV = envelope(tenant="northwind")
@@ -67,7 +67,8 @@ def metrics(server: ServeProcess) -> dict[str, float]:
 
 def engine_work(samples: dict[str, float]) -> dict[str, float]:
     """What moves when the engine runs anything: its steps, the requests it ended, their latencies."""
-    prefixes = ("tenantgate_steps_total", "tenantgate_engine_requests_total", "tenantgate_engine_request_duration_seconds_count")
+    prefixes = ("tenantgate_steps_total", "tenantgate_engine_requests_total",
+                "tenantgate_engine_request_duration_seconds_count")
     return {k: v for k, v in samples.items() if k.startswith(prefixes)}
 
 

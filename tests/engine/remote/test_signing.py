@@ -9,8 +9,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engine.remote import (
-    MAX_TTL_S, REJECTION_REASONS, EnvelopeRejected, EnvelopeSigner, EnvelopeVerifier, envelope_from_json,
-    envelope_to_json, key_id, load_private_key, load_public_keys,
+    MAX_TTL_S,
+    REJECTION_REASONS,
+    EnvelopeRejected,
+    EnvelopeSigner,
+    EnvelopeVerifier,
+    envelope_from_json,
+    envelope_to_json,
+    key_id,
+    load_private_key,
+    load_public_keys,
 )
 from engine.remote.signing import CLOCK_LEEWAY_S, ReplayCache, body_digest
 from tests.utils.envelopes import envelope

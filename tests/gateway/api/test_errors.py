@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devkit.issuer import LocalIssuer
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.errors import GatewayError
-from devkit.issuer import LocalIssuer
 from gateway.inference import NullBackend
 from gateway.policy.loader import DEFAULT_POLICY_DIR, rego_files
 from tests.gateway.api.conftest import ALPHA, DATA_DIR, EPSILON, PLATFORM, UNREGISTERED, gateway_settings
-from devkit.server import serving
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -168,7 +168,8 @@ def test_a_forged_token_for_a_tenant_whose_discovery_fails_leaves_readiness_alon
 
 
 def _null_gateway(local_issuer, **settings):
-    return create_app(gateway_settings(local_issuer, metrics_port=0, **settings), backend=NullBackend(model_name="demo"))
+    return create_app(gateway_settings(local_issuer, metrics_port=0, **settings),
+                      backend=NullBackend(model_name="demo"))
 
 
 def test_malformed_decision_is_503(local_issuer, tmp_path: Path) -> None:

@@ -11,13 +11,13 @@ import httpx
 import openai
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.deployments.openai_compatible import _error_message
 from gateway.inference import NullBackend
 from gateway.limits.base import duration
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, gateway_settings
 from tests.gateway.api.test_errors import _BrokenBackend
-from devkit.server import serving
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 LONG = "word " * 3000  # over every test tenant's 1024-token window
@@ -117,7 +117,8 @@ def _bad_requests(gateway) -> list[tuple[str, dict, int]]:
         ("a policy deny", {"method": "POST", "url": post, "json": CHAT,
                            "headers": auth | {"x-data-classification": "no-such-class"}}, 403),
         ("the context window", {"method": "POST", "url": post,
-                                "json": CHAT | {"messages": [{"role": "user", "content": LONG}]}, "headers": auth}, 400),
+                                "json": CHAT | {"messages": [{"role": "user", "content": LONG}]},
+                                "headers": auth}, 400),
         ("an oversized body", {"method": "POST", "url": post, "content": b"x" * (2 << 20), "headers": auth}, 413),
         ("an unknown model's card", {"method": "GET", "url": "/v1/models/nope", "headers": auth}, 404),
     ]

@@ -5,7 +5,6 @@ attacker gets a 400 at the compile bound, and nothing is logged as an error."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -1,8 +1,9 @@
 """/metrics after a mixed run, against the OpenTelemetry GenAI semantic conventions' tables.
 
 The conventions: open-telemetry/semantic-conventions v1.41.0, docs/gen-ai/gen-ai-metrics.md (status
-Development; the last release with the GenAI pages before they moved to semantic-conventions-genai). Their names reach Prometheus
-by OpenTelemetry's translation (opentelemetry-specification, compatibility/prometheus_and_openmetrics.md):
+Development; the last release with the GenAI pages before they moved to semantic-conventions-genai).
+Their names reach Prometheus by OpenTelemetry's translation (opentelemetry-specification,
+compatibility/prometheus_and_openmetrics.md):
 dots become underscores, the unit `s` adds `_seconds` (OpenMetrics `# UNIT ... seconds`), an
 annotation unit such as `{token}` adds nothing, attribute keys become labels the same way.
 """
@@ -115,7 +116,8 @@ def test_genai_metrics_follow_the_semantic_conventions_tables(gateway) -> None:
 
     def left_stream_counted() -> dict | None:  # the stream the caller left ends on the server's own time
         families = scrape(gateway)
-        rows = grown(before.get("gen_ai_server_request_duration_seconds"), families["gen_ai_server_request_duration_seconds"])
+        rows = grown(before.get("gen_ai_server_request_duration_seconds"),
+                     families["gen_ai_server_request_duration_seconds"])
         return families if any(row["error_type"] == "client_disconnected" for row in rows) else None
 
     after = wait_for(left_stream_counted)

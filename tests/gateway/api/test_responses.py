@@ -12,12 +12,12 @@ import jsonschema
 import openai
 import pytest
 
+from devkit.server import serving
 from engine import RequestOutput
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, DEFAULT_MODEL, GAMMA, Gateway, gateway_settings
 from tests.gateway.api.test_errors_headers import _rate_headers, _records_with
-from devkit.server import serving
 
 QUESTION = "What is the capital of France?"
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
@@ -83,7 +83,7 @@ def test_the_stream_sends_the_specs_events_in_its_order(default_model_gateway: G
     item_id = added.item.id
     assert added.item.status == "in_progress" and added.item.content == []
     assert part_added.part.text == ""
-    text_events = [e for e in events if e.type.startswith("response.output_text") or e.type.startswith("response.content")]
+    text_events = [e for e in events if e.type.startswith(("response.output_text", "response.content"))]
     assert all((e.item_id, e.output_index, e.content_index) == (item_id, 0, 0) for e in text_events)
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == events[-4].text == events[-3].part.text == whole.output_text

@@ -12,12 +12,12 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.audit.trail import AuditRefused
 from gateway.inference import NullBackend
 from gateway.settings import Settings
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, ETA, GAMMA, LAMBDA, THETA, gateway_settings
-from devkit.server import serving
 
 SECRET_INPUT = "the launch date of project kestrel"
 

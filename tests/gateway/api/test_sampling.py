@@ -66,7 +66,10 @@ def test_penalties_pick_each_token_by_openais_formula_and_stop_the_repeats(gatew
         chosen = score(entry.token, entry.logprob)
         assert all(chosen >= score(alt.token, alt.logprob) - 1e-4 for alt in entry.top_logprobs), f"step {step}"
         counts[entry.token] += 1
-    tokens = lambda completion: [e.token for e in completion.choices[0].logprobs.content]  # noqa: E731
+
+    def tokens(completion) -> list[str]:
+        return [e.token for e in completion.choices[0].logprobs.content]
+
     assert tokens(plain) == [pushed_text] * 30
     assert 1 <= tokens(penalized).count(pushed_text) < 15 and tokens(penalized)[0] == pushed_text
 

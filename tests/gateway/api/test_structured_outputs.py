@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.gateway.api.conftest import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, SMOLLM2
 from devkit.schemas import SCHEMAS
+from tests.gateway.api.conftest import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, SMOLLM2
 
 MODEL = SMOLLM2
 

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from devkit.server import serving
 from engine import RequestOutput
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
-from devkit.server import serving
 
 CONTENT = ["Let", " me", " check", ".\n"]
 CALLS = ['<tool_call>{"name": "get_weather", ', '"arguments": {"city": "Paris"}}</tool_call>\n',
@@ -70,7 +70,8 @@ def test_content_streams_before_the_calls_and_each_call_has_its_own_index(script
                 content += choice.delta.content or ""
                 calls.extend(choice.delta.tool_calls or [])
                 reasons.append(choice.finish_reason)
-            if content == "Let me check." and not backend.pause.is_set():  # all of it, while the engine still waits to write the calls
+            # all of it, while the engine still waits to write the calls
+            if content == "Let me check." and not backend.pause.is_set():
                 assert not calls
                 backend.pause.set()
     finally:

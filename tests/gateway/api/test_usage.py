@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,13 +20,13 @@ import httpx
 import openai
 import pytest
 
+from devkit.server import TENANTGATE, gateway_env, serving
 from engine import EngineConfig, LLMEngine
 from gateway.app import create_app
 from gateway.audit import load_or_create_signing_key, public_key_pem
 from gateway.inference import EngineBackend
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, GAMMA, PLATFORM, THETA, gateway_settings
-from devkit.server import TENANTGATE, gateway_env, serving
 
 CHAT = [{"role": "user", "content": "Give me three words about the sea, and then three about the mountains."}]
 PRINCIPALS = [(ALPHA, "0a000000-0000-4000-8000-000000000001"), (ALPHA, "0a000000-0000-4000-8000-000000000002"),
@@ -35,7 +35,7 @@ FIGURES = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,8 @@ def test_a_tampered_record_fails_the_report_and_bills_nothing(metered) -> None:
     # Last in this module: it edits the live trail. One record's completion tokens, lowered.
     path: Path = metered.settings.audit_file
     lines = path.read_text().splitlines()
-    index = next(i for i, line in enumerate(lines) if '"usage":{"cached_tokens"' in line and '"completion_tokens":3' in line)
+    index = next(i for i, line in enumerate(lines)
+                 if '"usage":{"cached_tokens"' in line and '"completion_tokens":3' in line)
     lines[index] = lines[index].replace('"completion_tokens":3', '"completion_tokens":1', 1)
     path.write_text("\n".join(lines) + "\n")
 
@@ -187,5 +188,6 @@ def test_a_tampered_record_fails_the_report_and_bills_nothing(metered) -> None:
 
     answer = _admin(metered, _operator_token(metered))
     assert answer.status_code == 409
-    assert answer.json()["error"]["code"] == "audit_verification_failed" and "altered" in answer.json()["error"]["message"]
+    error = answer.json()["error"]
+    assert error["code"] == "audit_verification_failed" and "altered" in error["message"]
     assert "rows" not in answer.text

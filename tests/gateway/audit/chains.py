@@ -8,8 +8,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.audit.verify import canonical_json, genesis_digest, key_id, line_digest, sign
 from gateway.audit.trail import AuditTrail
+from gateway.audit.verify import canonical_json, genesis_digest, key_id, line_digest, sign
 
 
 class ListSink:

@@ -11,10 +11,19 @@ import time
 
 import pytest
 
-from gateway.audit.verify import OK, TAMPERED, UNVERIFIED, anchor_genesis_digest, canonical_json, line_digest, verify
 from gateway.audit.trail import AuditTrail
-from tests.gateway.audit.chains import ListSink, anchor_at, build_chain, edit, edit_and_relink, entries, forge, record
-from tests.gateway.audit.chains import resign
+from gateway.audit.verify import OK, TAMPERED, UNVERIFIED, anchor_genesis_digest, canonical_json, line_digest, verify
+from tests.gateway.audit.chains import (
+    ListSink,
+    anchor_at,
+    build_chain,
+    edit,
+    edit_and_relink,
+    entries,
+    forge,
+    record,
+    resign,
+)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +152,8 @@ def test_an_unreadable_anchor_is_skipped_with_a_warning(closed, signing_key):
     lines, anchors = closed
     report = check(lines, signing_key, anchors + ["not an anchor", lines[0]])
     assert report.verdict == OK
-    assert report.warnings == ["anchor 3 is not a readable anchor (skipped)", "anchor 4 is not a readable anchor (skipped)"]
+    assert report.warnings == ["anchor 3 is not a readable anchor (skipped)",
+                               "anchor 4 is not a readable anchor (skipped)"]
 
 
 def test_without_anchors_the_tails_age_comes_from_its_records(signing_key):

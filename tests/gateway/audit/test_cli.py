@@ -3,12 +3,12 @@ import stat
 
 import pytest
 
-from gateway.main import main
-from gateway.audit.verify import key_id, load_public_key
+from devkit.server import free_port
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink
 from gateway.audit.trail import AuditTrail, load_or_create_signing_key, public_key_pem
+from gateway.audit.verify import key_id, load_public_key
+from gateway.main import main
 from tests.gateway.audit.chains import build_chain, edit, record
-from devkit.server import free_port
 
 
 @pytest.fixture
@@ -69,7 +69,8 @@ def test_verify_tampering_exits_1_and_names_the_first_problem(tmp_path, keys, ca
     log = write(tmp_path / "audit.jsonl", edit(build_chain(key, 120), 41, outcome="denied"))
     assert main(["audit", "verify", log, "--public-key", public]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out == ["TAMPERED: 120 records, 2 checkpoints, 1 chain", "first problem: record 41 was altered (chain chain-a)"]
+    assert out == ["TAMPERED: 120 records, 2 checkpoints, 1 chain",
+                   "first problem: record 41 was altered (chain chain-a)"]
     assert "denied" not in "\n".join(out)
 
 

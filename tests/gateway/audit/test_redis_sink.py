@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from gateway.audit.verify import verify
+from devkit.server import free_port
 from gateway.audit.sinks import RedisStreamSink, SinkStalled, read_stream
 from gateway.audit.trail import AuditRefused, AuditTrail
+from gateway.audit.verify import verify
 from tests.gateway.audit.chains import record
-from devkit.server import free_port
 
 
 def wait_for(condition, timeout=10.0) -> bool:

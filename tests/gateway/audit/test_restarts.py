@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from gateway.main import main
-from tests.gateway.audit.chains import cut_mid_line, edit_and_relink, forge, index_of
 from devkit.redis import RedisServer
 from devkit.server import gateway_env
+from gateway.main import main
+from tests.gateway.audit.chains import cut_mid_line, edit_and_relink, forge, index_of
 
 REPO = Path(__file__).resolve().parents[3]
 

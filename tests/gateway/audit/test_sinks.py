@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from gateway.audit.verify import verify, verify_files
 from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, rotated_files
 from gateway.audit.trail import AuditSink, AuditTrail
+from gateway.audit.verify import verify, verify_files
 from tests.gateway.audit.chains import cut_mid_line, forge, record
 from tests.utils.protocols import protocol_members
 
@@ -94,7 +94,8 @@ def test_a_broken_line_names_its_file_and_line(tmp_path, signing_key):
     with open(files[0], "ab") as file:
         file.write(b"\xff\xfe not utf-8\n")
     report = verify_files(files, signing_key.public_key())
-    assert not report.ok and report.reason.startswith(f"{files[0]}:") and report.reason.endswith("is not an audit entry")
+    assert not report.ok
+    assert report.reason.startswith(f"{files[0]}:") and report.reason.endswith("is not an audit entry")
 
 
 def test_the_file_sink_appends_across_restarts_as_separate_chains(tmp_path, signing_key):
@@ -137,7 +138,8 @@ def test_a_torn_last_line_is_reported_as_torn(tmp_path, signing_key):
     cut_mid_line(path)
     report = verify_files([path], signing_key.public_key())
     assert report.ok and report.first_bad_seq == 26  # the closing checkpoint was the torn entry
-    assert report.warnings[1] == f"{path}:32 is a torn last entry (40 bytes without a newline: its writer stopped mid-write)"
+    assert report.warnings[1] == (f"{path}:32 is a torn last entry "
+                                  "(40 bytes without a newline: its writer stopped mid-write)")
 
 
 def test_a_torn_last_line_is_ended_on_open_and_the_repair_recorded(tmp_path, signing_key, caplog):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from gateway.audit.verify import canonical_json, genesis_digest, line_digest, verify
 from gateway.audit.trail import AuditTrail, boot_chain_id
+from gateway.audit.verify import canonical_json, genesis_digest, line_digest, verify
 from tests.gateway.audit.chains import ListSink, build_chain, entries, record
 
 

@@ -2,8 +2,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from gateway.auth.entra import EntraVerifier
 from devkit.issuer import LocalIssuer
+from gateway.auth.entra import EntraVerifier
 from tests.utils.issuer import running_issuer, verifier_options
 
 

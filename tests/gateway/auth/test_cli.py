@@ -1,16 +1,17 @@
 """`tenantgate token`: dev tokens the running dev issuer verifies; real Azure tokens on request."""
 
 import argparse
+import json
 import socket
 import sys
 import types
 
 import pytest
 
-from gateway.main import build_parser
 from devkit.cli import add_parser, cmd_token
-from gateway.auth.entra import EntraVerifier
 from devkit.issuer import LocalIssuer
+from gateway.auth.entra import EntraVerifier
+from gateway.main import build_parser
 from tests.utils.issuer import CONTOSO, NORTHWIND, running_issuer, verifier_options
 
 
@@ -89,7 +90,7 @@ def test_an_ambiguous_tenant_prefix_exits_2(cache_dir, tmp_path, capsys) -> None
     (policy_dir / "data").mkdir(parents=True)
     (policy_dir / "p.rego").write_text("package p\n")
     (policy_dir / "data" / "tenants.json").write_text(
-        '{"tenants": {"%s": {"name": "North One"}, "%s": {"name": "North Two"}}}' % (CONTOSO, NORTHWIND)
+        json.dumps({"tenants": {CONTOSO: {"name": "North One"}, NORTHWIND: {"name": "North Two"}}})
     )
     assert run_cli(["token", "--tenant", "north", "--policy-dir", str(policy_dir)]) == 2
     assert "more than one tenant" in capsys.readouterr().err

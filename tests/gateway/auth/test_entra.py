@@ -6,9 +6,9 @@ import uuid
 import httpx
 import pytest
 
+from devkit.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID
 from gateway.auth import AuthError, EntraVerifier, Principal, TenantsUnknownError
 from gateway.auth.exceptions import MESSAGES
-from devkit.issuer import DEFAULT_AUDIENCE, DEV_CLIENT_ID
 from tests.utils.bad_tokens import CASE_IDS, bad_token_cases
 from tests.utils.issuer import CONTOSO, FABRIKAM, TAILSPIN, verifier_options
 

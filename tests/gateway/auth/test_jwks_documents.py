@@ -4,8 +4,8 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.auth import AuthError, AuthUnavailableError, EntraVerifier
 from devkit.issuer import LocalIssuer, sign_rs256
+from gateway.auth import AuthError, AuthUnavailableError, EntraVerifier
 from gateway.encoding import b64url
 from tests.utils.issuer import CONTOSO, FABRIKAM, verifier_options
 

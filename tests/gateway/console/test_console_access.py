@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.console.sessions import Sessions
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, PLATFORM, PLATFORM_OFF, gateway_settings
-from devkit.server import serving
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,8 @@ def test_the_operator_role_from_a_customer_or_disabled_tenant_is_refused_and_aud
     disabled tenant's tokens still verify: neither may read other tenants' usage or the console."""
     token = gateway.issuer.mint(tenant, audience=AUDIENCE, app=True, roles=(OPERATOR_ROLE,))
     headers = {"Authorization": f"Bearer {token}"}
-    for path, route in (("/admin/console", "admin.console"), ("/admin/usage?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z",
-                                                             "admin.usage")):
+    for path, route in (("/admin/console", "admin.console"),
+                        ("/admin/usage?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z", "admin.usage")):
         answer = client.get(path, headers=headers)
         assert answer.status_code == 403, (path, answer.text)
         assert answer.json()["error"]["code"] == "operator_tenant_required"

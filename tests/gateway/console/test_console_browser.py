@@ -19,8 +19,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineConfig, LLMEngine, ListSink, PrometheusSink
 from devkit.cli import create_dev_app as create_app
+from devkit.redis import RedisServer
+from devkit.server import TENANTGATE, free_port, gateway_env, serving
+from engine import EngineConfig, ListSink, LLMEngine, PrometheusSink
 from gateway.audit import load_or_create_signing_key, verify_files
 from gateway.console import VIEWS
 from gateway.inference import EngineBackend
@@ -28,8 +30,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.operator import OPERATOR_ROLE
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, EPSILON, GAMMA, PLATFORM, gateway_settings
 from tests.utils.browser import artifacts_dir, chromium, full_page_screenshot
-from devkit.redis import RedisServer
-from devkit.server import TENANTGATE, free_port, gateway_env, serving
 
 CANARY = "console-canary-7f3a9c"  # in a prompt: must appear on no page
 TOPICS = ["harbours and lighthouses", "glaciers and fjords", "deserts at night", "old libraries", "rain forests",

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.deployments.config import DeploymentsError
 from gateway.deployments.dialects import compile_request
@@ -24,7 +25,6 @@ from gateway.deployments.registry import served_model_for
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, gateway_settings
 from tests.utils.embeddings import COSINE_MIN, TEXTS, cosines, oracle_embeddings
-from devkit.server import serving
 from tests.utils.upstreams import deployment, upstream_call
 
 MODEL = "all-minilm-l6-v2"

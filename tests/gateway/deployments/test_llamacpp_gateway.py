@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.openai.asks import estimate_tokens
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, GAMMA, ZETA, gateway_settings
-from devkit.server import serving
 
 pytestmark = pytest.mark.upstream
 
@@ -129,8 +129,9 @@ def test_a_json_schema_answer_from_llama_server_validates(gateway, local_issuer)
 
 def test_a_responses_stream_through_llama_server_has_the_spec_order(gateway, local_issuer) -> None:
     with client(gateway, ZETA, local_issuer) as sdk:
-        events = list(sdk.responses.create(model="demo", input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"],
-                                           max_output_tokens=24, temperature=0, stream=True))
+        events = list(sdk.responses.create(model="demo", input=MESSAGES[1]["content"],
+                                           instructions=MESSAGES[0]["content"], max_output_tokens=24, temperature=0,
+                                           stream=True))
     kinds = [e.type for e in events]
     deltas = [k for k in kinds if k == "response.output_text.delta"]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",

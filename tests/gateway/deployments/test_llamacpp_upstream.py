@@ -7,7 +7,6 @@ that variable they use a cached build if there is one, and skip if not.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from gateway.deployments.dialects import compile_request
@@ -42,8 +41,8 @@ async def test_llama_server_answers_paris_and_reports_usage(llama_server, caller
 
 async def test_completions_route(llama_server):
     upstream = OpenAIUpstream(deployment("llamacpp", url=llama_server), "smollm2-135m-instruct")
-    text, last = await run(upstream, upstream_call({"prompt": "The capital of France is", "temperature": 0}, route="completions",
-                                                   max_tokens=3, scope="shared"))
+    text, last = await run(upstream, upstream_call({"prompt": "The capital of France is", "temperature": 0},
+                                                   route="completions", max_tokens=3, scope="shared"))
     await upstream.aclose()
     assert text.strip().startswith("Paris")
     assert (last.finish_reason, last.usage_reported, last.num_output_tokens) == ("length", True, 3)

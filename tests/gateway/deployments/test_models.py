@@ -8,11 +8,11 @@ import json
 import openai
 import pytest
 
+from devkit.server import free_port, serving
 from engine import EngineConfig, LLMEngine
 from gateway.app import create_app
 from gateway.inference import EngineBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, BETA, gateway_settings
-from devkit.server import free_port, serving
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,13 @@ import base64
 import pytest
 
 from gateway.deployments.config import DeploymentsError, parse_deployments
-from gateway.deployments.dialects import UpstreamRequest, cache_salt, compile_request, unmet_cache_scope, unsupported_fields
+from gateway.deployments.dialects import (
+    UpstreamRequest,
+    cache_salt,
+    compile_request,
+    unmet_cache_scope,
+    unsupported_fields,
+)
 from tests.utils.envelopes import envelope
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
@@ -67,7 +73,8 @@ def test_vllm_salt_is_the_documented_size_and_says_nothing_across_deployments():
 
 def test_vllm_salts_follow_the_namespace_not_the_caller():
     a, b = upstream_call(tenant="tenant-a"), upstream_call(tenant="tenant-b")
-    shared_a, shared_b = upstream_call(tenant="tenant-a", scope="shared"), upstream_call(tenant="tenant-b", scope="shared")
+    shared_a = upstream_call(tenant="tenant-a", scope="shared")
+    shared_b = upstream_call(tenant="tenant-b", scope="shared")
     salts = [compile_request(deployment("vllm"), c, "m").json["cache_salt"] for c in (a, b, shared_a, shared_b)]
     assert salts[0] != salts[1]  # tenant scope: one namespace per tenant
     assert salts[2] == salts[3] != salts[0]  # shared scope: one namespace for all

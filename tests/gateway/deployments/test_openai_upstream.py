@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from devkit.server import free_port, serving
 from gateway.deployments.base import UpstreamIdle, UpstreamInterrupted, UpstreamRejected, UpstreamUnavailable
 from gateway.deployments.openai_compatible import KEEPALIVE_EXPIRY_S, OpenAIUpstream
-from devkit.server import free_port, serving
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 4}}
@@ -64,7 +64,8 @@ class FakeUpstream:
                 await asyncio.sleep(3)
             if self.mode == "garbage":
                 return JSONResponse({"unexpected": True})
-            message = {"text": "Paris."} if "prompt" in body else {"message": {"role": "assistant", "content": "Paris."}}
+            chat = {"message": {"role": "assistant", "content": "Paris."}}
+            message = {"text": "Paris."} if "prompt" in body else chat
             if self.mode == "tool_call":
                 message = {"message": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}}
                 return JSONResponse({"object": "chat.completion", "usage": USAGE,

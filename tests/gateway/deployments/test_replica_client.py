@@ -13,13 +13,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from devkit.server import free_port, serving
 from engine import SamplingParams
 from engine.remote import ENVELOPE_HEADER, EnvelopeSigner
-from gateway.deployments.base import EnvelopeRefused, UpstreamIdle, UpstreamInterrupted, UpstreamRejected
-from gateway.deployments.base import UpstreamUnavailable
+from gateway.deployments.base import (
+    EnvelopeRefused,
+    UpstreamIdle,
+    UpstreamInterrupted,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from gateway.deployments.replica_client import ReplicaClient
 from tests.utils.envelopes import ENV
-from devkit.server import free_port, serving
 
 SIGNER = EnvelopeSigner(Ed25519PrivateKey.generate())
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0)

@@ -19,8 +19,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, THETA, serve_env
 from devkit.server import ServeProcess, free_port, gateway_env, tenantgate_serve
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, THETA, serve_env
 from tests.utils.signing import write_key_pair
 
 ENGINE_FLAGS = ("--model", "demo", "--dtype", "float32", "--device", "cpu", "--kv-cache-memory", str(32 << 20),

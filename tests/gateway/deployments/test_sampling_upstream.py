@@ -12,10 +12,10 @@ import json
 import openai
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from tests.gateway.api.conftest import AUDIENCE, BETA, gateway_settings
 from tests.gateway.deployments.test_openai_upstream import TOOL_CALL, FakeUpstream
-from devkit.server import serving
 
 MODEL = "some-other-model"  # the one model Beta's policy names
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

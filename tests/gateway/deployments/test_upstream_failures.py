@@ -16,11 +16,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.metrics import GatewayMetrics
 from tests.gateway.api.conftest import AUDIENCE, BETA, gateway_settings
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
-from devkit.server import serving
 
 MODEL = "some-other-model"  # the one model Beta's policy names
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

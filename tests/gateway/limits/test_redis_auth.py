@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.server import free_port
 from gateway.limits import Admission, QuotaStoreUnavailable
 from gateway.limits.redis import RedisLimiter, redis_client
-from devkit.server import free_port
 from tests.utils.tls import write_certificates
 
 ADMISSION = Admission(tenant="auth-test", principal="p", request_id="r1", tokens=10, requests_per_minute=100,

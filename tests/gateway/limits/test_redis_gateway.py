@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
+from devkit.server import TENANTGATE, free_port, gateway_env, serving, wait_ready
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import AUDIENCE, DATA_DIR, ETA, GAMMA, ZETA, gateway_settings
-from devkit.server import TENANTGATE, free_port, gateway_env, serving, wait_ready
 
 TPM = 3000  # Zeta's tokens per minute
 

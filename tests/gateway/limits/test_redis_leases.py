@@ -12,11 +12,11 @@ import uuid
 import pytest
 import redis
 
+from devkit.redis import RedisServer
 from gateway.errors import RateLimited
 from gateway.limits import QuotaStoreUnavailable
 from gateway.limits.redis import RedisLimiter, keys, redis_client
 from tests.utils.limits import admission
-from devkit.redis import RedisServer
 
 CONCURRENT = 8
 

@@ -50,7 +50,8 @@ def test_response_format_and_tool_parameters_are_constrained_closed() -> None:
         "response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": CITY}}})
     assert '"additionalProperties":false' in schema_of(body.response_format)
     tool = Tool(type="function", function=FunctionDefinition(name="weather", parameters=CITY))
-    named = constrained_schema([tool], NamedToolChoice.model_validate({"type": "function", "function": {"name": "weather"}}))
+    choice = NamedToolChoice.model_validate({"type": "function", "function": {"name": "weather"}})
+    named = constrained_schema([tool], choice)
     assert named is not None and '"additionalProperties":false' in named
 
 

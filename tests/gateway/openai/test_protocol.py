@@ -9,8 +9,8 @@ import json
 import httpx
 import openai
 
-from tests.gateway.api.conftest import ALPHA, AUDIENCE, serve_env
 from devkit.server import tenantgate_serve
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, serve_env
 
 LONE = "\ud800"
 CHAT = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}

@@ -73,7 +73,8 @@ async def test_the_event_loop_keeps_answering_while_a_large_policy_reloads(tmp_p
     assert max(gaps) < 0.1, f"the loop stalled {max(gaps) * 1000:.0f} ms during the reload"
 
 
-async def test_a_tenant_whose_evaluation_fails_is_refused_without_spending_the_loop_again(tmp_path, monkeypatch) -> None:
+async def test_a_tenant_whose_evaluation_fails_is_refused_without_spending_the_loop_again(
+        tmp_path, monkeypatch) -> None:
     """An erroring evaluation costs regorus ~40 ms of the shared loop each time: a tenant whose data
     fails is refused (its own 503) without evaluating until the hold ends or the policy reloads,
     while every other tenant is judged as before."""
@@ -103,7 +104,8 @@ async def test_a_tenant_whose_evaluation_fails_is_refused_without_spending_the_l
     assert len([d for d in evaluations if d["principal"]["tenant_id"] == ATTACKER]) == 2  # judged again after it
 
 
-def test_a_held_tenant_is_refused_before_its_request_is_read_rendered_or_judged(local_issuer, tmp_path, monkeypatch) -> None:
+def test_a_held_tenant_is_refused_before_its_request_is_read_rendered_or_judged(
+        local_issuer, tmp_path, monkeypatch) -> None:
     """While a tenant's evaluation is held, its requests are refused right after authentication:
     its prompt is never rendered nor its policy input built (the work that let a flood of held
     requests spend the shared loop), and each refusal still has its audit record."""

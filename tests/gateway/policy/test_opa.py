@@ -60,7 +60,8 @@ def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> 
         before = policy.tenant_enabled(next(iter(tenants)))
         try:
             await policy.start()
-            return before, {tid: policy.tenant_enabled(tid) for tid in [*tenants, "eeeeeeee-0000-4000-8000-00000000000e"]}
+            unknown = "eeeeeeee-0000-4000-8000-00000000000e"
+            return before, {tid: policy.tenant_enabled(tid) for tid in [*tenants, unknown]}
         finally:
             await policy.aclose()
 

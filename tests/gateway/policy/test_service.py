@@ -16,6 +16,7 @@ import openai
 import pytest
 from prometheus_client import generate_latest
 
+from devkit.server import serving
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from gateway.metrics import GatewayMetrics
@@ -24,7 +25,6 @@ from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
 from tests.gateway.policy.conftest import SAMPLES
 from tests.utils.issuer import FABRIKAM
-from devkit.server import serving
 
 SAMPLE = SAMPLES["allow_standard_app_token"]["input"]
 

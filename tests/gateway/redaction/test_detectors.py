@@ -5,9 +5,9 @@ import re
 import pytest
 from stdnum.luhn import is_valid as luhn_ok
 
+from devkit.redaction_samples import EVASIONS, NEGATIVES, POSITIVES, Positive, jwt, storage_key
 from gateway.redaction import DETECTORS, Redactor
 from gateway.redaction.validators import iban
-from devkit.redaction_samples import EVASIONS, NEGATIVES, POSITIVES, Positive, jwt, storage_key
 
 PLACEHOLDER = re.compile(r"\[[A-Z_]+(?::[0-9a-f]{8})?\]")
 

@@ -7,9 +7,9 @@ import unicodedata
 
 import pytest
 
+from devkit.redaction_samples import EVASIONS, POSITIVES, entra_secret, jwt, private_key, storage_key
 from gateway.redaction import Redactor
 from tests.gateway.redaction.conftest import KEY
-from devkit.redaction_samples import EVASIONS, POSITIVES, entra_secret, jwt, private_key, storage_key
 
 EMAIL_PLACEHOLDER = re.compile(r"\[EMAIL:[0-9a-f]{8}\]")
 
@@ -73,7 +73,8 @@ def test_scrub_refuses_non_text_without_echoing_it(redactor: Redactor) -> None:
 
 
 def test_an_address_spelled_otherwise_gets_the_same_placeholder(redactor: Redactor) -> None:
-    spellings = ["jane.doe@contoso.com", "jane.doe＠contoso．com", "ｊａｎｅ.ｄｏｅ@contoso.com", "jane.doe﹫contoso.com"]
+    spellings = ["jane.doe@contoso.com", "jane.doe＠contoso．com", "ｊａｎｅ.ｄｏｅ@contoso.com",
+                 "jane.doe﹫contoso.com"]
     placeholders = {redactor.scrub(spelling) for spelling in spellings}
     assert len(placeholders) == 1 and EMAIL_PLACEHOLDER.fullmatch(placeholders.pop())
 
