@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
 # Bump whenever the converted files would change for the same GGUF, so stale caches are never reused.
-CONVERTER_VERSION = "gguf-v2"  # v2: quantized tensors also packed for the kernels (quantized.safetensors)
+CONVERTER_VERSION = "gguf-v3"  # v3: quantized tensors also packed for the kernels (quantized.safetensors)
 
 # The dequantizers of the gguf package this converter accepts (K-quants included).
 SUPPORTED_TENSOR_TYPES = (

@@ -19,16 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 QUANTIZED_FILE = "quantized.safetensors"
+BF16_ISA = 3  # engine/model/kernels ISA_NAMES: avx512-bf16
 # Types packed for the kernels; F32/F16/BF16 tensors stay dense.
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 RUN = 64  # rows are padded to whole runs of 64 elements
-# Calls with at least this many rows dequantize the weight and run torch's dense matmul, which is
-# faster there than the row-by-row kernel (measured in docs/engine.md).
-DENSE_MIN_ROWS = 16
+# bfloat16 calls with at least this many rows dequantize each weight row to bfloat16 once and run
+# bf16 dot products over 4 activation rows at a time (where the CPU has AVX512-BF16); fewer rows run
+# in fp32, reading the codes directly (measured in docs/engine.md). Below the deterministic lane's
+# smallest call (8 rows), so that lane always takes one of the two.
+BF16_MIN_ROWS = 5
 # Weight rows per work item that torch's threads take from a shared counter.
 CHUNK_ROWS = 16
 
@@ -37,7 +39,7 @@ CHUNK_ROWS = 16
 class Format:
     bits: int  # 4 (two codes a byte) or 8
     block: int  # elements per scale and min: 16 or 32
-    offset: int  # subtracted from every code
+    offset: int  # subtracted from the GGUF code; non-zero: a signed format, stored as code - offset, no mins
 
 
 @dataclass
@@ -160,7 +162,9 @@ def pack(kind: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, 
     if blocks.shape[0] * block_elems != rows * cols:
         raise ValueError(f"{kind}: {blocks.shape[0]} blocks do not hold {rows}x{cols} elements")
     codes, scales, mins, fmt = _unpack_blocks(kind, blocks)
-    codes = codes.astype(np.uint8).reshape(rows, cols)
+    # Signed formats store code - offset in two's complement (the kernels sign-extend it).
+    codes = ((codes.astype(np.int16) - fmt.offset) & (0x0F if fmt.bits == 4 else 0xFF)).astype(np.uint8)
+    codes = codes.reshape(rows, cols)
     scales = np.asarray(scales, np.float32).reshape(rows, cols // fmt.block)
     mins = np.asarray(mins, np.float32).reshape(rows, cols // fmt.block)
     padded = -(-cols // RUN) * RUN
@@ -208,11 +212,12 @@ class QuantizedLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
     def _part(self, x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
-        if x.shape[0] >= DENSE_MIN_ROWS:
-            return F.linear(x, dequantize(p, self.isa).to(x.dtype)).float()
-        fmt = p.format
-        return torch.ops.tenantgate_quant.qlinear(x.float().contiguous(), p.codes, p.scales, p.mins, p.cols,
-                                                  fmt.bits, fmt.block, fmt.offset, self.isa, CHUNK_ROWS)
+        fmt, ops = p.format, torch.ops.tenantgate_quant
+        if x.dtype == torch.bfloat16 and x.shape[0] >= BF16_MIN_ROWS and self.isa >= BF16_ISA:
+            return ops.qlinear_bf16(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
+                                    fmt.offset, CHUNK_ROWS)
+        return ops.qlinear(x.float().contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
+                           fmt.offset, self.isa, CHUNK_ROWS)
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)

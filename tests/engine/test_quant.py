@@ -26,7 +26,7 @@ from engine.errors import ConfigError
 from engine.llm_engine import LLMEngine
 from engine.model import kernels
 from engine.model.quant import (
-    DENSE_MIN_ROWS, PACKED_TYPES, PackedWeight, QuantizedEmbedding, QuantizedLinear, dequantize, pack,
+    BF16_MIN_ROWS, PACKED_TYPES, PackedWeight, QuantizedEmbedding, QuantizedLinear, dequantize, pack,
 )
 from engine.model_runner import available_cpus
 from engine.paths import default_cache_dir
@@ -78,24 +78,55 @@ def test_packed_weights_dequantize_to_the_gguf_values_exactly(loaded, kind):
         assert torch.equal(dequantize(weight, isa), expected), f"{kind}, {kernels.ISA_NAMES[isa]}"
 
 
+def mins_per_element(weight: PackedWeight) -> torch.Tensor:
+    return weight.mins.repeat_interleave(weight.format.block, dim=1)[:, : weight.cols]
+
+
 @pytest.mark.parametrize("kind", PACKED_TYPES)
-def test_products_are_within_the_fp32_summation_bound_and_row_local(loaded, kind):
+def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
     rows, cols = odd_shape(kind)
     weight, dense = packed(kind, rows, cols, seed=1)
-    x = torch.randn(DENSE_MIN_ROWS + 3, cols, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(2))
     reference = x.double() @ dense.double().T
-    bound = cols * U / (1 - cols * U) * (x.double().abs() @ dense.double().abs().T)
+    # |scale * c| + |min| <= |w| + 2 |min|: the terms the kernel sums (module docstring).
+    magnitude = x.double().abs() @ (dense.double().abs() + 2 * mins_per_element(weight).double().abs()).T
+    bound = ((cols + 2) * U / (1 - (cols + 2) * U) + 2 * U) * magnitude
     for isa in isas(loaded):
         layer = QuantizedLinear([weight], None, isa)
-        for m in (1, 3, 5, DENSE_MIN_ROWS + 3):  # the kernel (fused and decoded rows) and the dense path
+        for m in (1, 3, 4, 5, 11):  # tiles of 1 to 4 rows
             y = layer(x[:m])
             assert y.dtype == torch.float32 and y.shape == (m, rows)
             err = (y.double() - reference[:m]).abs()
             assert (err <= bound[:m]).all(), f"{kind}, {kernels.ISA_NAMES[isa]}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
         # A row's result is the same whatever else the call holds (the deterministic lane needs it).
-        alone = [layer(x[i : i + 1]) for i in range(5)]
-        assert torch.equal(torch.cat(alone), layer(x[:5])), f"{kind}, {kernels.ISA_NAMES[isa]}"
-        assert torch.equal(layer(x[:3]), layer(x[:5])[:3])
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
+        assert torch.equal(alone, layer(x)), f"{kind}, {kernels.ISA_NAMES[isa]}"
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
+    if loaded.isa < kernels.BF16:
+        pytest.skip("this CPU has no AVX512-BF16: bfloat16 activations take the fp32 path")
+    rows, cols = odd_shape(kind)
+    weight, dense = packed(kind, rows, cols, seed=7)
+    x = torch.randn(13, cols, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    w16 = dense.to(torch.bfloat16).double()  # what a dense bf16 copy of the dequantized weights holds
+    reference = x.double() @ w16.T
+    bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)  # bf16 products are exact in fp32
+    layer = QuantizedLinear([weight], None, loaded.isa)
+    for m in (BF16_MIN_ROWS, 8, 13):
+        y = torch.ops.tenantgate_quant.qlinear_bf16(x[:m].contiguous(), weight.codes, weight.scales, weight.mins,
+                                                    cols, weight.format.bits, weight.format.block,
+                                                    weight.format.offset, 4)
+        err = (y.double() - reference[:m]).abs()
+        assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
+        assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
+    rows_alone = torch.cat([torch.ops.tenantgate_quant.qlinear_bf16(
+        x[i : i + 1].contiguous(), weight.codes, weight.scales, weight.mins, cols, weight.format.bits,
+        weight.format.block, weight.format.offset, 4) for i in range(13)])
+    assert torch.equal(rows_alone, torch.ops.tenantgate_quant.qlinear_bf16(
+        x, weight.codes, weight.scales, weight.mins, cols, weight.format.bits, weight.format.block,
+        weight.format.offset, 4))
 
 
 def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):

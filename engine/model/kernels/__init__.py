@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 # Instruction sets, as qmatmul.cpp numbers them; the kernels never run one the CPU lacks.
-ISA_NAMES = ("scalar", "avx2", "avx512")
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512-bf16")
+BF16 = 3  # AVX512-BF16: bfloat16 activations run qlinear_bf16
 # -ffp-contract=off: weights are dequantized as a multiply then an add, two roundings, as the
 # gguf package does, so they equal the dequantized checkpoint's bit for bit.
 _CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17"]
@@ -74,7 +75,9 @@ def load(cache_dir: Path) -> Kernels | None:
             )
         isa = int(torch.ops.tenantgate_quant.cpu_isa())
     except Exception as exc:  # a compiler error, no compiler or ninja, an unwritable cache: all mean the same here
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        # A compiler's own message says more than the builder's first line.
+        reason = next((line for line in lines if "error:" in line), lines[0]).strip()
         logger.warning("quantized-weight kernels unavailable (%s: %s); serving dequantized weights",
                        type(exc).__name__, reason[:200])
         return None
