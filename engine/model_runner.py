@@ -156,6 +156,10 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
 
+# CPU steps of at most this many tokens run torch's own ops on one thread (quantized weights only).
+SERIAL_STEP_TOKENS = 4
+
+
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """The batch sizes decode CUDA graphs are captured for; a step replays the smallest that holds it."""
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
@@ -188,10 +192,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             if not keep_cpu_memory_mapped():
                 logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
-            threads = choose_cpu_threads(config.threads)
-            if threads != torch.get_num_threads():
-                torch.set_num_threads(threads)
-            logger.info("CPU threads: %d (%d CPUs available to this process)", threads, available_cpus())
+            self.threads = choose_cpu_threads(config.threads)
+            if self.threads != torch.get_num_threads():
+                torch.set_num_threads(self.threads)
+            logger.info("CPU threads: %d (%d CPUs available to this process)", self.threads, available_cpus())
+        else:
+            self.threads = 1
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
         self._group = model_config.num_attention_heads // model_config.num_key_value_heads
@@ -209,7 +215,9 @@ class ModelRunner:
         kernels = self._quantized_kernels(config.weights, model_path)
         # "dequantized", or the kernels' instruction set: it decides the order of their sums.
         self.weights = "dequantized" if kernels is None else f"quantized-{kernels.isa_name}"
-        load_weights(self.model, model_path, progress=progress, isa=None if kernels is None else kernels.isa)
+        self._serial_small_steps = kernels is not None and self.threads > 1
+        load_weights(self.model, model_path, progress=progress, isa=None if kernels is None else kernels.isa,
+                     threads=self.threads)
         if num_blocks is None:
             num_blocks = self._blocks_from_free_memory(model_config)
         self.num_blocks = num_blocks
@@ -302,6 +310,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
+        if self._serial_small_steps:
+            # A few tokens: torch's own ops (norms, attention, copies) are too small to gain from
+            # threads, and each of their parallel regions waits at a barrier for every thread, so one
+            # thread that loses its core to another process stalls the step (measured: docs/engine.md).
+            # The quantized kernels keep self.threads, without a barrier. Not on the deterministic path,
+            # whose dense kernels were checked at one thread count.
+            serial = batch.num_tokens <= SERIAL_STEP_TOKENS and not batch.deterministic
+            torch.set_num_threads(1 if serial else self.threads)
         if self._replays(batch):
             hidden, meta, sample_rows, sampling = self._replay_decode(batch)  # the device runs on meanwhile
             seqs = [batch.seqs[i] for i in sampling]

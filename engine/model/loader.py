@@ -54,13 +54,15 @@ def _iter_tensors(files: list[Path], skip: frozenset[str] = frozenset()) -> Iter
 
 
 @torch.inference_mode()
-def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, isa: int | None = None) -> None:
+def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, isa: int | None = None,
+                 threads: int = 1) -> None:
     """Fill the model from the checkpoint at path. With isa (the quantized kernels' instruction set),
     the layers whose weights the checkpoint also holds packed (quantized.safetensors) are replaced by
     quantized ones first, and their dense copies are never read."""
     files = weight_files(path)
     targets = model.checkpoint_tensors()
-    packed = frozenset(quantize_layers(model, path / QUANTIZED_FILE, targets, isa)) if isa is not None else frozenset()
+    packed = (frozenset(quantize_layers(model, path / QUANTIZED_FILE, targets, isa, threads)) if isa is not None
+              else frozenset())
     loaded: set[str] = set(packed)
     bar = tqdm(total=len(targets), desc="loading weights", unit="tensor", disable=not progress, leave=False)
     with bar:
@@ -87,7 +89,7 @@ def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, is
 
 
 def quantize_layers(model: LlamaForCausalLM, file: Path,
-                    targets: dict[str, tuple[torch.Tensor, int, int]], isa: int) -> set[str]:
+                    targets: dict[str, tuple[torch.Tensor, int, int]], isa: int, threads: int = 1) -> set[str]:
     """Swap each linear layer (and the embedding) whose whole weight `file` holds packed for its
     quantized twin; returns the checkpoint names it serves. A fused weight that is only partly
     packed (a dense k beside a packed q) stays dense."""
@@ -129,7 +131,7 @@ def quantize_layers(model: LlamaForCausalLM, file: Path,
                 layer = QuantizedEmbedding(PackedWeight.cat(ordered) if len(ordered) > 1 else ordered[0],
                                            params[key].dtype, isa)
             else:
-                layer = QuantizedLinear(ordered, child.bias, isa)
+                layer = QuantizedLinear(ordered, child.bias, isa, threads)
             setattr(parent, attr, layer)
         served.update(name for _, name in parts)
     return served

@@ -193,8 +193,9 @@ def format_from_str(text: str) -> tuple[Format, int, str]:
 class QuantizedLinear(nn.Module):
     """y = x W^T (+ bias) over packed weights, the output rows in parts (a fused q/k/v may mix formats)."""
 
-    def __init__(self, parts: list[PackedWeight], bias: nn.Parameter | None, isa: int) -> None:
+    def __init__(self, parts: list[PackedWeight], bias: nn.Parameter | None, isa: int, threads: int = 1) -> None:
         super().__init__()
+        self.threads = threads  # the kernels' own: the caller and threads - 1 helpers
         self.parts = _merge(parts)
         self.in_features = parts[0].cols
         self.out_features = sum(p.rows for p in parts)
@@ -215,9 +216,9 @@ class QuantizedLinear(nn.Module):
         fmt, ops = p.format, torch.ops.tenantgate_quant
         if x.dtype == torch.bfloat16 and x.shape[0] >= BF16_MIN_ROWS and self.isa >= BF16_ISA:
             return ops.qlinear_bf16(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
-                                    fmt.offset, CHUNK_ROWS)
+                                    fmt.offset, CHUNK_ROWS, self.threads)
         return ops.qlinear(x.float().contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
-                           fmt.offset, self.isa, CHUNK_ROWS)
+                           fmt.offset, self.isa, CHUNK_ROWS, self.threads)
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)

@@ -92,7 +92,7 @@ def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
     magnitude = x.double().abs() @ (dense.double().abs() + 2 * mins_per_element(weight).double().abs()).T
     bound = ((cols + 2) * U / (1 - (cols + 2) * U) + 2 * U) * magnitude
     for isa in isas(loaded):
-        layer = QuantizedLinear([weight], None, isa)
+        layer = QuantizedLinear([weight], None, isa, threads=2)  # the caller and a helper
         for m in (1, 3, 4, 5, 11):  # tiles of 1 to 4 rows
             y = layer(x[:m])
             assert y.dtype == torch.float32 and y.shape == (m, rows)
@@ -113,20 +113,20 @@ def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
     w16 = dense.to(torch.bfloat16).double()  # what a dense bf16 copy of the dequantized weights holds
     reference = x.double() @ w16.T
     bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)  # bf16 products are exact in fp32
-    layer = QuantizedLinear([weight], None, loaded.isa)
+    layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
     for m in (BF16_MIN_ROWS, 8, 13):
         y = torch.ops.tenantgate_quant.qlinear_bf16(x[:m].contiguous(), weight.codes, weight.scales, weight.mins,
                                                     cols, weight.format.bits, weight.format.block,
-                                                    weight.format.offset, 4)
+                                                    weight.format.offset, 4, 2)
         err = (y.double() - reference[:m]).abs()
         assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
         assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
     rows_alone = torch.cat([torch.ops.tenantgate_quant.qlinear_bf16(
         x[i : i + 1].contiguous(), weight.codes, weight.scales, weight.mins, cols, weight.format.bits,
-        weight.format.block, weight.format.offset, 4) for i in range(13)])
+        weight.format.block, weight.format.offset, 4, 2) for i in range(13)])
     assert torch.equal(rows_alone, torch.ops.tenantgate_quant.qlinear_bf16(
         x, weight.codes, weight.scales, weight.mins, cols, weight.format.bits, weight.format.block,
-        weight.format.offset, 4))
+        weight.format.offset, 4, 2))
 
 
 def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):

@@ -23,9 +23,9 @@
 // qdequantize writes the weights out as fp32, multiplying then adding (two roundings; this file is
 // built with -ffp-contract=off), which is how the gguf package dequantizes: bit for bit its values.
 //
-// Threads: torch's own pool (at::parallel_for), so torch.set_num_threads governs both. Weight
-// rows are handed out in chunks from a shared counter rather than split evenly up front, so a
-// thread that loses its core to another process delays the call by at most its current chunk.
+// Threads: the caller says how many; the calling thread and tasks on torch's inter-op pool take
+// chunks of weight rows from a shared counter (parallel_chunks), with no barrier at the end, so a
+// thread that loses its core to another process delays the call by at most the chunk it holds.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -34,6 +34,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -400,28 +403,47 @@ Packed packed_of(const at::Tensor& codes, const at::Tensor& scales, const at::Te
   return w;
 }
 
-// Hands out [0, total) in chunks of `chunk` to torch's threads, first come first served.
+// Hands out [0, total) in chunks of `chunk` to the calling thread and `helpers` tasks on torch's
+// inter-op pool, first come first served. Nobody waits at a barrier for a thread that has not
+// started: the caller takes whatever chunks are left and waits only for chunks another thread
+// has claimed, so a helper that loses its core to another process costs at most the chunk it
+// holds. A helper that starts after the call has finished finds no chunk and touches nothing.
+struct Job {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t chunks = 0;
+  std::function<void(int64_t)> run;
+};
+
+inline void work(Job& job) {
+  for (int64_t c = job.next.fetch_add(1); c < job.chunks; c = job.next.fetch_add(1)) {
+    job.run(c);
+    job.done.fetch_add(1, std::memory_order_release);
+  }
+}
+
 template <typename F>
-void parallel_chunks(int64_t total, int64_t chunk, const F& body) {
+void parallel_chunks(int64_t total, int64_t chunk, int64_t threads, const F& body) {
   int64_t chunks = (total + chunk - 1) / chunk;
-  int64_t threads = std::min<int64_t>(at::get_num_threads(), chunks);
-  if (threads <= 1) {
+  int64_t helpers = std::min<int64_t>(threads, chunks) - 1;
+  if (helpers <= 0) {
     body(0, total);
     return;
   }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      body(c * chunk, std::min(total, (c + 1) * chunk));
-    }
-  });
+  auto job = std::make_shared<Job>();
+  job->chunks = chunks;
+  job->run = [&body, total, chunk](int64_t c) { body(c * chunk, std::min(total, (c + 1) * chunk)); };
+  for (int64_t i = 0; i < helpers; ++i) at::launch([job] { work(*job); });
+  work(*job);
+  while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
 }
 
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, kScalar), detected_isa()); }
 
 // y [M, N] = x [M, K] W^T, x float32.
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                   int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t isa, int64_t chunk_rows) {
+                   int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t isa, int64_t chunk_rows,
+                   int64_t threads) {
   Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
   TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
               "x: contiguous float32 [M, ", cols, "]");
@@ -434,7 +456,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   if (!w.is_signed) block_sums(xp, M, cols, block, xsum.data());
   DotFn tiles[4];
   for (int r = 0; r < 4; ++r) tiles[r] = by_format(w, PickDot{isa, r + 1});
-  parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), [&](int64_t n0, int64_t n1) {
+  parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), threads, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t r0 = 0; r0 < M; r0 += 4) {
         int rows = static_cast<int>(std::min<int64_t>(4, M - r0));
@@ -452,7 +474,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 
 // y [M, N] = x [M, K] W^T, x bfloat16, W dequantized row by row to bfloat16 (AVX512-BF16 only).
 at::Tensor qlinear_bf16(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                        int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t chunk_rows) {
+                        int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t chunk_rows,
+                        int64_t threads) {
   Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
   TORCH_CHECK(x.dtype() == at::kBFloat16 && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
               "x: contiguous bfloat16 [M, ", cols, "]");
@@ -463,7 +486,7 @@ at::Tensor qlinear_bf16(const at::Tensor& x, const at::Tensor& codes, const at::
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   float* yp = y.data_ptr<float>();
   RowBf16Fn dequantize_row = by_format(w, PickRowBf16{});
-  parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), [&](int64_t n0, int64_t n1) {
+  parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), threads, [&](int64_t n0, int64_t n1) {
     std::vector<uint16_t> row(w.padded_cols);
     std::vector<float> scratch(w.padded_cols);
     for (int64_t n = n0; n < n1; ++n) {
@@ -492,7 +515,7 @@ at::Tensor qdequantize(const at::Tensor& codes, const at::Tensor& scales, const 
   at::Tensor out = at::empty({w.rows, cols}, codes.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   RowFn row_fn = isa >= kAvx512 ? by_format(w, PickRow{}) : nullptr;
-  parallel_chunks(w.rows, 64, [&](int64_t n0, int64_t n1) {
+  parallel_chunks(w.rows, 64, at::get_num_threads(), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       if (row_fn != nullptr) {
         row_fn(w, n, op + n * cols);
@@ -510,9 +533,9 @@ int64_t cpu_isa() { return detected_isa(); }
 
 TORCH_LIBRARY(tenantgate_quant, m) {
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
-        "int isa, int chunk_rows) -> Tensor");
+        "int isa, int chunk_rows, int threads) -> Tensor");
   m.def("qlinear_bf16(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
-        "int chunk_rows) -> Tensor");
+        "int chunk_rows, int threads) -> Tensor");
   m.def("qdequantize(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int isa) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
