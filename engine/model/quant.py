@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 QUANTIZED_FILE = "quantized.safetensors"
@@ -26,11 +27,14 @@ BF16_ISA = 3  # engine/model/kernels ISA_NAMES: avx512-bf16
 # Types packed for the kernels; F32/F16/BF16 tensors stay dense.
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 RUN = 64  # rows are padded to whole runs of 64 elements
-# bfloat16 calls with at least this many rows dequantize each weight row to bfloat16 once and run
-# bf16 dot products over 4 activation rows at a time (where the CPU has AVX512-BF16); fewer rows run
-# in fp32, reading the codes directly (measured in docs/engine.md). Below the deterministic lane's
-# smallest call (8 rows), so that lane always takes one of the two.
+# bfloat16 calls (where the CPU has AVX512-BF16) of at least BF16_MIN_ROWS rows dequantize each
+# weight row to bfloat16 once and run bf16 dot products over 4 activation rows at a time; from
+# DENSE_MIN_ROWS rows on, the whole weight is dequantized to bfloat16 and torch's dense matmul
+# (oneDNN) runs, several times faster there; fewer rows run in fp32, reading the codes directly
+# (measured in docs/engine.md). DENSE_MIN_ROWS is the deterministic lane's smallest call (8 rows),
+# so that lane always takes the dense matmul, whose invariance it checks.
 BF16_MIN_ROWS = 5
+DENSE_MIN_ROWS = 8
 # Weight rows per work item that torch's threads take from a shared counter.
 CHUNK_ROWS = 16
 
@@ -214,6 +218,10 @@ class QuantizedLinear(nn.Module):
 
     def _part(self, x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
         fmt, ops = p.format, torch.ops.tenantgate_quant
+        if x.dtype == torch.bfloat16 and x.shape[0] >= DENSE_MIN_ROWS and self.isa >= BF16_ISA:
+            weight = ops.qdequantize_bf16(p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block, fmt.offset,
+                                          self.threads)
+            return F.linear(x, weight).float()
         if x.dtype == torch.bfloat16 and x.shape[0] >= BF16_MIN_ROWS and self.isa >= BF16_ISA:
             return ops.qlinear_bf16(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
                                     fmt.offset, CHUNK_ROWS, self.threads)

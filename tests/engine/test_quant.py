@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.config import EngineConfig
 from engine.envelope import local_envelope
@@ -26,7 +27,7 @@ from engine.errors import ConfigError
 from engine.llm_engine import LLMEngine
 from engine.model import kernels
 from engine.model.quant import (
-    BF16_MIN_ROWS, PACKED_TYPES, PackedWeight, QuantizedEmbedding, QuantizedLinear, dequantize, pack,
+    BF16_MIN_ROWS, DENSE_MIN_ROWS, PACKED_TYPES, PackedWeight, QuantizedEmbedding, QuantizedLinear, dequantize, pack,
 )
 from engine.model_runner import available_cpus
 from engine.paths import default_cache_dir
@@ -114,13 +115,21 @@ def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
     reference = x.double() @ w16.T
     bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)  # bf16 products are exact in fp32
     layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
-    for m in (BF16_MIN_ROWS, 8, 13):
+    for m in (BF16_MIN_ROWS, DENSE_MIN_ROWS - 1, 8, 13):
         y = torch.ops.tenantgate_quant.qlinear_bf16(x[:m].contiguous(), weight.codes, weight.scales, weight.mins,
                                                     cols, weight.format.bits, weight.format.block,
                                                     weight.format.offset, 4, 2)
         err = (y.double() - reference[:m]).abs()
         assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
-        assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
+        if m < DENSE_MIN_ROWS:
+            assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
+    # From DENSE_MIN_ROWS rows on: torch's matmul over the weights dequantized to bf16, which are
+    # the dequantized weights rounded to nearest even.
+    fmt = weight.format
+    w_bf16 = torch.ops.tenantgate_quant.qdequantize_bf16(weight.codes, weight.scales, weight.mins, cols, fmt.bits,
+                                                         fmt.block, fmt.offset, 2)
+    assert torch.equal(w_bf16, dense.to(torch.bfloat16))
+    assert torch.equal(layer(x[:DENSE_MIN_ROWS + 2]), F.linear(x[:DENSE_MIN_ROWS + 2], w_bf16))
     rows_alone = torch.cat([torch.ops.tenantgate_quant.qlinear_bf16(
         x[i : i + 1].contiguous(), weight.codes, weight.scales, weight.mins, cols, weight.format.bits,
         weight.format.block, weight.format.offset, 4, 2) for i in range(13)])

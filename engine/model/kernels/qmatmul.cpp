@@ -23,9 +23,9 @@
 // qdequantize writes the weights out as fp32, multiplying then adding (two roundings; this file is
 // built with -ffp-contract=off), which is how the gguf package dequantizes: bit for bit its values.
 //
-// Threads: the caller says how many; the calling thread and tasks on torch's inter-op pool take
-// chunks of weight rows from a shared counter (parallel_chunks), with no barrier at the end, so a
-// thread that loses its core to another process delays the call by at most the chunk it holds.
+// Threads: the caller says how many; torch's own pool (at::parallel_for) takes chunks of weight
+// rows from a shared counter, so a thread that loses its core to another process holds up only
+// the chunk it has.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -34,9 +34,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
-#include <memory>
-#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -169,9 +166,9 @@ TG_AVX512 inline void codes_avx512(const uint8_t* q, int64_t c, __m512 f[4]) {
 }
 
 // Groups [0, groups) of run c (16 elements each) into each row's accumulators.
-template <int BITS, int BLOCK, bool SIGNED, int R>
-TG_AVX512 inline void run_avx512(const uint8_t* q, const float* sc, int64_t c, int groups, const float* x,
-                                 int64_t K, __m512 acc[R][2]) {
+template <int BITS, int BLOCK, bool SIGNED, int R, int groups>
+TG_AVX512 inline void run_avx512(const uint8_t* q, const float* sc, int64_t c, const float* x, int64_t K,
+                                 __m512 acc[R][2]) {
   __m512 f[4];
   codes_avx512<BITS, SIGNED>(q, c, f);
   if (BLOCK == 32) {
@@ -213,8 +210,8 @@ TG_AVX512 void dot_avx512(const Packed& w, int64_t n, const float* x, const floa
   const float* sc = w.row_scales(n);
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < runs; ++c) run_avx512<BITS, BLOCK, SIGNED, R>(q, sc, c, 4, x, K, acc);
-  if (K % 64) run_avx512<BITS, BLOCK, SIGNED, R>(q, sc, runs, 2, x, K, acc);  // K is a multiple of 32
+  for (int64_t c = 0; c < runs; ++c) run_avx512<BITS, BLOCK, SIGNED, R, 4>(q, sc, c, x, K, acc);
+  if (K % 64) run_avx512<BITS, BLOCK, SIGNED, R, 2>(q, sc, runs, x, K, acc);  // K is a multiple of 32
   for (int r = 0; r < R; ++r) {
     float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
     if (!SIGNED) total += min_term_avx512(w.row_mins(n), xsum + r * blocks, blocks);
@@ -257,16 +254,21 @@ TG_BF16 void dequantize_row_bf16(const Packed& w, int64_t n, float* scratch, uin
 
 template <int R>
 TG_BF16 void dot_bf16(const uint16_t* wrow, int64_t K, const uint16_t* x, float* y, int64_t ldy) {
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t k = 0, j = 0; k < K; k += 32, ++j) {
-    __m512bh wv = (__m512bh)_mm512_loadu_si512(wrow + k);
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wrow + k), w1 = (__m512bh)_mm512_loadu_si512(wrow + k + 32);
     for (int r = 0; r < R; ++r) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
-      acc[r][j % 2] = _mm512_dpbf16_ps(acc[r][j % 2], wv, xv);
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, (__m512bh)_mm512_loadu_si512(x + r * K + k));
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], w1, (__m512bh)_mm512_loadu_si512(x + r * K + k + 32));
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  if (k < K) {  // K is a multiple of 32
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wrow + k);
+    for (int r = 0; r < R; ++r) acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, (__m512bh)_mm512_loadu_si512(x + r * K + k));
+  }
+  for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
 }
 
 // -- AVX2 + FMA --------------------------------------------------------------------------------
@@ -403,39 +405,27 @@ Packed packed_of(const at::Tensor& codes, const at::Tensor& scales, const at::Te
   return w;
 }
 
-// Hands out [0, total) in chunks of `chunk` to the calling thread and `helpers` tasks on torch's
-// inter-op pool, first come first served. Nobody waits at a barrier for a thread that has not
-// started: the caller takes whatever chunks are left and waits only for chunks another thread
-// has claimed, so a helper that loses its core to another process costs at most the chunk it
-// holds. A helper that starts after the call has finished finds no chunk and touches nothing.
-struct Job {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t chunks = 0;
-  std::function<void(int64_t)> run;
-};
-
-inline void work(Job& job) {
-  for (int64_t c = job.next.fetch_add(1); c < job.chunks; c = job.next.fetch_add(1)) {
-    job.run(c);
-    job.done.fetch_add(1, std::memory_order_release);
-  }
-}
-
+// Hands out [0, total) in chunks of `chunk` to `threads` threads of torch's pool, first come first
+// served, so a thread that loses its core to another process holds up only the chunk it has (the
+// others take the rest). The pool's size is set for the call and put back after: the model runner
+// keeps torch's own ops on fewer threads in small steps (docs/engine.md, "Threads").
 template <typename F>
 void parallel_chunks(int64_t total, int64_t chunk, int64_t threads, const F& body) {
   int64_t chunks = (total + chunk - 1) / chunk;
-  int64_t helpers = std::min<int64_t>(threads, chunks) - 1;
-  if (helpers <= 0) {
+  threads = std::min<int64_t>(threads, chunks);
+  if (threads <= 1 || at::in_parallel_region()) {
     body(0, total);
     return;
   }
-  auto job = std::make_shared<Job>();
-  job->chunks = chunks;
-  job->run = [&body, total, chunk](int64_t c) { body(c * chunk, std::min(total, (c + 1) * chunk)); };
-  for (int64_t i = 0; i < helpers; ++i) at::launch([job] { work(*job); });
-  work(*job);
-  while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+  int before = at::get_num_threads();
+  if (before != threads) at::set_num_threads(static_cast<int>(threads));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      body(c * chunk, std::min(total, (c + 1) * chunk));
+    }
+  });
+  if (before != threads) at::set_num_threads(before);
 }
 
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, kScalar), detected_isa()); }
@@ -527,6 +517,27 @@ at::Tensor qdequantize(const at::Tensor& codes, const at::Tensor& scales, const 
   return out;
 }
 
+// The weights [N, K] as bfloat16 (the fp32 dequantization rounded to nearest even), AVX512-BF16 only.
+at::Tensor qdequantize_bf16(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins, int64_t cols,
+                            int64_t bits, int64_t block, int64_t offset, int64_t threads) {
+  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
+  TORCH_CHECK(detected_isa() >= kAvx512Bf16, "qdequantize_bf16 needs AVX512-BF16");
+  at::Tensor out = at::empty({w.rows, cols}, codes.options().dtype(at::kBFloat16));
+#ifdef TG_X86
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  RowBf16Fn dequantize_row = by_format(w, PickRowBf16{});
+  parallel_chunks(w.rows, 64, threads, [&](int64_t n0, int64_t n1) {
+    std::vector<float> scratch(w.padded_cols);
+    std::vector<uint16_t> row(w.padded_cols);
+    for (int64_t n = n0; n < n1; ++n) {
+      dequantize_row(w, n, scratch.data(), row.data());
+      std::memcpy(op + n * cols, row.data(), cols * sizeof(uint16_t));
+    }
+  });
+#endif
+  return out;
+}
+
 int64_t cpu_isa() { return detected_isa(); }
 
 }  // namespace
@@ -538,6 +549,8 @@ TORCH_LIBRARY(tenantgate_quant, m) {
         "int chunk_rows, int threads) -> Tensor");
   m.def("qdequantize(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int isa) -> Tensor");
+  m.def("qdequantize_bf16(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
+        "int threads) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
 }
 
@@ -545,4 +558,5 @@ TORCH_LIBRARY_IMPL(tenantgate_quant, CPU, m) {
   m.impl("qlinear", qlinear);
   m.impl("qlinear_bf16", qlinear_bf16);
   m.impl("qdequantize", qdequantize);
+  m.impl("qdequantize_bf16", qdequantize_bf16);
 }
