@@ -153,7 +153,7 @@ class Tenantgate:
     name = "tenantgate"
     pid = None  # runs in this process
 
-    def __init__(self, model: str, max_num_seqs: int, dtype: str) -> None:
+    def __init__(self, model: str, max_num_seqs: int, dtype: str, weights: str, threads: int) -> None:
         from engine import (
             CacheScope,
             EngineConfig,
@@ -164,14 +164,15 @@ class Tenantgate:
             keyed_digest,
         )
 
-        self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, dtype=dtype))
+        self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, dtype=dtype, weights=weights,
+                                             threads=threads))
         self._params = SamplingParams
         # No prefix cache, like llama.cpp's cache_prompt: false: every round computes every prompt.
         self.envelope = ExecutionEnvelope(None, CacheScope.NONE, Isolation.SHARED, keyed_digest(b"bench", "tenant"))
         self.times = StepTimes(self.engine.runner)
         self.note = ""  # where the last call's time went
         self._ids = 0
-        self.label = f"tenantgate {str(self.engine.runner.dtype).removeprefix('torch.')}"
+        self.label = f"tenantgate {str(self.engine.runner.dtype).removeprefix('torch.')} {self.engine.runner.weights}"
 
     def _sampling(self, n: int):
         return self._params(max_tokens=n, temperature=0, ignore_eos=True)
@@ -385,6 +386,35 @@ class LlamaCpp:
         return "\n".join(table) if done.returncode == 0 and table else f"llama-batched-bench exited {done.returncode}"
 
 
+# -- a busy core ------------------------------------------------------------------------------
+
+SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+class Spinners:
+    """`count` processes that each keep one CPU busy (pinned to the last CPUs of this process's mask)
+    for at most `seconds`, the same for every system measured while they run; ended on exit."""
+
+    def __init__(self, count: int, seconds: float) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        self.procs = []
+        for i in range(count):
+            proc = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=seconds)])
+            os.sched_setaffinity(proc.pid, {cpus[-1 - i % len(cpus)]})
+            self.procs.append(proc)
+
+    def cores(self, since: float, cpu: float) -> float:
+        return (sum(cpu_seconds(p.pid) for p in self.procs) - cpu) / (time.monotonic() - since)
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(p.pid) for p in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
 # -- rounds and report ----------------------------------------------------------------------
 
 
@@ -472,6 +502,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tenantgate-model", help="what EngineConfig(model=...) gets; default: the GGUF file")
     parser.add_argument("--tenantgate-dtype", default="auto")
+    parser.add_argument("--tenantgate-weights", default="auto", help="auto, quantized or dequantized")
+    parser.add_argument("--busy-cores", type=int, default=0,
+                        help="CPUs kept busy by spinning processes while every system runs "
+                             "(bounded by the time budget)")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="comma-separated, e.g. float32,bfloat16")
     parser.add_argument("--llamacpp-bin", type=Path, help="directory with llama-server; default: the cached build")
     parser.add_argument("--batched-bench", action="store_true",
@@ -497,7 +531,8 @@ def main() -> None:
 
     systems = []
     if "tenantgate" in selected:
-        systems.append(Tenantgate(args.tenantgate_model or str(gguf_file), max(concurrency), args.tenantgate_dtype))
+        systems.append(Tenantgate(args.tenantgate_model or str(gguf_file), max(concurrency), args.tenantgate_dtype,
+                                  args.tenantgate_weights, args.threads))
     if "hf" in selected:
         systems += [HF(gguf_file, dtype) for dtype in args.hf_dtypes.split(",")]
     llama = None
@@ -509,6 +544,9 @@ def main() -> None:
             systems.append(llama)
         except (RuntimeError, OSError) as exc:
             print(f"llama.cpp: SKIPPED ({exc})")
+    spinners = Spinners(args.busy_cores, args.time_budget * 2 + 600) if args.busy_cores else None
+    if spinners is not None:
+        print(f"{args.busy_cores} CPU(s) kept busy by a spinning process while every system runs")
     try:
         for system in systems:  # first uses (threads, buffers, lazy init) are not throughput
             system.single(work.single[:16], 4)
@@ -526,9 +564,11 @@ def main() -> None:
                 load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
                 print(f" {system.label} (load average {load})")
                 cpu, wall = cpu_seconds(system.pid), time.monotonic()
+                spun = spinners.cpu() if spinners is not None else 0.0
                 run_round(system, work, figures[system.name])
                 cores = (cpu_seconds(system.pid) - cpu) / (time.monotonic() - wall)
-                print(f"  {system.label}: {cores:.2f} CPU cores used on average ({args.threads} threads)")
+                busy = f"; the spinners {spinners.cores(wall, spun):.2f}" if spinners is not None else ""
+                print(f"  {system.label}: {cores:.2f} CPU cores used on average ({args.threads} threads){busy}")
             round_time = time.monotonic() - round_start
         if llama is not None and args.batched_bench:
             print(f"\nllama-batched-bench (decode-only reference; S_TG is decode tok/s), "
@@ -537,6 +577,8 @@ def main() -> None:
     finally:
         if llama is not None:
             llama.close()
+        if spinners is not None:
+            spinners.close()
 
     tg = figures.get("tenantgate")
     hf = [f for name, f in figures.items() if name.startswith("HF")]

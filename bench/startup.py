@@ -5,6 +5,7 @@ the limits the real-model issue set (first <= 10 s, later <= 3 s). Python and to
 printed apart: they are the same for any model.
 
     .venv/bin/python bench/startup.py            # 3 later starts
+    .venv/bin/python bench/startup.py --compare  # and 3 with dequantized weights, resident memory beside
 """
 
 from __future__ import annotations
@@ -22,38 +23,49 @@ ROOT = Path(__file__).resolve().parents[1]
 FIRST_LIMIT_S, LATER_LIMIT_S = 10.0, 3.0
 
 PROBE = """
-import json, time
+import json, sys, time
 t0 = time.perf_counter()
 from engine import EngineConfig, LLMEngine
 from gateway.settings import Settings
 t1 = time.perf_counter()
-engine = LLMEngine(EngineConfig(model="smollm2-135m-instruct", kv_cache_memory_bytes=Settings().kv_cache_memory_bytes))
+engine = LLMEngine(EngineConfig(model="smollm2-135m-instruct", kv_cache_memory_bytes=Settings().kv_cache_memory_bytes,
+                                weights=sys.argv[1]))
 t2 = time.perf_counter()
-print(json.dumps({"imports": t1 - t0, "engine": t2 - t1}))
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+rss = int(status["VmRSS"].split()[0]) * 1024
+print(json.dumps({"imports": t1 - t0, "engine": t2 - t1, "rss": rss, "weights": engine.runner.weights}))
 """
 
 
-def start(cache_dir: str) -> dict:
+def start(cache_dir: str, weights: str) -> dict:
     env = dict(os.environ, TENANTGATE_CACHE_DIR=cache_dir)
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", PROBE, weights], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--later", type=int, default=3, help="later starts to time")
+    parser.add_argument("--weights", default="auto", help="auto, quantized or dequantized")
+    parser.add_argument("--compare", action="store_true", help="also time later starts with dequantized weights")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tenantgate-startup-") as cache:
-        first = start(cache)
-        later = [start(cache) for _ in range(args.later)]
+        first = start(cache, args.weights)
+        later = [start(cache, args.weights) for _ in range(args.later)]
+        dense = [start(cache, "dequantized") for _ in range(args.later)] if args.compare else []
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     engine = statistics.median(r["engine"] for r in later)
-    print(f"startup (SmolLM2-135M-Instruct, default settings; load average {load})")
+    print(f"startup (SmolLM2-135M-Instruct, default settings, weights {later[0]['weights']}; load average {load})")
     print(f"  first start: engine {first['engine']:.2f} s (limit {FIRST_LIMIT_S:.0f}: "
           f"{'met' if first['engine'] <= FIRST_LIMIT_S else 'MISSED'}), imports {first['imports']:.2f} s")
     print(f"  later start: engine {engine:.2f} s median of {len(later)} (limit {LATER_LIMIT_S:.0f}: "
           f"{'met' if engine <= LATER_LIMIT_S else 'MISSED'}), imports "
           f"{statistics.median(r['imports'] for r in later):.2f} s")
+    print(f"  resident memory after start: {statistics.median(r['rss'] for r in later) / 2**20:.0f} MiB")
+    if dense:
+        print(f"  weights dequantized: later start {statistics.median(r['engine'] for r in dense):.2f} s, "
+              f"resident memory {statistics.median(r['rss'] for r in dense) / 2**20:.0f} MiB")
     return 0
 
 

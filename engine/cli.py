@@ -33,6 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default="auto")
+    p.add_argument("--weights", default="auto", choices=["auto", "quantized", "dequantized"],
+                   help="GGUF weights kept quantized (CPU kernels) or dequantized to the dtype; "
+                        "auto: quantized where possible")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads; default: the CPUs this process may use")
     p.add_argument("--kv-cache-memory", type=int, default=256 << 20, help="bytes for the paged KV cache")
     p.add_argument(
         "--max-model-len", type=int, default=None,
@@ -57,7 +61,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_bytes=args.kv_cache_memory,
-        max_model_len=args.max_model_len, max_num_seqs=1,
+        max_model_len=args.max_model_len, max_num_seqs=1, weights=args.weights, threads=args.threads,
     )
     engine = LLMEngine(config, progress=True)
     prompt = args.prompt

@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+WEIGHTS_MODES = ("auto", "quantized", "dequantized")
 
 
 @dataclass(frozen=True)
@@ -201,10 +202,21 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 2.0
     grammar_workers: int = 2
     grammar_cache_size: int = 256
+    # GGUF weights: kept quantized and read in place by the CPU kernels (engine/model/quant.py), or
+    # dequantized to the dtype. auto: quantized on CPU where the checkpoint has packed weights and
+    # the kernels build here, else dequantized (docs/engine.md, "Quantized weights").
+    weights: str = "auto"
+    # CPU threads for the model; None: the CPUs this process may run on (affinity and cgroup quota).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.weights not in WEIGHTS_MODES:
+            raise ConfigError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {self.weights!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or self.threads <= 0):
+            raise ConfigError(f"threads must be a positive integer, got {self.threads!r}")
         for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
                      "contended_batched_tokens"):
             value = getattr(self, name)

@@ -1,7 +1,8 @@
 """A model fingerprint: one digest over everything that can change a logit.
 
 Weights (the bytes of every weight file), the tokenizer, the parsed model config
-(architecture, RoPE, norms, window...), the dtype and the engine's numerics version.
+(architecture, RoPE, norms, window...), the dtype, quantized kernels and their instruction set
+where they serve the weights, and the engine's numerics version.
 Two engines with the same fingerprint compute the same function of token ids; the
 prefix cache must never reuse KV across different fingerprints.
 """
@@ -34,8 +35,11 @@ class _Config(Protocol):
 
 
 def model_fingerprint(
-    weight_files: list[Path], tokenizer_digest: str, model_config: _Config, dtype: str
+    weight_files: list[Path], tokenizer_digest: str, model_config: _Config, dtype: str,
+    weights: str = "dequantized",
 ) -> str:
+    """`weights`: "dequantized", or the quantized kernels and their instruction set ("quantized-avx512"),
+    whose sums run in another order than the dense path's."""
     manifest = {
         "numerics": NUMERICS_VERSION,
         "weights": {f.name: file_digest(f) for f in weight_files},
@@ -43,5 +47,7 @@ def model_fingerprint(
         "config": model_config.as_dict(),
         "dtype": dtype,
     }
+    if weights != "dequantized":  # keeps the fingerprints of dense weights as they were
+        manifest["weights"] = weights
     encoded = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()

@@ -19,6 +19,7 @@ from engine.fingerprint import model_fingerprint
 from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
+from engine.model.quant import QUANTIZED_FILE
 from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
 from engine.outputs import CompletedRequest, RequestOutput
 from engine.sampler import SampleResult
@@ -80,15 +81,19 @@ class LLMEngine:
             self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress,
                                       grammars=self.grammars)
         self.runner.prepare_decode_graphs()
+        files = weight_files(self.model_path)
+        if self.runner.weights != "dequantized":
+            files.append(self.model_path / QUANTIZED_FILE)
         self.fingerprint = model_fingerprint(
-            weight_files(self.model_path), self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch.")
+            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights
         )
         self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
         self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint)
         self._arrivals = itertools.count()
         logger.info(
-            "engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s",
-            mc.architecture, self.runner.device, num_blocks, config.block_size, self.fingerprint[:16],
+            "engine ready: %s on %s, weights %s, %d KV blocks of %d tokens, fingerprint %s",
+            mc.architecture, self.runner.device, self.runner.weights, num_blocks, config.block_size,
+            self.fingerprint[:16],
         )
 
     # -- requests -----------------------------------------------------------------

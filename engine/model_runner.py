@@ -13,6 +13,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import cast
@@ -26,6 +28,8 @@ from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, Pag
 from engine.model.invariant import ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_weights
+from engine.model.quant import QUANTIZED_FILE
+from engine.paths import default_cache_dir
 from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
 
@@ -74,6 +78,58 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
+def available_cpus(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int:
+    """The CPUs this process can keep busy: its affinity mask, capped by its cgroup's CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(proc, root)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota)))  # a thread past the quota only gets throttled
+    return max(1, cpus)
+
+
+def _cgroup_cpu_quota(proc: str, root: str) -> float | None:
+    """CPUs' worth of quota of this process's cgroup and its ancestors (v2 cpu.max, v1 cfs); None: no limit."""
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        files: tuple[str, ...]
+        if controllers == "":  # cgroup v2
+            base, files = Path(root), ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # cgroup v1
+            base, files = Path(root) / controllers, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            if not base.is_dir():
+                base = Path(root) / "cpu"
+        else:
+            continue
+        parts = Path(path.strip() or "/").parts[1:]
+        for depth in range(len(parts), -1, -1):
+            folder = base.joinpath(*parts[:depth])
+            try:
+                texts = [(folder / f).read_text().split() for f in files]
+            except OSError:
+                continue
+            quota, period = (texts[0] if len(files) == 1 else (texts[0][0], texts[1][0]))
+            if quota not in ("max", "-1") and float(period) > 0:
+                limits.append(float(quota) / float(period))
+    return min(limits) if limits else None
+
+
+def choose_cpu_threads(requested: int | None) -> int:
+    """The model's CPU threads: the setting, else OMP_NUM_THREADS as torch read it, else available_cpus()."""
+    if requested is not None:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("TORCH_NUM_THREADS"):
+        return torch.get_num_threads()
+    return available_cpus()
+
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -100,6 +156,10 @@ def keep_cpu_memory_mapped() -> bool:
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+
+
+# CPU steps of at most this many tokens run torch's own ops on one thread (quantized weights only).
+SERIAL_STEP_TOKENS = 4
 
 
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -131,8 +191,15 @@ class ModelRunner:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if self._cuda:
             torch.cuda.set_device(self.device)  # graphs capture on the current device
-        if self.device.type == "cpu" and not keep_cpu_memory_mapped():
-            logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
+        if self.device.type == "cpu":
+            if not keep_cpu_memory_mapped():
+                logger.info("could not tune the C allocator; CPU steps may page-fault their buffers")
+            self.threads = choose_cpu_threads(config.threads)
+            if self.threads != torch.get_num_threads():
+                torch.set_num_threads(self.threads)
+            logger.info("CPU threads: %d (%d CPUs available to this process)", self.threads, available_cpus())
+        else:
+            self.threads = 1
         self.block_size = config.block_size
         self.sliding_window = model_config.sliding_window
         self._group = model_config.num_attention_heads // model_config.num_key_value_heads
@@ -147,7 +214,12 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(prev_dtype)
         self.model.eval()
-        load_weights(self.model, model_path, progress=progress)
+        kernels = self._quantized_kernels(config.weights, model_path)
+        # "dequantized", or the kernels' instruction set: it decides the order of their sums.
+        self.weights = "dequantized" if kernels is None else f"quantized-{kernels.isa_name}"
+        self._serial_small_steps = kernels is not None and self.threads > 1
+        load_weights(self.model, model_path, progress=progress, isa=None if kernels is None else kernels.isa,
+                     threads=self.threads)
         if num_blocks is None:
             num_blocks = self._blocks_from_free_memory(model_config)
         self.num_blocks = num_blocks
@@ -155,6 +227,27 @@ class ModelRunner:
         self._scratch_slot = num_blocks * config.block_size
         self.kv_caches = self._allocate_kv(model_config, num_blocks + (1 if self._cuda else 0))
         self.sampler = Sampler(config.seed)
+
+    def _quantized_kernels(self, mode: str, model_path: Path):
+        """The kernels that serve packed weights in place, or None: dense weights in the dtype."""
+        if mode == "dequantized":
+            return None
+        from engine.model import kernels
+
+        why = None
+        if self.device.type != "cpu":
+            why = f"the quantized kernels run on CPU only, not {self.device.type}"
+        elif not (model_path / QUANTIZED_FILE).is_file():
+            why = f"{model_path.name} holds no packed weights (only GGUF checkpoints do)"
+        else:
+            loaded = kernels.load(default_cache_dir())
+            if loaded is not None:
+                return loaded
+            why = "the quantized kernels could not be built here (see the warning above)"
+        if mode == "quantized":
+            raise ConfigError(f"weights 'quantized' cannot be served: {why}")
+        logger.info("serving dequantized weights: %s", why)
+        return None
 
     def _allocate_kv(self, model_config: ModelConfig, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.block_size, model_config.num_key_value_heads, model_config.head_dim)
@@ -226,6 +319,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
+        if self._serial_small_steps:
+            # A few tokens: torch's own ops (norms, attention, copies) are too small to gain from
+            # threads, and each of their parallel regions waits at a barrier for every thread, so one
+            # thread that loses its core to another process stalls the step (measured: docs/engine.md).
+            # The quantized kernels keep self.threads, without a barrier. Not on the deterministic path,
+            # whose dense kernels were checked at one thread count.
+            serial = batch.num_tokens <= SERIAL_STEP_TOKENS and not batch.deterministic
+            torch.set_num_threads(1 if serial else self.threads)
         if self._replays(batch):
             hidden, meta, sample_rows, sampling = self._replay_decode(batch)  # the device runs on meanwhile
             seqs = [batch.seqs[i] for i in sampling]

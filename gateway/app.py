@@ -66,7 +66,8 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
     from engine import EngineConfig, LLMEngine, PrometheusSink, served_model_name
 
     config = EngineConfig(
-        model=settings.model, device=settings.device, dtype=settings.dtype,
+        model=settings.model, device=settings.device, dtype=settings.dtype, weights=settings.weights,
+        threads=settings.threads or None,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         contended_batched_tokens=settings.contended_batched_tokens,

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     served_model_name: str | None = None  # the name callers use; default: the model's own name
     device: str = "auto"
     dtype: str = "auto"
+    # GGUF weights kept quantized and read by the engine's CPU kernels, or dequantized to the dtype
+    # (auto: quantized where the kernels build); threads: the engine's CPU threads (0: the CPUs it may use).
+    weights: Literal["auto", "quantized", "dequantized"] = "auto"
+    threads: int = Field(0, ge=0)
     kv_cache_memory_bytes: int = Field(256 << 20, gt=0)
     # CUDA: the KV pool takes what this share of device memory leaves after weights and activations
     # (0: kv_cache_memory_bytes instead).

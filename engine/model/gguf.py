@@ -28,12 +28,13 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tqdm import tqdm
 
 from engine.errors import GGUFError
+from engine.model.quant import PACKED_TYPES, QUANTIZED_FILE, Format, format_to_str, pack
 
 logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
 # Bump whenever the converted files would change for the same GGUF, so stale caches are never reused.
-CONVERTER_VERSION = "gguf-v1"
+CONVERTER_VERSION = "gguf-v3"  # v3: quantized tensors also packed for the kernels (quantized.safetensors)
 
 # The dequantizers of the gguf package this converter accepts (K-quants included).
 SUPPORTED_TENSOR_TYPES = (
@@ -137,18 +138,25 @@ def convert_gguf(gguf_file: Path, out_dir: Path, progress: bool = True) -> None:
             f"{gguf_file.name}: the tokenizer has {tokenizer.get_vocab_size()} tokens, "
             f"the model's vocabulary {config['vocab_size']}"
         )
-    weights = {}
+    weights, packed, formats = {}, {}, {}
     bar = tqdm(
         tensors.values(), desc=f"converting {gguf_file.name}", unit="tensor", file=sys.stderr, disable=not progress
     )
     for tensor in bar:
         name = hf_tensor_name(tensor.name, gguf_file.name)
         weights[name] = _dequantize(tensor, config, gguf_file.name)
+        if tensor.tensor_type.name in PACKED_TYPES and len(tensor.shape) == 2:
+            codes, scales, mins, fmt = _pack(tensor, config)
+            packed.update({f"{name}.codes": codes, f"{name}.scales": scales, f"{name}.mins": mins})
+            formats[name] = format_to_str(fmt, int(tensor.shape[0]), tensor.tensor_type.name)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
     _write_json(out_dir / "generation_config.json", generation_config)
     (out_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8", newline="\n")
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_file.name})
+    if packed:
+        save_file(packed, str(out_dir / QUANTIZED_FILE),
+                  metadata={"format": "pt", "source": gguf_file.name, "formats": json.dumps(formats, sort_keys=True)})
 
 
 def model_config(meta: _Metadata, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -282,11 +290,28 @@ def _dequantize(tensor: Any, config: dict[str, Any], source: str) -> torch.Tenso
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions innermost first
     # A copy: F32/F16 tensors come back as read-only views of the memory-mapped file.
     values = np.array(gguf.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
-    if config["model_type"] == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
-        # llama.cpp stores Llama's q/k rows interleaved for its RoPE kernel; undo that permutation.
-        heads = config["num_attention_heads" if "attn_q" in tensor.name else "num_key_value_heads"]
-        values = values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    if (order := _row_order(tensor, config)) is not None:
+        values = values[order]
     return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _pack(tensor: Any, config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Format]:
+    rows, cols = (int(d) for d in reversed(tensor.shape))
+    codes, scales, mins, fmt = pack(tensor.tensor_type.name, tensor.data, rows, cols)
+    if (order := _row_order(tensor, config)) is not None:
+        codes, scales, mins = codes[order], scales[order], mins[order]
+    as_tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, scales, mins)]
+    return as_tensors[0], as_tensors[1], as_tensors[2], fmt
+
+
+def _row_order(tensor: Any, config: dict[str, Any]) -> np.ndarray | None:
+    """Where each row of the Hugging Face tensor comes from, where llama.cpp reorders them; else None."""
+    if config["model_type"] != "llama" or not tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    # llama.cpp stores Llama's q/k rows interleaved for its RoPE kernel; undo that permutation.
+    heads = config["num_attention_heads" if "attn_q" in tensor.name else "num_key_value_heads"]
+    rows = int(tensor.shape[-1])
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(rows)
 
 
 class _Metadata:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from engine.errors import WeightsError
-from engine.model.llama import LlamaForCausalLM
+from engine.model.llama import Embedding, Linear, LlamaForCausalLM
+from engine.model.quant import QUANTIZED_FILE, PackedWeight, QuantizedEmbedding, QuantizedLinear, format_from_str
 
 # Buffers some exporters write that carry nothing we need (we derive RoPE from the config).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -36,11 +38,13 @@ def weight_files(path: Path) -> list[Path]:
     raise WeightsError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Path, torch.Tensor]]:
+def _iter_tensors(files: list[Path], skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, Path, torch.Tensor]]:
     for file in files:
         try:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
+                    if name in skip:  # never read: a packed copy serves it
+                        continue
                     try:
                         tensor = f.get_tensor(name)
                     except (SafetensorError, RuntimeError, ValueError) as exc:
@@ -51,13 +55,19 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Path, torch.Tensor]]
 
 
 @torch.inference_mode()
-def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False) -> None:
+def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, isa: int | None = None,
+                 threads: int = 1) -> None:
+    """Fill the model from the checkpoint at path. With isa (the quantized kernels' instruction set),
+    the layers whose weights the checkpoint also holds packed (quantized.safetensors) are replaced by
+    quantized ones first, and their dense copies are never read."""
     files = weight_files(path)
     targets = model.checkpoint_tensors()
-    loaded: set[str] = set()
+    packed = (frozenset(quantize_layers(model, path / QUANTIZED_FILE, targets, isa, threads)) if isa is not None
+              else frozenset())
+    loaded: set[str] = set(packed)
     bar = tqdm(total=len(targets), desc="loading weights", unit="tensor", disable=not progress, leave=False)
     with bar:
-        for name, file, tensor in _iter_tensors(files):
+        for name, file, tensor in _iter_tensors(files, packed):
             if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.config.tie_word_embeddings):
                 continue
             if name not in targets:
@@ -77,3 +87,53 @@ def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False) ->
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"tensor {missing[0]!r} is missing from the checkpoint{more}")
+
+
+def quantize_layers(model: LlamaForCausalLM, file: Path,
+                    targets: dict[str, tuple[torch.Tensor, int, int]], isa: int, threads: int = 1) -> set[str]:
+    """Swap each linear layer (and the embedding) whose whole weight `file` holds packed for its
+    quantized twin; returns the checkpoint names it serves. A fused weight that is only partly
+    packed (a dense k beside a packed q) stays dense."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            formats = json.loads((f.metadata() or {}).get("formats", "{}"))
+            weights = {}
+            for name, text in formats.items():
+                fmt, cols, _ = format_from_str(text)
+                weights[name] = PackedWeight(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"),
+                                             f.get_tensor(f"{name}.mins"), cols, fmt)
+    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+        raise WeightsError(f"{file.name} is not a readable packed-weights file: {exc}") from None
+    by_param: dict[int, list[tuple[int, str]]] = {}
+    params: dict[int, torch.Tensor] = {}
+    for name, weight in weights.items():
+        if name not in targets:
+            raise WeightsError(f"unexpected tensor {name!r} in {file.name}: the config does not describe it")
+        param, start, rows = targets[name]
+        if weight.rows != rows or weight.cols != param.shape[1]:
+            raise WeightsError(f"tensor {name!r} in {file.name} is {weight.rows}x{weight.cols}, "
+                               f"the config implies {rows}x{param.shape[1]}")
+        by_param.setdefault(id(param), []).append((start, name))
+        params[id(param)] = param
+    owners: dict[int, list[tuple[torch.nn.Module, str, torch.nn.Module]]] = {}
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if isinstance(child, (Linear, Embedding)):
+                owners.setdefault(id(child.weight), []).append((parent, attr, child))
+    served: set[str] = set()
+    for key, parts in by_param.items():
+        parts.sort()
+        covered = sum(weights[name].rows for _, name in parts)
+        if covered != params[key].shape[0] or key not in owners:
+            continue
+        ordered = [weights[name] for _, name in parts]
+        for parent, attr, child in owners[key]:
+            layer: torch.nn.Module
+            if isinstance(child, Embedding):
+                layer = QuantizedEmbedding(PackedWeight.cat(ordered) if len(ordered) > 1 else ordered[0],
+                                           params[key].dtype, isa)
+            else:
+                layer = QuantizedLinear(ordered, cast("torch.nn.Parameter | None", child.bias), isa, threads)
+            setattr(parent, attr, layer)
+        served.update(name for _, name in parts)
+    return served

@@ -35,7 +35,9 @@ def hf_greedy(model, tokenizer, prompt_ids: list[int], n: int) -> tuple[list[int
 
 
 def engine_for(path, **config) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory_bytes=16 << 20, **config))
+    # The oracle holds the dequantized path to transformers; tests/engine/test_quant.py holds the quantized one to it.
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory_bytes=16 << 20,
+                                  weights="dequantized", **config))
 
 
 def greedy(engine: LLMEngine, prompts: list[list[int]], n: int):

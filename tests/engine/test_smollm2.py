@@ -74,11 +74,12 @@ def test_chat_template_and_special_tokens_come_from_the_gguf(tokenizer, hf_token
 
 
 def test_greedy_chat_matches_transformers(smollm2_gguf, smollm2_dir, tokenizer):
-    """Our greedy tokens are HF's argmax at every position given the same prefix, and fp32 logits agree."""
+    """Our greedy tokens are HF's argmax at every position given the same prefix, and fp32 logits agree
+    (the dequantized path, which transformers also runs; the quantized one is held to it below)."""
     hf = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
                                               dtype=torch.float32).eval()
     engine = LLMEngine(EngineConfig(model=str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=64 << 20,
-                                    max_model_len=1024))
+                                    max_model_len=1024, weights="dequantized"))
     prompts = [tokenizer.encode_chat([{"role": "user", "content": chat}]) for chat in CHATS]
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, keep_logits=True)
     results = engine.generate(prompts, params, local_envelope())
@@ -88,3 +89,24 @@ def test_greedy_chat_matches_transformers(smollm2_gguf, smollm2_dir, tokenizer):
         assert result.token_ids == expected.argmax(-1).tolist()
         torch.testing.assert_close(torch.stack(result.logits), expected, atol=LOGIT_ATOL, rtol=0)
     assert results[0].text.startswith("The capital of France is Paris.")
+
+
+def test_quantized_weights_match_the_dequantized_path(smollm2_dir, tokenizer):
+    """The default model's Q4_1 layers and tied Q8_0 table read in place: the same greedy tokens as the
+    dequantized weights, and float32 logits within the same tolerance as HF's (tests/engine/test_quant.py
+    says why: the weights are bit for bit the same, only the order of the fp32 sums differs). In the
+    serving dtype (bfloat16 here) the first tokens agree too."""
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": chat}]) for chat in CHATS]
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, keep_logits=True)
+
+    def run(weights: str, dtype: str):
+        engine = LLMEngine(EngineConfig(model=str(smollm2_dir), dtype=dtype, kv_cache_memory_bytes=64 << 20,
+                                        max_model_len=1024, weights=weights))
+        assert engine.runner.weights.startswith(weights)
+        return engine.generate(prompts, params, local_envelope())
+
+    for quantized, dense in zip(run("quantized", "float32"), run("dequantized", "float32")):
+        assert quantized.token_ids == dense.token_ids
+        torch.testing.assert_close(torch.stack(quantized.logits), torch.stack(dense.logits), atol=LOGIT_ATOL, rtol=0)
+    served = run("quantized", "auto")
+    assert served[0].text.startswith("The capital of France is Paris.")

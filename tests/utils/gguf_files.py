@@ -1,7 +1,8 @@
 """Small GGUF files written with the gguf package's writer, the way llama.cpp's converter lays them out.
 
 Random weights of a tiny Llama or Qwen2 shape, the demo tokenizer's vocabulary and merges in the
-metadata, and the tensors stored as F16, Q8_0, Q4_1 (or any type gguf can quantize).
+metadata, and the tensors stored as F16, Q8_0, Q4_1 (or any type gguf can quantize). The gguf
+package cannot quantize to the K-quants; `random_blocks` writes those from random bytes instead.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def write_tiny_gguf(
             writer.add_tensor(name, values.astype(np.float32))
         elif qtype == "F16":
             writer.add_tensor(name, values.astype(np.float16))
+        elif qtype in K_QUANTS:
+            kind = gguf.GGMLQuantizationType[qtype]
+            scale = float(np.abs(values).mean())
+            writer.add_tensor(name, random_blocks(qtype, values.shape[0], values.shape[1], rng, scale), raw_dtype=kind)
         else:
             kind = gguf.GGMLQuantizationType[qtype]
             writer.add_tensor(name, gguf.quantize(values, kind), raw_dtype=kind)
@@ -105,6 +110,32 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Byte offsets of each K-quant block's fp16 super-block scales (d, and dmin where it has one).
+_K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator, mean_abs: float = 0.05) -> np.ndarray:
+    """A rows x cols tensor of `qtype` blocks [rows, bytes per row] from random bytes, its fp16
+    super-block scales set so that the dequantized values' mean magnitude is about mean_abs."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    blocks = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    offsets = _K_SCALE_OFFSETS.get(qtype, (0,))
+
+    def set_scales(d: float, dmin: float = 0.0) -> np.ndarray:
+        for offset, value in zip(offsets, (d, dmin)):
+            blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+        return gguf.dequantize(blocks, kind)
+
+    ratio = 0.0
+    if len(offsets) == 2:  # w = d * scale * q - dmin * min: a dmin that centres the values on zero
+        ratio = float(set_scales(1.0, 0.0).mean()) / -float(set_scales(0.0, 1.0).mean())
+    magnitude = float(np.abs(set_scales(1.0, ratio)).mean())
+    set_scales(mean_abs / magnitude, ratio * mean_abs / magnitude)
+    return blocks.reshape(rows, -1)
 
 
 def _permute(weights: np.ndarray, heads: int) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""The CPU kernels that read quantized weights in place (qmatmul.cpp), built on first use.
+
+The source is compiled once per source, torch build and machine type with torch's own
+extension builder and cached under `<cache>/kernels/`, the way a GGUF conversion is cached;
+a second process finds the library there. Where it cannot be built (no compiler, no ninja,
+a read-only cache), `load()` says why in one log line and returns None, and the engine serves
+dequantized weights instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("qmatmul.cpp")
+# Instruction sets, as qmatmul.cpp numbers them; the kernels never run one the CPU lacks.
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512-bf16")
+BF16 = 3  # AVX512-BF16: bfloat16 activations run qlinear_bf16
+# -ffp-contract=off: weights are dequantized as a multiply then an add, two roundings, as the
+# gguf package does, so they equal the dequantized checkpoint's bit for bit.
+_CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17"]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The loaded library: torch.ops.tenantgate_quant and the instruction set this CPU gets."""
+
+    isa: int
+
+    @property
+    def isa_name(self) -> str:
+        return ISA_NAMES[self.isa]
+
+    @property
+    def ops(self):
+        return torch.ops.tenantgate_quant
+
+
+def build_key() -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), platform.machine(), " ".join(_CFLAGS)):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def load(cache_dir: Path) -> Kernels | None:
+    """The kernels, built into cache_dir on first use; None (and a log line saying why) where they cannot be."""
+    key = build_key()
+    build_dir = Path(cache_dir) / "kernels" / f"qmatmul-{key}"
+    start = time.monotonic()
+    try:
+        from torch.utils import cpp_extension
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        fresh = not any(build_dir.glob("*.so"))
+        if fresh:
+            logger.info("building the quantized-weight kernels (first use; later starts reuse them)")
+        with _ninja_on_path():
+            cpp_extension.load(
+                name=f"tenantgate_qmatmul_{key}", sources=[str(SOURCE)], extra_cflags=_CFLAGS,
+                build_directory=str(build_dir), is_python_module=False, verbose=False,
+            )
+        isa = int(torch.ops.tenantgate_quant.cpu_isa())
+    except Exception as exc:  # noqa: BLE001 - a compiler error, no compiler or ninja, an unwritable cache: all mean the same here
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        # A compiler's own message says more than the builder's first line.
+        reason = next((line for line in lines if "error:" in line), lines[0]).strip()
+        logger.warning("quantized-weight kernels unavailable (%s: %s); serving dequantized weights",
+                       type(exc).__name__, reason[:200])
+        return None
+    if fresh:
+        logger.info("built the quantized-weight kernels in %.1f s", time.monotonic() - start)
+    logger.info("quantized-weight kernels: %s", ISA_NAMES[isa])
+    return Kernels(isa)
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """torch's builder runs `ninja`; the ninja wheel's binary is beside this interpreter, maybe not on PATH."""
+    path = os.environ.get("PATH")
+    try:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + (os.pathsep + path if path else "")
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path

@@ -1,0 +1,260 @@
+"""Quantized weights read in place: the packed layout, the kernels, and the engine on GGUF files.
+
+The bound. A packed weight dequantizes to exactly the gguf package's values (checked with
+torch.equal for every type and instruction set), so a product with it differs from the
+dequantized path only in the order of its fp32 sums. Any order of summing K products has an
+error of at most gamma_K * sum_k |x_k w_k|, gamma_K = K u / (1 - K u), u = 2^-24 (Higham, Accuracy
+and Stability of Numerical Algorithms, 3.1); each output is held to that bound against a float64
+reference, per type, so the bound is the same whatever the type: the type only changes the weights.
+Through a whole model the two paths then differ as two fp32 implementations do, which the HF oracle
+tests already hold to LOGIT_ATOL; the engine tests below hold the quantized path to the dequantized
+one with that tolerance, and require identical greedy tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import EngineConfig
+from engine.envelope import local_envelope
+from engine.errors import ConfigError
+from engine.llm_engine import LLMEngine
+from engine.model import kernels
+from engine.model.quant import (
+    BF16_MIN_ROWS,
+    DENSE_MIN_ROWS,
+    PACKED_TYPES,
+    PackedWeight,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    dequantize,
+    pack,
+)
+from engine.model_runner import available_cpus
+from engine.paths import default_cache_dir
+from engine.sampling_params import SamplingParams
+from tests.utils.gguf_files import K_QUANTS, random_blocks, write_tiny_gguf
+
+LOGIT_ATOL = 2e-4  # as tests/engine/test_gguf.py holds the fp32 path to transformers
+U = 2.0**-24
+
+
+@pytest.fixture(scope="module")
+def loaded() -> kernels.Kernels:
+    found = kernels.load(default_cache_dir())
+    assert found is not None, "the quantized kernels did not build (see the log)"
+    return found
+
+
+def isas(loaded: kernels.Kernels) -> list[int]:
+    return list(range(loaded.isa + 1))  # every instruction set this CPU runs, the scalar path included
+
+
+def gguf_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind in K_QUANTS:
+        return random_blocks(kind, rows, cols, rng)
+    values = rng.standard_normal((rows, cols), dtype=np.float32)
+    values[rows // 2] *= 100  # rows of very different scales
+    return gguf.quantize(values, gguf.GGMLQuantizationType[kind])
+
+
+def packed(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[PackedWeight, torch.Tensor]:
+    raw = gguf_tensor(kind, rows, cols, seed)
+    codes, scales, mins, fmt = pack(kind, raw, rows, cols)
+    weight = PackedWeight(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(mins), cols, fmt)
+    expected = torch.from_numpy(np.ascontiguousarray(gguf.dequantize(raw, gguf.GGMLQuantizationType[kind])))
+    return weight, expected.reshape(rows, cols)
+
+
+def odd_shape(kind: str) -> tuple[int, int]:
+    """An odd row count, and columns that end in half a 64-element run where the type allows it."""
+    return (37, 768) if kind in K_QUANTS else (37, 96)
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_packed_weights_dequantize_to_the_gguf_values_exactly(loaded, kind):
+    rows, cols = odd_shape(kind)
+    weight, expected = packed(kind, rows, cols)
+    for isa in isas(loaded):
+        assert torch.equal(dequantize(weight, isa), expected), f"{kind}, {kernels.ISA_NAMES[isa]}"
+
+
+def mins_per_element(weight: PackedWeight) -> torch.Tensor:
+    return weight.mins.repeat_interleave(weight.format.block, dim=1)[:, : weight.cols]
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
+    rows, cols = odd_shape(kind)
+    weight, dense = packed(kind, rows, cols, seed=1)
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(2))
+    reference = x.double() @ dense.double().T
+    # |scale * c| + |min| <= |w| + 2 |min|: the terms the kernel sums (module docstring).
+    magnitude = x.double().abs() @ (dense.double().abs() + 2 * mins_per_element(weight).double().abs()).T
+    bound = ((cols + 2) * U / (1 - (cols + 2) * U) + 2 * U) * magnitude
+    for isa in isas(loaded):
+        layer = QuantizedLinear([weight], None, isa, threads=2)  # the caller and a helper
+        for m in (1, 3, 4, 5, 11):  # tiles of 1 to 4 rows
+            y = layer(x[:m])
+            assert y.dtype == torch.float32 and y.shape == (m, rows)
+            err = (y.double() - reference[:m]).abs()
+            worst = (err / bound[:m]).max()
+            assert (err <= bound[:m]).all(), f"{kind}, {kernels.ISA_NAMES[isa]}, M={m}: {worst:.2f}x the bound"
+        # A row's result is the same whatever else the call holds (the deterministic lane needs it).
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
+        assert torch.equal(alone, layer(x)), f"{kind}, {kernels.ISA_NAMES[isa]}"
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
+    if loaded.isa < kernels.BF16:
+        pytest.skip("this CPU has no AVX512-BF16: bfloat16 activations take the fp32 path")
+    rows, cols = odd_shape(kind)
+    weight, dense = packed(kind, rows, cols, seed=7)
+    x = torch.randn(13, cols, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    w16 = dense.to(torch.bfloat16).double()  # what a dense bf16 copy of the dequantized weights holds
+    reference = x.double() @ w16.T
+    bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)  # bf16 products are exact in fp32
+    layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
+    for m in (BF16_MIN_ROWS, DENSE_MIN_ROWS - 1, 8, 13):
+        y = torch.ops.tenantgate_quant.qlinear_bf16(x[:m].contiguous(), weight.codes, weight.scales, weight.mins,
+                                                    cols, weight.format.bits, weight.format.block,
+                                                    weight.format.offset, 4, 2)
+        err = (y.double() - reference[:m]).abs()
+        assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
+        if m < DENSE_MIN_ROWS:
+            assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
+    # From DENSE_MIN_ROWS rows on: torch's matmul over the weights dequantized to bf16, which are
+    # the dequantized weights rounded to nearest even.
+    fmt = weight.format
+    w_bf16 = torch.ops.tenantgate_quant.qdequantize_bf16(weight.codes, weight.scales, weight.mins, cols, fmt.bits,
+                                                         fmt.block, fmt.offset, 2)
+    assert torch.equal(w_bf16, dense.to(torch.bfloat16))
+    assert torch.equal(layer(x[:DENSE_MIN_ROWS + 2]), F.linear(x[:DENSE_MIN_ROWS + 2], w_bf16))
+    rows_alone = torch.cat([torch.ops.tenantgate_quant.qlinear_bf16(
+        x[i : i + 1].contiguous(), weight.codes, weight.scales, weight.mins, cols, weight.format.bits,
+        weight.format.block, weight.format.offset, 4, 2) for i in range(13)])
+    assert torch.equal(rows_alone, torch.ops.tenantgate_quant.qlinear_bf16(
+        x, weight.codes, weight.scales, weight.mins, cols, weight.format.bits, weight.format.block,
+        weight.format.offset, 4, 2))
+
+
+def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):
+    q, q_dense = packed("Q4_1", 64, 96, seed=3)
+    k, k_dense = packed("Q8_0", 32, 96, seed=4)
+    v, v_dense = packed("Q4_1", 32, 96, seed=5)
+    layer = QuantizedLinear([q, k, v], None, loaded.isa)
+    assert len(layer.parts) == 3 and layer.out_features == 128
+    x = torch.randn(2, 96)
+    expected = x.double() @ torch.cat([q_dense, k_dense, v_dense]).double().T
+    torch.testing.assert_close(layer(x).double(), expected, atol=1e-4, rtol=1e-5)
+    merged = QuantizedLinear([q, v], None, loaded.isa)
+    assert len(merged.parts) == 1  # one format: one kernel call
+
+
+def test_embedding_rows_are_the_dequantized_rows(loaded):
+    table, dense = packed("Q8_0", 50, 96, seed=6)
+    layer = QuantizedEmbedding(table, torch.float32, loaded.isa)
+    ids = torch.tensor([[3, 49, 3], [0, 7, 12]])
+    assert torch.equal(layer(ids), dense[ids])
+
+
+# -- the engine on GGUF files ----------------------------------------------------------------------
+
+PROMPTS = [[5, 17, 99, 3, 250, 41, 8], [300, 2, 2, 77], list(range(40, 90))]
+# Odd shapes: 3 query heads of 32 over 1 KV head, 96 wide (a half run of 64 at the end of each row)
+# and a 160-wide MLP; the K-quants need rows that are whole 256-element super-blocks.
+ODD = {"hidden": 96, "heads": 3, "kv_heads": 1, "intermediate": 160, "layers": 2}
+ODD_K = {"hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 768, "layers": 2}
+
+
+def engine_for(path, weights: str, **config) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory_bytes=16 << 20, weights=weights,
+                                  **config))
+
+
+def greedy(engine: LLMEngine, n: int = 12):
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, keep_logits=True)
+    return engine.generate(PROMPTS, params, local_envelope())
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES)
+def test_quantized_gguf_matches_the_dequantized_path(tmp_path, demo_model_dir, loaded, qtype):
+    shape = ODD_K if qtype in K_QUANTS else ODD
+    # (Untied: a random tied table makes the model repeat one token; SmolLM2's tied Q8_0 table is
+    # tested in tests/engine/test_smollm2.py.)
+    path = write_tiny_gguf(tmp_path / f"odd-{qtype}.gguf", demo_model_dir, qtype=qtype, shape=shape)
+    quantized, dense = engine_for(path, "quantized"), engine_for(path, "dequantized")
+    assert quantized.runner.weights == f"quantized-{loaded.isa_name}" and dense.runner.weights == "dequantized"
+    layers = [m for m in quantized.runner.model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]
+    assert len(layers) == 4 * shape["layers"] + 2  # every projection, the embedding and the lm_head
+    assert quantized.fingerprint != dense.fingerprint
+    for q, d in zip(greedy(quantized), greedy(dense)):
+        assert q.token_ids == d.token_ids
+        torch.testing.assert_close(torch.stack(q.logits), torch.stack(d.logits), atol=LOGIT_ATOL, rtol=0)
+        assert len(set(d.token_ids)) > 1  # a model that repeats one token would prove little
+
+
+def test_auto_serves_dequantized_weights_where_the_kernels_cannot_build(tmp_path, demo_model_dir, monkeypatch, caplog):
+    path = write_tiny_gguf(tmp_path / "q.gguf", demo_model_dir, qtype="Q4_1")
+    monkeypatch.setattr(kernels, "load", lambda cache_dir: None)
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        engine = engine_for(path, "auto")
+    assert engine.runner.weights == "dequantized"
+    assert any("serving dequantized weights" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match="could not be built"):
+        engine_for(path, "quantized")
+
+
+def test_quantized_weights_are_refused_for_a_checkpoint_without_packed_weights(demo_model_dir):
+    with pytest.raises(ConfigError, match="no packed weights"):
+        engine_for(demo_model_dir, "quantized")
+    assert engine_for(demo_model_dir, "auto").runner.weights == "dequantized"
+
+
+def test_the_config_refuses_unknown_weights_and_threads():
+    with pytest.raises(ConfigError, match="weights"):
+        EngineConfig(weights="int4")
+    with pytest.raises(ConfigError, match="threads"):
+        EngineConfig(threads=0)
+
+
+# -- threads -----------------------------------------------------------------------------------------
+
+
+def write_cgroup(tmp_path, cpu_max: str | None):
+    tmp_path.mkdir()
+    (tmp_path / "proc").write_text("0::/job/task\n")
+    folder = tmp_path / "fs" / "job" / "task"
+    folder.mkdir(parents=True)
+    if cpu_max is not None:
+        (tmp_path / "fs" / "job" / "cpu.max").write_text(cpu_max)
+    (folder / "cpu.max").write_text("max 100000\n")
+    return str(tmp_path / "proc"), str(tmp_path / "fs")
+
+
+def test_threads_follow_the_cgroup_quota_and_the_affinity_mask(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    proc, root = write_cgroup(tmp_path / "a", "150000 100000\n")  # 1.5 CPUs on an ancestor
+    assert available_cpus(proc, root) == 1
+    proc, root = write_cgroup(tmp_path / "b", "800000 100000\n")  # more quota than CPUs in the mask
+    assert available_cpus(proc, root) == 4
+    proc, root = write_cgroup(tmp_path / "c", None)
+    assert available_cpus(proc, root) == 4
+    assert available_cpus(str(tmp_path / "missing"), root) == 4
+
+
+def test_the_threads_setting_overrides_the_choice(demo_model_dir):
+    before = torch.get_num_threads()
+    try:
+        LLMEngine(EngineConfig(model=str(demo_model_dir), kv_cache_memory_bytes=16 << 20, threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
