@@ -123,7 +123,7 @@ def torchao(config_name: str):
     return make
 
 
-def ours(kind: str, dtype=torch.bfloat16):
+def ours(kind: str, threads: int, dtype=torch.bfloat16):
     def make(n, k, m):
         import gguf
 
@@ -138,7 +138,7 @@ def ours(kind: str, dtype=torch.bfloat16):
         raw = gguf.quantize(values, gguf.GGMLQuantizationType[kind])
         codes, scales, mins, fmt = pack(kind, raw, n, k)
         weight = PackedWeight(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(mins), k, fmt)
-        layer = QuantizedLinear([weight], None, loaded.isa)
+        layer = QuantizedLinear([weight], None, loaded.isa, threads)
         x = torch.randn(m, k).to(dtype)
         return lambda: layer(x)
     return make
@@ -160,8 +160,8 @@ def main() -> None:
         "inductor int8": inductor_int8,
         "torchao int8": torchao("int8"),
         "torchao int4 cpu": torchao("int4"),
-        "tenantgate Q4_1": ours("Q4_1"),
-        "tenantgate Q8_0": ours("Q8_0"),
+        "tenantgate Q4_1": ours("Q4_1", args.threads),
+        "tenantgate Q8_0": ours("Q8_0", args.threads),
     }
     if args.candidates != "all":
         wanted = args.candidates.split(",")

@@ -27,6 +27,7 @@ Targets for tenantgate: concurrency 1 >= 1.0x llama.cpp; concurrency 32 >= 2x ll
     bench/build_llamacpp.sh                          # once, ~10 min on 2 cores
     .venv/bin/python bench/real_model.py             # rounds until --time-budget: 2 on 2 cores, ~10 min
     .venv/bin/python bench/real_model.py --quick     # smoke run: 1 round, short prompts
+    .venv/bin/python bench/real_model.py --busy-cores 1   # the same with one CPU kept busy by a spinner
 """
 
 from __future__ import annotations

@@ -158,8 +158,9 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
 
-# CPU steps of at most this many tokens run torch's own ops on one thread (quantized weights only).
-SERIAL_STEP_TOKENS = 4
+# CPU steps of at most this many tokens (decode steps of up to max_num_seqs' default) run torch's own
+# ops on one thread (quantized weights only): docs/engine.md, "Threads".
+SERIAL_STEP_TOKENS = 64
 
 
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -320,7 +321,7 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> list[SampleResult | None]:
         """Run one step; returns, per scheduled sequence, its new token or None (mid-prefill)."""
         if self._serial_small_steps:
-            # A few tokens: torch's own ops (norms, attention, copies) are too small to gain from
+            # A decode step: torch's own ops (norms, attention, copies, small matmuls) gain little from
             # threads, and each of their parallel regions waits at a barrier for every thread, so one
             # thread that loses its core to another process stalls the step (measured: docs/engine.md).
             # The quantized kernels keep self.threads, without a barrier. Not on the deterministic path,
