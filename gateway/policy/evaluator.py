@@ -1,6 +1,5 @@
 """Embedded evaluation with regorus: one Engine per thread, an optional decision cache."""
 
-import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -10,6 +9,7 @@ from pathlib import Path
 from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, ENTRYPOINT, PolicySource, load_source, new_engine, raw_decision
 from gateway.policy.prepared import PreparedPolicy, build_engine
+from gateway.policy.reads import InputReads, engine_reads
 from gateway.policy.schema import Decision, parse_decision
 
 
@@ -22,8 +22,9 @@ class EmbeddedEvaluator:
     thread (the gateway's loop builds one a slice at a time) may be given as `engine`.
     An evaluation error is that input's alone: the engine stays, and the next input is
     judged as if the error had never happened. With cache_size > 0, decisions are cached by
-    the digest of the canonical input; the policy revision is part of the key, so a
-    reload never serves a stale decision.
+    what the policy reads of the input (reads.py: a field no rule refers to never misses the
+    cache); the policy revision is part of the key, so a reload never serves a stale decision.
+    A revision that calls a builtin of the clock, chance or the network is never cached.
     """
 
     def __init__(
@@ -38,13 +39,22 @@ class EmbeddedEvaluator:
         self._source = source or load_source(policy_dir, data_dir)
         self._local = threading.local()
         self._local.engine = engine if engine is not None else _new_engine(self._source)  # errors surface here
-        self._cache_size = cache_size
+        if isinstance(self._source, PreparedPolicy):
+            self._reads = self._source.reads
+        else:
+            self._reads = engine_reads(self._local.engine)
+        self._cache_size = cache_size if self._reads.cacheable else 0
         self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._cache_lock = threading.Lock()
 
     @property
     def revision(self) -> str:
         return self._source.revision
+
+    @property
+    def reads(self) -> InputReads:
+        """What this revision's policy reads of its input (the decision cache's key)."""
+        return self._reads
 
     @property
     def source(self) -> PolicySource | PreparedPolicy:
@@ -76,16 +86,15 @@ class EmbeddedEvaluator:
 
     def decide(self, input_document: Mapping) -> Decision:
         """The validated decision for one request; raises a PolicyError (deny) otherwise."""
-        input_json = json.dumps(input_document, sort_keys=True, separators=(",", ":"))
         if not self._cache_size:
-            return parse_decision(self.evaluate_json(input_json))
-        key = (self.revision, hashlib.sha256(input_json.encode()).hexdigest())
+            return parse_decision(self.evaluate_json(json.dumps(input_document)))
+        key = (self.revision, self._reads.key(input_document))
         with self._cache_lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
-        decision = parse_decision(self.evaluate_json(input_json))
+        decision = parse_decision(self.evaluate_json(json.dumps(input_document)))
         with self._cache_lock:
             self._cache[key] = decision
             if len(self._cache) > self._cache_size:

@@ -18,12 +18,13 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
 from gateway.policy.loader import ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
+from gateway.policy.reads import InputReads, engine_reads
 from gateway.policy.schema import validate_decision
 
 SLICE_BYTES = 64 * 1024  # of data JSON per slice: well under a millisecond of regorus' time
@@ -32,13 +33,15 @@ SLICE_BYTES = 64 * 1024  # of data JSON per slice: well under a millisecond of r
 @dataclass(frozen=True)
 class PreparedPolicy:
     """What the loop needs of a checked revision: its digest, the module texts, the data as JSON
-    slices that merge into the whole document, the registered tenants and the enabled ones."""
+    slices that merge into the whole document, the registered tenants and the enabled ones, and
+    what its modules read of the input (reads.py)."""
 
     revision: str
     modules: dict[str, str]
     data_slices: tuple[str, ...]
     tenant_ids: frozenset[str]
     enabled_tenant_ids: frozenset[str] = frozenset()  # those whose data says enabled: true
+    reads: InputReads = InputReads.whole()
 
 
 def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPolicy, object]:
@@ -58,6 +61,7 @@ def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPol
     )
     del source, tenants
     engine = build_engine(prepared)
+    prepared = replace(prepared, reads=engine_reads(engine))
     samples = load_samples(Path(policy_dir)).items()
     problem = next((p for name, (_, sample) in samples if (p := _sample_problem(engine, name, sample["input"]))), None)
     if problem is not None:
@@ -87,7 +91,9 @@ def write_prepared(policy_dir: str, data_dir: str, out: BinaryIO) -> None:
         out.write(json.dumps({"refused": str(exc)}).encode() + b"\n")
         return
     header = {"revision": prepared.revision, "modules": prepared.modules, "tenants": sorted(prepared.tenant_ids),
-              "enabled": sorted(prepared.enabled_tenant_ids), "slices": len(prepared.data_slices)}
+              "enabled": sorted(prepared.enabled_tenant_ids), "slices": len(prepared.data_slices),
+              "reads": sorted(prepared.reads.paths), "cacheable": prepared.reads.cacheable,
+              "uncacheable_because": prepared.reads.uncacheable_because}
     out.write(json.dumps(header).encode() + b"\n")
     for text in prepared.data_slices:  # ASCII JSON (json.dumps escapes the rest): never a newline inside
         out.write(text.encode() + b"\n")
@@ -129,8 +135,11 @@ async def _read_prepared(stream: asyncio.StreamReader) -> PreparedPolicy | None:
         if not line.endswith(b"\n"):
             return None  # cut short
         slices.append(line[:-1].decode())
+    reads = InputReads(frozenset(tuple(path) for path in header["reads"]), cacheable=header["cacheable"],
+                       uncacheable_because=header["uncacheable_because"])
     return PreparedPolicy(revision=header["revision"], modules=header["modules"], data_slices=tuple(slices),
-                          tenant_ids=frozenset(header["tenants"]), enabled_tenant_ids=frozenset(header["enabled"]))
+                          tenant_ids=frozenset(header["tenants"]), enabled_tenant_ids=frozenset(header["enabled"]),
+                          reads=reads)
 
 
 def _sample_problem(engine, name: str, input_document: dict) -> str | None:

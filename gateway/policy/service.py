@@ -23,6 +23,7 @@ from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
 from gateway.policy.opa import DECISION_PATH, OpaWatch
 from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
+from gateway.policy.reads import describe
 from gateway.policy.schema import Decision, validate_decision
 
 logger = logging.getLogger("tenantgate.policy")
@@ -81,6 +82,7 @@ class EmbeddedPolicy:
         self._signature = self._files_signature()
         prepared, engine = checked(self._policy_dir, self._data_dir)
         self._evaluator = EmbeddedEvaluator(source=prepared, engine=engine, cache_size=cache_size)
+        _log_reads(prepared)
         self._failing: dict[str, tuple[str, float]] = {}  # tenant -> (revision, refused until): a failed evaluation
         self._watcher = BackgroundTask("tenantgate-policy-watch")
         self.reload_failures = 0
@@ -154,6 +156,7 @@ class EmbeddedPolicy:
         old, self._evaluator = self._evaluator.revision, evaluator
         self._failing = {}
         logger.info("policy reloaded: %s -> %s", old, evaluator.revision)
+        _log_reads(prepared)
         return True
 
     async def _watch(self) -> None:
@@ -170,6 +173,14 @@ class EmbeddedPolicy:
 
     async def aclose(self) -> None:
         await self._watcher.stop()
+
+
+def _log_reads(prepared: PreparedPolicy) -> None:
+    reads = prepared.reads
+    if not reads.cacheable:
+        logger.info("policy decisions are not cached: the policy calls %s", reads.uncacheable_because)
+    else:  # field names of the input document, never their values
+        logger.info("policy decisions are cached by what the policy reads: %s", ", ".join(describe(reads)))
 
 
 class OpaPolicy:

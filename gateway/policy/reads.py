@@ -1,0 +1,225 @@
+"""What a policy reads of its input, found in the policy's own syntax tree, and the decision cache's
+key built from exactly that.
+
+A decision is a function of the data and of the parts of the input the policy refers to. So two
+inputs that agree on every path the policy reads get the same decision, and the cache may key on
+those paths alone: a request that differs only in a field no rule looks at (its temperature, its
+stream flag) is a hit. The paths come from regorus's AST of the loaded modules, never from a list
+kept by hand: a rule that starts reading a field makes it part of the key at the next revision.
+
+The analysis over-approximates, which keeps the key sound:
+- a reference's path runs from `input` through its static keys (`input.request.route`,
+  `input["request"]`) up to the first computed or numeric index, and everything under it counts
+  as read (`input.request.messages[_].content` reads all of `request.messages`);
+- `object.get(input.x, "k", default)` reads `x.k` (and `x.k1.k2` for a literal path array);
+  any other use of a reference (a call, an iteration) reads all of it;
+- a bare `input`, or an import of `input` as a whole, reads everything: the cache is then keyed
+  on the whole input, as it was before;
+- `with input… as …` replaces the input for the rules it calls, so its target is not a read;
+- a policy that calls a builtin whose answer is not a function of its arguments (the clock,
+  randomness, the network) is not cached at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from gateway.encoding import canonical_json
+
+Path = tuple[str, ...]
+# Builtins whose result depends on something besides their arguments: a decision that calls one
+# cannot be cached. io.jwt.decode_verify reads the clock unless a time is given.
+UNCACHEABLE_BUILTINS = frozenset({
+    "time.now_ns", "rand.intn", "uuid.rfc4122", "http.send", "net.lookup_ip_addr", "opa.runtime",
+    "io.jwt.decode_verify",
+})
+_REFS = ("RefDot", "RefBrack")
+
+
+@dataclass(frozen=True)
+class InputReads:
+    """The input paths a revision's modules read (no path a prefix of another; () is the whole
+    input), and whether its decisions may be cached at all."""
+
+    paths: frozenset[Path]
+    cacheable: bool = True
+    uncacheable_because: str = ""
+    _trie: dict | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_trie", _trie(self.paths))
+
+    @classmethod
+    def whole(cls) -> InputReads:
+        return cls(frozenset({()}))
+
+    @property
+    def reads_whole_input(self) -> bool:
+        return () in self.paths
+
+    def key(self, document: Mapping) -> str:
+        """The canonical JSON of the document cut down to the paths read: equal keys, equal decisions."""
+        return canonical_json(_project(document, self._trie))
+
+
+def input_reads(asts: Iterable[Mapping]) -> InputReads:
+    """The reads of the modules whose ASTs are given (regorus `Engine.get_ast_as_json()`, parsed)."""
+    paths: set[Path] = set()
+    calls: set[str] = set()
+    for module in asts:
+        ast = module.get("ast", module)
+        for imported in ast.get("imports", ()):
+            path = _input_path(imported.get("refr"))
+            if path is not None:
+                paths.add(path)
+        for rule in ast.get("rules", ()):
+            _walk(rule, paths, calls)
+    uncacheable = sorted(calls & UNCACHEABLE_BUILTINS)
+    return InputReads(_minimal(paths), cacheable=not uncacheable,
+                      uncacheable_because=", ".join(uncacheable))
+
+
+def engine_reads(engine) -> InputReads:
+    """The reads of every module loaded into a regorus engine."""
+    return input_reads(json.loads(engine.get_ast_as_json()))
+
+
+def _walk(node: object, paths: set[Path], calls: set[str]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _walk(item, paths, calls)
+        return
+    if not isinstance(node, dict):
+        return
+    if len(node) == 1:
+        (kind, body), = node.items()
+        if kind in _REFS or kind == "Var":
+            _reference(node, paths, calls)
+            return
+        if kind == "Call" and isinstance(body, dict):
+            _call(body, paths, calls)
+            return
+    for key, value in node.items():
+        if key == "with_mods":
+            for modifier in value or ():
+                target = modifier.get("refr")
+                if _input_path(target) is None:
+                    _walk(target, paths, calls)
+                _walk(modifier.get("as"), paths, calls)
+        elif key not in ("span", "field"):
+            _walk(value, paths, calls)
+
+
+def _reference(node: dict, paths: set[Path], calls: set[str]) -> None:
+    """A reference: its static input path is read; its computed indexes are walked as expressions."""
+    path = _input_path(node)
+    if path is not None:
+        paths.add(path)
+    while True:
+        (kind, body), = node.items()
+        if kind == "RefBrack":
+            _walk(body.get("index"), paths, calls)
+        if kind not in _REFS:
+            return
+        node = body["refr"]
+
+
+def _call(call: dict, paths: set[Path], calls: set[str]) -> None:
+    name = _dotted(call.get("fcn"))
+    if name is not None:
+        calls.add(name)
+    params = call.get("params") or []
+    if name == "object.get" and len(params) == 3:
+        base, key = _input_path(params[0]), _literal_path(params[1])
+        if base is not None and key is not None:
+            paths.add(base + key)
+            _walk(params[2], paths, calls)
+            return
+    _walk(params, paths, calls)
+
+
+def _input_path(node: object) -> Path | None:
+    """The static path of a reference rooted at `input` (None if it is not rooted there)."""
+    keys: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        (kind, body), = node.items()
+        if kind == "Var":
+            return tuple(reversed(keys)) if body.get("value") == "input" else None
+        if kind == "RefDot":
+            keys.append(body["field"][1])
+        elif kind == "RefBrack":
+            index = body.get("index") or {}
+            literal = index.get("String", {}).get("value") if isinstance(index, dict) else None
+            # A computed or numeric index ends the static path: all of what is before it is read.
+            if isinstance(literal, str):
+                keys.append(literal)
+            else:
+                keys = []
+        else:
+            return None
+        node = body["refr"]
+    return None
+
+
+def _literal_path(node: object) -> Path | None:
+    """object.get's key: a string literal, or an array of string literals (a path)."""
+    if not isinstance(node, dict) or len(node) != 1:
+        return None
+    (kind, body), = node.items()
+    if kind == "String" and isinstance(body.get("value"), str):
+        return (body["value"],)
+    if kind == "Array":
+        items = [_literal_path(item) for item in body.get("items", ())]
+        if items and all(item is not None and len(item) == 1 for item in items):
+            return tuple(item[0] for item in items)  # type: ignore[index]  # checked just above
+    return None
+
+
+def _dotted(node: object) -> str | None:
+    """A called function's name (`object.get`), when it is a plain dotted name."""
+    names: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        (kind, body), = node.items()
+        if kind == "Var":
+            return ".".join([body.get("value", ""), *reversed(names)])
+        if kind != "RefDot":
+            return None
+        names.append(body["field"][1])
+        node = body["refr"]
+    return None
+
+
+def _minimal(paths: set[Path]) -> frozenset[Path]:
+    """Drops every path under another one (reading `request` already reads `request.route`)."""
+    kept: list[Path] = []
+    for path in sorted(paths, key=len):
+        if not any(path[:len(shorter)] == shorter for shorter in kept):
+            kept.append(path)
+    return frozenset(kept)
+
+
+def _trie(paths: Iterable[Path]) -> dict | None:
+    """{key: subtree}, None where everything from there down is read."""
+    if () in paths:
+        return None
+    root: dict = {}
+    for path in paths:
+        node = root
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = None
+    return root
+
+
+def _project(value: object, trie: dict | None) -> object:
+    if trie is None or not isinstance(value, Mapping):
+        return value  # read whole, or not an object (the policy sees it whole)
+    return {key: _project(value[key], sub) for key, sub in trie.items() if key in value}
+
+
+def describe(reads: InputReads) -> Iterator[str]:
+    """The paths, dotted, for logs and the CLI (paths are policy field names, never values)."""
+    for path in sorted(reads.paths):
+        yield "input" + "".join(f".{key}" for key in path)

@@ -1,0 +1,150 @@
+"""The decision cache keys on what the policy reads of its input (gateway/policy/reads.py)."""
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import pytest
+import regorus
+
+from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.reads import InputReads, describe, engine_reads
+from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
+
+
+def reads_of(text: str) -> InputReads:
+    engine = regorus.Engine()
+    engine.add_policy("p.rego", text)
+    return engine_reads(engine)
+
+
+def paths(text: str) -> set[str]:
+    return set(describe(reads_of(text)))
+
+
+def test_dotted_and_bracketed_string_keys_are_static_paths() -> None:
+    assert paths('package p\nx if input.request.route == "chat"\ny if input["request"]["model"] == "m"') == {
+        "input.request.route", "input.request.model"}
+
+
+def test_a_computed_or_numeric_index_reads_everything_before_it() -> None:
+    assert paths("package p\nx if input.request.messages[_].content == 1\ny if input.a.b[0].c == 1") == {
+        "input.request.messages", "input.a.b"}
+
+
+def test_the_index_expression_itself_is_walked() -> None:
+    assert paths("package p\nx := data.tenants[input.principal.tenant_id].limits") == {"input.principal.tenant_id"}
+
+
+def test_object_get_with_a_literal_key_reads_that_key_alone() -> None:
+    assert paths('package p\nx := object.get(input.request, "max_tokens", input.d)\n'
+                 'y := object.get(input.r, ["a", "b"], 0)') == {"input.request.max_tokens", "input.d", "input.r.a.b"}
+
+
+def test_any_other_use_of_a_reference_reads_all_of_it() -> None:
+    assert paths("package p\nx := count(input.request)\ny := object.get(input.q, input.k, 0)") == {
+        "input.request", "input.q", "input.k"}
+
+
+def test_a_bare_input_or_an_import_of_it_reads_the_whole_input() -> None:
+    whole = reads_of("package p\nx := input")
+    assert whole.reads_whole_input and whole.key({"a": 1}) != whole.key({"a": 1, "b": 2})
+    assert paths("package p\nimport input.request as r\nx if r.route == 1") == {"input.request"}
+
+
+def test_with_input_is_not_a_read_of_the_input() -> None:
+    assert paths('package p\nx if { y with input as {"a": 1} }\ny if input.a == 1') == {"input.a"}
+
+
+def test_a_policy_that_reads_the_clock_is_never_cached() -> None:
+    reads = reads_of("package p\nx := time.now_ns()")
+    assert not reads.cacheable and reads.uncacheable_because == "time.now_ns"
+    assert reads_of("package p\nx := time.parse_rfc3339_ns(input.t)").cacheable
+
+
+def test_the_key_keeps_presence_and_whole_values_where_the_path_ends() -> None:
+    reads = reads_of('package p\nx := object.get(input.request, "max_tokens", 0)\ny := input.principal.roles')
+    base = {"request": {"max_tokens": 5, "temperature": 0.1}, "principal": {"roles": ["a"], "app_id": "x"}}
+    other = copy.deepcopy(base)
+    other["request"]["temperature"], other["principal"]["app_id"] = 0.9, "y"
+    assert reads.key(base) == reads.key(other)
+    for changed in ({"request": {"temperature": 0.1}, "principal": base["principal"]},  # key absent
+                    {"request": {"max_tokens": 6}, "principal": base["principal"]},
+                    {"request": base["request"], "principal": {"roles": ["a", "b"]}},
+                    {"request": "not an object", "principal": base["principal"]}):
+        assert reads.key(changed) != reads.key(base)
+
+
+def test_the_shipped_policy_reads_neither_sampling_nor_stream_fields() -> None:
+    read = set(describe(EmbeddedEvaluator(POLICY_DIR).reads))
+    assert {"input.principal.tenant_id", "input.request.model", "input.request.max_tokens",
+            "input.request.prompt_tokens"} <= read
+    assert not read & {"input.request.temperature", "input.request.stream", "input.request.n", "input.request"}
+
+
+def test_a_field_the_policy_does_not_read_hits_the_cache() -> None:
+    cached = EmbeddedEvaluator(POLICY_DIR, cache_size=64)
+    sample = SAMPLES["allow_standard_app_token"]["input"]
+    first = cached.decide(sample)
+    warmer = copy.deepcopy(sample)
+    warmer["request"]["temperature"], warmer["request"]["stream"] = 1.7, False
+    assert cached.decide(warmer) is first
+    longer = copy.deepcopy(sample)
+    longer["request"]["prompt_tokens"] += 1
+    assert cached.decide(longer) is not first
+
+
+def test_a_rule_that_starts_reading_a_field_makes_it_part_of_the_key(policy_copy: Path) -> None:
+    (policy_copy / "limits" / "hot.rego").write_text(
+        'package tenantgate.limits\ndeny contains "too hot" if input.request.temperature > 1.5\n')
+    cached = EmbeddedEvaluator(policy_copy, cache_size=64)
+    assert "input.request.temperature" in set(describe(cached.reads))
+    sample = SAMPLES["allow_standard_app_token"]["input"]
+    assert cached.decide(sample).allow
+    hot = copy.deepcopy(sample)
+    hot["request"]["temperature"] = 1.9
+    assert cached.decide(hot).reasons == ["too hot"]
+
+
+def _random_input(rng: random.Random) -> dict:
+    """A sample's input with fields drawn from small pools, so many inputs meet on what the policy reads
+    while differing in what it does not."""
+    document = copy.deepcopy(rng.choice(list(SAMPLES.values()))["input"])
+    request, principal = document["request"], document["principal"]
+    request["temperature"] = rng.choice([0.0, 0.5, 1.0, 1.3])
+    request["stream"] = rng.choice([True, False])
+    request["n"] = rng.choice([1, 2])
+    request["prompt_tokens"] = rng.choice([10, 8191, 200000, -1])
+    choice = rng.choice([None, 256, 0, "x"])
+    if choice is None:
+        request.pop("max_tokens", None)
+    else:
+        request["max_tokens"] = choice
+    request["route"] = rng.choice(["chat.completions", "completions", "embeddings", request.get("route")])
+    request["data_classification"] = rng.choice(["public", "internal", "restricted", "secret"])
+    principal["app_id"] = rng.choice(["a", "b"])
+    if rng.random() < 0.3:
+        principal["tenant_id"] = rng.choice([s["input"]["principal"]["tenant_id"] for s in SAMPLES.values()])
+    if rng.random() < 0.2:
+        grants = [([], ["Inference.Invoke"]), (["Inference.Invoke.All"], [])]
+        principal["roles"], principal["scopes"] = rng.choice(grants)
+    document["deployment"]["environment"] = rng.choice(["production", "staging"])
+    return document
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_cached_decisions_equal_uncached_ones_over_thousands_of_inputs(seed: int) -> None:
+    rng = random.Random(seed)
+    cached = EmbeddedEvaluator(POLICY_DIR, cache_size=100_000)
+    uncached = EmbeddedEvaluator(POLICY_DIR)
+    hits = 0
+    for _ in range(2500):
+        document = _random_input(rng)
+        before = len(cached._cache)
+        served = cached.decide(document)
+        hits += len(cached._cache) == before
+        # The reference: the whole input, evaluated afresh.
+        expected = uncached.evaluate(json.loads(json.dumps(document)))
+        assert served.model_dump() == expected, document
+    assert hits > 500  # the comparison covered hits, not only the misses that fill the cache
