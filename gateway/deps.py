@@ -1,8 +1,14 @@
-"""Typed dependencies: a handler's signature says what it needs."""
+"""Typed dependencies: a handler's signature says what it needs.
+
+Each route resolves one dependency, a coroutine that takes the request alone and does the rest
+in plain calls: FastAPI's solver costs per dependency it walks, and runs a plain `def`
+dependency on a worker thread, so a chain of small ones cost more than the work they did.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -42,9 +48,6 @@ def exchange_of(request: Request) -> Exchange:
     return exchange
 
 
-ExchangeDep = Annotated[Exchange, Depends(exchange_of)]
-
-
 def bearer_token(request: Request) -> str:
     header = request.headers.get("authorization")
     if not header:
@@ -69,7 +72,7 @@ async def verified_principal(gateway: Gateway, token: str) -> Principal:
         raise Unauthenticated() from None
 
 
-async def authenticate(request: Request, gateway: GatewayDep, exchange: ExchangeDep) -> Principal:
+async def authenticated(request: Request, gateway: Gateway, exchange: Exchange) -> Principal:
     trace = exchange.trace
     with trace.stage("authenticate") as span:
         principal = await verified_principal(gateway, bearer_token(request))
@@ -82,16 +85,33 @@ async def authenticate(request: Request, gateway: GatewayDep, exchange: Exchange
     return principal
 
 
-PrincipalDep = Annotated[Principal, Depends(authenticate)]
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What a route's handler works with: the gateway, the call's Exchange and its caller."""
+
+    gateway: Gateway
+    exchange: Exchange
+    principal: Principal
 
 
-def inference_caller(route: str) -> Callable[..., Awaitable[Principal]]:
-    """The caller of an inference route: authenticated, and refused at once while its tenant's policy
+async def authenticated_call(request: Request) -> Call:
+    gateway: Gateway = request.app.state.gateway
+    exchange = exchange_of(request)
+    return Call(gateway, exchange, await authenticated(request, gateway, exchange))
+
+
+CallDep = Annotated[Call, Depends(authenticated_call)]
+
+
+def inference_caller(route: str) -> Callable[[Request], Awaitable[Call]]:
+    """The call of an inference route: authenticated, and refused at once while its tenant's policy
     evaluation is held (it failed moments ago), before the body is validated, rendered or judged. A
     tenant whose data fails evaluation then costs the shared loop little more than its
     authentication, however fast it sends."""
 
-    async def caller(gateway: GatewayDep, exchange: ExchangeDep, principal: PrincipalDep) -> Principal:
+    async def caller(request: Request) -> Call:
+        call = await authenticated_call(request)
+        gateway, exchange, principal = call.gateway, call.exchange, call.principal
         if gateway.policy.held(principal.tenant_id):
             exchange.decision = "error"
             refusal = Unavailable(POLICY_REFUSAL)
@@ -99,6 +119,6 @@ def inference_caller(route: str) -> Callable[..., Awaitable[Principal]]:
                                  "policy_revision": gateway.policy.revision, "decision": None, "model": None,
                                  "deployment": None, "status": refusal.status_code, "outcome": refusal.code})
             raise refusal
-        return principal
+        return call
 
     return caller

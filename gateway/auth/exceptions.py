@@ -1,4 +1,4 @@
-"""Authentication errors. Every one is an HTTP 401, and callers all get the same one (deps.authenticate):
+"""Authentication errors. Every one is an HTTP 401, and callers all get the same one (deps.authenticated):
 the code and message are for the log and `tenantgate_auth_failures_total`. None carries the token or a claim value."""
 
 # One fixed, safe message per code: a message is never built from anything the caller sent.

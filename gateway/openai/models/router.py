@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
-from gateway.deps import ExchangeDep, GatewayDep, PrincipalDep
+from gateway.deps import CallDep
 from gateway.errors import GatewayError, ModelNotFound, PolicyDenied
 from gateway.middleware import new_edge_request_id
 from gateway.openai.openapi import ERROR_RESPONSES
@@ -42,7 +42,8 @@ def _audit(gateway: Gateway, principal: Principal, exchange: Exchange, route: st
 
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, summary="List the models this caller may use")
-async def list_models(principal: PrincipalDep, gateway: GatewayDep, exchange: ExchangeDep) -> ModelList:
+async def list_models(call: CallDep) -> ModelList:
+    gateway, exchange, principal = call.gateway, call.exchange, call.principal
     try:
         models = [name for name in gateway.models if await _allowed(gateway, principal, exchange, name)]
     except GatewayError as exc:
@@ -53,7 +54,8 @@ async def list_models(principal: PrincipalDep, gateway: GatewayDep, exchange: Ex
 
 
 @router.get("/v1/models/{model}", responses=ERROR_RESPONSES, summary="Describe one model")
-async def retrieve_model(model: str, principal: PrincipalDep, gateway: GatewayDep, exchange: ExchangeDep) -> Model:
+async def retrieve_model(model: str, call: CallDep) -> Model:
+    gateway, exchange, principal = call.gateway, call.exchange, call.principal
     try:
         if model not in gateway.models or not await _allowed(gateway, principal, exchange, model):
             raise ModelNotFound()
