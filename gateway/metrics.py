@@ -32,6 +32,24 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
                                7.5, 10.0)
 
 
+class Bound:
+    """A labelled metric's children, bound once per label set: a request looks its child up in a dict
+    instead of through labels(), which checks and converts the values and takes a lock every time.
+    Label sets stay as bounded as the metric's own (each is a child of the metric anyway)."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], object] = {}
+
+    def __call__(self, *values: str):
+        child = self._children.get(values)
+        if child is None:  # two threads may both bind it: labels() hands both the same child
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -93,23 +111,30 @@ class GatewayMetrics:
             "tenantgate_gateway_request_duration", "Whole requests as the gateway served them (authentication, "
             "policy, quota, the deployment, audit), by route and outcome.", ["route", "outcome"], unit="seconds",
             buckets=(0.001, 0.0025, 0.005, *REQUEST_DURATION_BUCKETS), registry=self.registry)  # refusals take ms
+        # The children every request touches, bound once per label set.
+        self.request_count = Bound(self.requests)
+        self.request_time = Bound(self.request_duration)
+        self.policy_time = Bound(self.policy_latency)
+        self._tokens, self._tenant_tokens = Bound(self.tokens), Bound(self.tenant_tokens)
+        self._server_duration, self._first_token = Bound(self.server_duration), Bound(self.time_to_first_token)
+        self._per_output_token = Bound(self.time_per_output_token)
 
     def served(self, route: str, model: str, tenant: str, *, input_tokens: int, output_tokens: int,
                duration_s: float, first_token_s: float | None, error_type: str | None) -> None:
         """The GenAI metrics of one request a deployment was asked to run. The time to first token
         and per output token are the conventions' "for successful responses" only."""
         attributes = (OPERATIONS.get(route, route), PROVIDER, model, model)  # the response names the served model
-        self.tokens.labels(*attributes, "input").observe(input_tokens)
-        self.tenant_tokens.labels(tenant, "input").inc(input_tokens)
+        self._tokens(*attributes, "input").observe(input_tokens)
+        self._tenant_tokens(tenant, "input").inc(input_tokens)
         if route != "embeddings":
-            self.tokens.labels(*attributes, "output").observe(output_tokens)
-            self.tenant_tokens.labels(tenant, "output").inc(output_tokens)
-        self.server_duration.labels(*attributes, error_type or "").observe(duration_s)
+            self._tokens(*attributes, "output").observe(output_tokens)
+            self._tenant_tokens(tenant, "output").inc(output_tokens)
+        self._server_duration(*attributes, error_type or "").observe(duration_s)
         if error_type is not None or first_token_s is None:
             return
-        self.time_to_first_token.labels(*attributes).observe(first_token_s)
+        self._first_token(*attributes).observe(first_token_s)
         if output_tokens > 1:
-            self.time_per_output_token.labels(*attributes).observe((duration_s - first_token_s) / (output_tokens - 1))
+            self._per_output_token(*attributes).observe((duration_s - first_token_s) / (output_tokens - 1))
 
     def watch_audit(self, trail, redis_sink=None) -> None:
         """Gauges read at scrape time: write errors of any sink, whether the trail takes records, what

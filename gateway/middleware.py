@@ -131,8 +131,8 @@ class RequestMetrics:
                                               "other")
             exchange = exchange_in(scope)
             decision = exchange.decision
-            self.metrics.requests.labels(route, str(sent.status), decision, exchange.tenant_label).inc()
-            self.metrics.request_duration.labels(route, request_outcome(sent.status, decision)).observe(
+            self.metrics.request_count(route, str(sent.status), decision, exchange.tenant_label).inc()
+            self.metrics.request_time(route, request_outcome(sent.status, decision)).observe(
                 time.perf_counter() - started)
 
 

@@ -168,7 +168,7 @@ async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgeme
             exchange.decision = "error"
             raise Unavailable(POLICY_REFUSAL) from None
         finally:
-            gateway.metrics.policy_latency.labels(backend).observe(time.perf_counter() - started)
+            gateway.metrics.policy_time(backend).observe(time.perf_counter() - started)
         decision = judgement.decision
         span.set_attributes({
             "tenantgate.policy.revision": judgement.revision, "tenantgate.decision.allow": decision.allow,

@@ -26,8 +26,6 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from gateway.encoding import canonical_json
-
 Path = tuple[str, ...]
 # Builtins whose result depends on something besides their arguments: a decision that calls one
 # cannot be cached. io.jwt.decode_verify reads the clock unless a time is given.
@@ -60,8 +58,9 @@ class InputReads:
         return () in self.paths
 
     def key(self, document: Mapping) -> str:
-        """The canonical JSON of the document cut down to the paths read: equal keys, equal decisions."""
-        return canonical_json(_project(document, self._trie))
+        """The document cut down to the paths read, as JSON with sorted keys: equal keys, equal
+        decisions (JSON text, not Python values, so that 1, 1.0 and true stay apart)."""
+        return json.dumps(_project(document, self._trie), sort_keys=True, separators=(",", ":"))
 
 
 def input_reads(asts: Iterable[Mapping]) -> InputReads:

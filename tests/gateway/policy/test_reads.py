@@ -72,7 +72,8 @@ def test_the_key_keeps_presence_and_whole_values_where_the_path_ends() -> None:
     for changed in ({"request": {"temperature": 0.1}, "principal": base["principal"]},  # key absent
                     {"request": {"max_tokens": 6}, "principal": base["principal"]},
                     {"request": base["request"], "principal": {"roles": ["a", "b"]}},
-                    {"request": "not an object", "principal": base["principal"]}):
+                    {"request": "not an object", "principal": base["principal"]},
+                    {"request": {"max_tokens": 5.0, "temperature": 0.1}, "principal": base["principal"]}):
         assert reads.key(changed) != reads.key(base)
 
 
