@@ -401,7 +401,7 @@ def main() -> int:
 @contextmanager
 def local_collector(workdir: Path) -> Iterator[str | None]:
     """A real OpenTelemetry Collector on a loopback port (the trace tests' own), or None without one."""
-    from tests.utils.otelcol import OtelCollector, find_otelcol
+    from devkit.otelcol import OtelCollector, find_otelcol
 
     binary = find_otelcol()
     if binary is None:

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.otelcol import OtelCollector, find_otelcol
 from devkit.redis import RedisServer, find_redis_server
 from gateway.policy.opa import OPA_VERSION, find_opa
-from tests.utils.otelcol import OtelCollector, find_otelcol
 from tests.utils.tools import missing_tool
 
 

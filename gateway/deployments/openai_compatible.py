@@ -11,7 +11,6 @@ import logging
 import re
 from collections.abc import AsyncIterator
 
-import httpx
 import numpy as np
 
 from gateway.deployments.base import (
@@ -26,6 +25,7 @@ from gateway.deployments.base import (
 from gateway.deployments.config import Deployment
 from gateway.deployments.credentials import Credentials
 from gateway.deployments.dialects import UpstreamRequest, compile_request, streams
+from gateway.deployments.http1 import ConnectFailed, Http1Client, HttpError, Response
 
 logger = logging.getLogger("tenantgate.gateway.upstream")
 
@@ -141,13 +141,11 @@ def _embeddings(document: dict, expected: int) -> Embeddings:
 class OpenAIUpstream:
     """One OpenAI-compatible deployment: streams an admitted call as engine-style deltas."""
 
-    def __init__(self, deployment: Deployment, served_model: str, *, entra_credential=None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, deployment: Deployment, served_model: str, *, entra_credential=None) -> None:
         self.deployment, self.served_model = deployment, served_model
         self._credentials = Credentials(deployment, entra_credential)
-        timeout = httpx.Timeout(deployment.timeout_s, connect=deployment.connect_timeout_s)
-        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False,
-                                         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        self._client = Http1Client(connect_timeout_s=deployment.connect_timeout_s, io_timeout_s=deployment.timeout_s,
+                                   keepalive_expiry_s=KEEPALIVE_EXPIRY_S)
 
     def _unavailable(self, why: str) -> UpstreamUnavailable:
         # Logged once, where it is handled (gateway/pipeline/run.py), like a replica's.
@@ -216,8 +214,8 @@ class OpenAIUpstream:
                 raise UpstreamIdle(f"deployment {deployment.name} sent nothing for "
                                    f"{deployment.idle_timeout_s:g} s mid-stream") from None
             raise self._unavailable("timed out") from None
-        except httpx.TransportError as exc:  # after its head: it had the request
-            raise UpstreamInterrupted(f"deployment {deployment.name} broke its stream ({type(exc).__name__})") from None
+        except HttpError as exc:  # after its head: it had the request
+            raise UpstreamInterrupted(f"deployment {deployment.name} broke its stream ({exc})") from None
         except ValueError:  # a malformed chunk or answer (json.JSONDecodeError is one)
             raise self._unavailable("sent a malformed stream" if streaming else "sent a malformed answer") from None
         finally:
@@ -242,29 +240,30 @@ class OpenAIUpstream:
             async with asyncio.timeout(DONE_GRACE_S):
                 async for _ in lines:
                     pass
-        except (TimeoutError, httpx.TransportError):
+        except (TimeoutError, HttpError):
             pass
 
-    async def _send(self, compiled: UpstreamRequest, deadline: float, streaming: bool) -> httpx.Response:
+    async def _send(self, compiled: UpstreamRequest, deadline: float, streaming: bool) -> Response:
         """The upstream's response, its body not yet read; UpstreamUnavailable when it cannot be
         had by `deadline`. Sent once: a connection lost before the request was written (refused,
         unreachable, a failed TLS handshake) is UpstreamUnavailable, which may move to another
         deployment; one lost after it may have been written is UpstreamInterrupted, which may not,
         since the server may be running it."""
-        headers = compiled.headers | await self._credentials.headers()
-        request = self._client.build_request(compiled.method, compiled.url, headers=headers, json=compiled.json)
+        headers = {"Content-Type": "application/json", "User-Agent": "tenantgate", **compiled.headers,
+                   **await self._credentials.headers()}
+        body = json.dumps(compiled.json, separators=(",", ":"), ensure_ascii=False).encode()
         try:
             async with asyncio.timeout_at(deadline):
-                return await self._client.send(request, stream=True)
+                return await self._client.send(compiled.method, compiled.url, headers, body)
         except TimeoutError:
             raise self._unavailable("timed out before its first token" if streaming else "timed out") from None
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
-        except httpx.TransportError as exc:
+        except ConnectFailed as exc:
+            raise self._unavailable(f"cannot be reached ({exc})") from None
+        except HttpError as exc:
             raise UpstreamInterrupted(f"deployment {self.deployment.name} closed the connection before "
-                                      f"answering ({type(exc).__name__})") from None
+                                      f"answering ({exc})") from None
 
-    async def _refused(self, response: httpx.Response) -> None:
+    async def _refused(self, response: Response) -> None:
         """Raises for an error status: UpstreamRejected for the caller's, UpstreamUnavailable for the deployment's."""
         if response.status_code < 400:
             return
@@ -287,16 +286,15 @@ class OpenAIUpstream:
             return _embeddings(document, _input_count(compiled.json["input"]))
         except TimeoutError:
             raise self._unavailable("timed out") from None
-        except httpx.TransportError as exc:
-            raise UpstreamInterrupted(f"deployment {self.deployment.name} broke its answer "
-                                      f"({type(exc).__name__})") from None
+        except HttpError as exc:
+            raise UpstreamInterrupted(f"deployment {self.deployment.name} broke its answer ({exc})") from None
         except (ValueError, TypeError, KeyError):  # a malformed answer (json.JSONDecodeError is a ValueError)
             raise self._unavailable("sent a malformed answer") from None
         finally:
             await response.aclose()
 
     @staticmethod
-    async def _read_error(response: httpx.Response) -> bytes:
+    async def _read_error(response: Response) -> bytes:
         raw = bytearray()
         async for piece in response.aiter_bytes():
             raw += piece

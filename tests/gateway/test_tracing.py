@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import openai
 import pytest
 
+from devkit.otelcol import Span
 from devkit.server import serving
 from gateway.app import create_app
 from gateway.inference import NullBackend
@@ -26,7 +27,6 @@ from tests.gateway.api.conftest import (
     gateway_settings,
 )
 from tests.gateway.deployments.test_openai_upstream import FakeUpstream
-from tests.utils.otelcol import Span
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

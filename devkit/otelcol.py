@@ -1,4 +1,4 @@
-"""A real OpenTelemetry Collector for tests: otelcol-tenantgate (scripts/install-otelcol.sh builds
+"""A real OpenTelemetry Collector for tests and benchmarks: otelcol-tenantgate (scripts/install-otelcol.sh builds
 it with the collector's builder) receiving OTLP over HTTP on a loopback port and writing every
 span it receives to a file as OTLP JSON, which `spans()` reads back."""
 
@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devkit.gotools import find_go_binary
 from devkit.server import free_port
-from tests.utils.tools import find_go_binary
 
 BINARY = "otelcol-tenantgate"
 

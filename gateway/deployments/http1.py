@@ -1,0 +1,244 @@
+"""A lean HTTP/1.1 client for the calls to upstream deployments: keep-alive connections over
+asyncio streams, responses parsed by httptools (the C parser uvicorn serves with).
+
+httpx cost the gateway about a millisecond per upstream call on this path (its pool, anyio's
+socket layer and h11 around every read), several times what the rest of a call costs. Each
+deployment has one client; a call takes an idle connection to the origin or opens one, writes
+the request, and reads the response as it comes. What it does not do: redirects (refused
+anyway), proxies from HTTP(S)_PROXY (egress goes through the network's own routes: the landing
+zone's firewall), HTTP/2, and request bodies that are not bytes.
+
+Errors say how far the request got, which decides whether it may go to another deployment:
+ConnectFailed (nothing was sent: refused, unreachable, a failed TLS handshake) and
+Interrupted (the connection failed once the request may have been written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import httptools
+
+READ_BYTES = 64 * 1024
+
+
+class HttpError(Exception):
+    """A transport failure (never a status: a response with any status is a response)."""
+
+
+class ConnectFailed(HttpError):
+    """The connection could not be made: the request was not sent."""
+
+
+class Interrupted(HttpError):
+    """The connection failed or the response broke once the request may have been sent."""
+
+
+@lru_cache(maxsize=256)
+def _target(url: str) -> tuple[tuple[str, str, int], str, str]:
+    """(origin, Host header, request target) of an absolute http(s) URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("an upstream URL is absolute http or https")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    default = port == (443 if parts.scheme == "https" else 80)
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return ((parts.scheme, parts.hostname, port), host if default else f"{host}:{port}",
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """Certificates from SSL_CERT_FILE / SSL_CERT_DIR where set (as httpx read them), else certifi's."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if not cafile and not capath:
+        import certifi
+
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
+
+
+class _Connection:
+    __slots__ = ("origin", "reader", "writer", "idle_since")
+
+    def __init__(self, origin: tuple[str, str, int], reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.origin, self.reader, self.writer = origin, reader, writer
+        self.idle_since = 0.0
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (OSError, ssl.SSLError):
+            pass  # closing is all that is asked of it
+
+
+class Http1Client:
+    """Connections to the origins one deployment calls, kept alive up to keepalive_expiry_s after
+    their last response (set under the servers' own keep-alive, so a server never closes one as a
+    request goes out on it)."""
+
+    def __init__(self, *, connect_timeout_s: float, io_timeout_s: float, keepalive_expiry_s: float,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self.io_timeout_s = io_timeout_s  # the longest one write or read may wait
+        self._expiry_s = keepalive_expiry_s
+        self._ssl_context = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._closed = False
+
+    async def send(self, method: str, url: str, headers: dict[str, str], body: bytes) -> Response:
+        """The response, once its head is in (its body is read from it). Cancelling it (a caller's
+        deadline) closes the connection."""
+        origin, host, target = _target(url)
+        connection = self._pooled(origin) or await self._connect(origin)
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()
+                  if name.lower() not in ("host", "content-length", "transfer-encoding", "connection")]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        response = Response(self, connection)
+        try:
+            connection.writer.write(head + body)
+            try:
+                async with asyncio.timeout(self.io_timeout_s):
+                    await connection.writer.drain()
+            except TimeoutError:
+                raise Interrupted("the request could not be written in time") from None
+            except (OSError, ssl.SSLError) as exc:
+                raise Interrupted(type(exc).__name__) from None
+            await response.read_head()
+        except BaseException:
+            connection.close()
+            raise
+        return response
+
+    def _pooled(self, origin: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if now - connection.idle_since < self._expiry_s and not connection.reader.at_eof():
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
+        scheme, hostname, port = origin
+        context = None
+        if scheme == "https":
+            context = self._ssl_context = self._ssl_context or default_ssl_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(hostname, port, ssl=context, limit=READ_BYTES)
+        except TimeoutError:
+            raise ConnectFailed("the connection timed out") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectFailed(type(exc).__name__) from None
+        return _Connection(origin, reader, writer)
+
+    def _release(self, connection: _Connection) -> None:
+        if self._closed:
+            connection.close()
+            return
+        connection.idle_since = time.monotonic()
+        self._idle.setdefault(connection.origin, []).append(connection)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = [c for connections in self._idle.values() for c in connections], {}
+        for connection in idle:
+            await connection.aclose()
+
+
+class Response:
+    """One response: its status and headers (names lower-cased), and its body as it arrives. A
+    body read to its end hands the connection back for reuse; one closed before that closes it."""
+
+    def __init__(self, client: Http1Client, connection: _Connection) -> None:
+        self._client, self._connection = client, connection
+        self._parser = httptools.HttpResponseParser(self)
+        self.status_code = 0
+        self.headers: dict[str, str] = {}
+        self._pieces: list[bytes] = []
+        self._head_done = self._done = self._released = self._keep_alive = False
+
+    # httptools' callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+        self.status_code = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the message is complete
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self._done = True
+
+    async def _feed(self) -> None:
+        try:
+            async with asyncio.timeout(self._client.io_timeout_s):
+                data = await self._connection.reader.read(READ_BYTES)
+        except TimeoutError:
+            raise Interrupted("the upstream sent nothing in time") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise Interrupted(type(exc).__name__) from None
+        if not data:
+            if self._head_done and "content-length" not in self.headers and \
+                    "chunked" not in self.headers.get("transfer-encoding", "").lower():
+                self._done = True  # a body that ends with the connection
+                return
+            raise Interrupted("the connection closed mid-response")
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            raise Interrupted("the response is not valid HTTP/1.1") from None
+
+    async def read_head(self) -> None:
+        while not self._head_done:
+            await self._feed()
+        if 100 <= self.status_code < 200:  # an interim response: the one that counts follows
+            raise Interrupted("an interim (1xx) response is not supported")
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        while True:
+            if self._pieces:
+                pieces, self._pieces = self._pieces, []
+                for piece in pieces:
+                    yield piece
+            if self._done:
+                return
+            await self._feed()
+
+    async def aread(self) -> bytes:
+        return b"".join([piece async for piece in self.aiter_bytes()])
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        """The body's lines as text, without their line ends (\\n or \\r\\n)."""
+        pending = b""
+        async for piece in self.aiter_bytes():
+            *lines, pending = (pending + piece).split(b"\n")
+            for line in lines:
+                yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+        if pending:
+            yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._done and self._keep_alive:
+            self._client._release(self._connection)
+        else:
+            await self._connection.aclose()

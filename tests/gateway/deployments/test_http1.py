@@ -1,0 +1,153 @@
+"""The upstream HTTP/1.1 client (gateway/deployments/http1.py) against servers over real sockets."""
+
+import asyncio
+
+import pytest
+
+from gateway.deployments.http1 import ConnectFailed, Http1Client, Interrupted
+
+
+class Server:
+    """A loopback server that answers each request with the next of `answers` (raw bytes; None
+    closes the connection unanswered), counting connections and requests."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers, self.connections, self.requests = list(answers), 0, []
+        self.server: asyncio.Server | None = None
+        self.handlers: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> "Server":
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1/chat/completions?x=1"
+        return self
+
+    async def __aexit__(self, *_) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+        if self.handlers:  # each ends once its client hangs up
+            await asyncio.wait(self.handlers, timeout=2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.handlers.add(asyncio.current_task())
+        try:
+            while self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                self.requests.append(head + await reader.readexactly(length))
+                answer = self.answers.pop(0)
+                if answer is None:
+                    break
+                writer.write(answer)
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+        await writer.wait_closed()
+
+
+def client(expiry_s: float = 2.0) -> Http1Client:
+    return Http1Client(connect_timeout_s=1.0, io_timeout_s=2.0, keepalive_expiry_s=expiry_s)
+
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"a\": true}"
+
+
+async def test_the_request_is_written_as_http_1_1_and_the_body_read_by_its_length() -> None:
+    async with Server([OK]) as server:
+        http = client()
+        response = await http.send("POST", server.url, {"Authorization": "Bearer t", "Host": "evil"}, b"{}")
+        assert (response.status_code, response.headers["content-type"], await response.aread()) == (
+            200, "application/json", b'{"a": true}')
+        await response.aclose()
+        await http.aclose()
+    head = server.requests[0].split(b"\r\n")
+    assert head[0] == b"POST /v1/chat/completions?x=1 HTTP/1.1"
+    assert b"Authorization: Bearer t" in head and [h for h in head if h.lower().startswith(b"host:")] == [
+        b"Host: " + server.url.split("/")[2].encode()]  # the caller's Host is never sent
+    assert server.requests[0].endswith(b"\r\n\r\n{}")
+
+
+async def test_a_kept_alive_connection_is_reused_within_its_expiry_and_not_after() -> None:
+    async with Server([OK, OK, OK]) as server:
+        http = client(expiry_s=0.3)
+        for pause in (0, 0.5):
+            response = await http.send("POST", server.url, {}, b"{}")
+            await response.aread()
+            await response.aclose()
+            await asyncio.sleep(pause)
+        response = await http.send("POST", server.url, {}, b"{}")
+        await response.aread()
+        await response.aclose()
+        await http.aclose()
+    assert (server.connections, len(server.requests)) == (2, 3)
+
+
+async def test_a_body_closed_before_its_end_or_marked_close_is_never_reused() -> None:
+    closing = OK.replace(b"content-length", b"connection: close\r\ncontent-length")
+    partial = OK.replace(b"content-length: 11", b"content-length: 99")  # the rest never comes
+    async with Server([partial, closing, OK]) as server:
+        http = client()
+        first = await http.send("POST", server.url, {}, b"{}")
+        await first.aclose()  # before its end
+        second = await http.send("POST", server.url, {}, b"{}")
+        await second.aread()
+        await second.aclose()
+        third = await http.send("POST", server.url, {}, b"{}")
+        assert await third.aread() == b'{"a": true}'
+        await third.aclose()
+        await http.aclose()
+    assert server.connections == 3
+
+
+async def test_a_chunked_event_stream_is_read_as_lines_across_chunk_boundaries() -> None:
+    events = b"data: {\"x\": 1}\r\n\r\ndata: [DONE]\n\n"
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(events[i:i + 5]), events[i:i + 5]) for i in range(0, len(events), 5))
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + chunks
+    async with Server([answer + b"0\r\n\r\n"]) as server:
+        http = client()
+        response = await http.send("POST", server.url, {}, b"{}")
+        assert [line async for line in response.aiter_lines()] == ['data: {"x": 1}', "", "data: [DONE]", ""]
+        await response.aclose()
+        await http.aclose()
+
+
+async def test_failures_say_whether_the_request_may_have_been_sent() -> None:
+    async with Server([]) as server:
+        port = server.server.sockets[0].getsockname()[1]
+    with pytest.raises(ConnectFailed):  # nothing listens there now
+        await client().send("POST", f"http://127.0.0.1:{port}/v1", {}, b"{}")
+    async with Server([None]) as server:
+        with pytest.raises(Interrupted, match="closed mid-response"):
+            await client().send("POST", server.url, {}, b"{}")
+    cut = OK[:-4]
+    async with Server([cut, None]) as server:
+        response = await client().send("POST", server.url, {}, b"{}")
+        with pytest.raises(Interrupted):
+            await response.aread()
+        await response.aclose()
+    async with Server([b"not http at all\r\n\r\n"]) as server:
+        with pytest.raises(Interrupted, match="not valid HTTP"):
+            await client().send("POST", server.url, {}, b"{}")
+
+
+async def test_a_silent_server_times_out_each_read() -> None:
+    handlers = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read()  # answers nothing; ends when the client hangs up
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    http = Http1Client(connect_timeout_s=1.0, io_timeout_s=0.2, keepalive_expiry_s=1.0)
+    with pytest.raises(Interrupted, match="nothing in time"):
+        await http.send("POST", f"http://127.0.0.1:{port}/", {}, b"{}")
+    await asyncio.wait(handlers, timeout=2)  # the client hung up: the connection was closed
+    assert all(task.done() for task in handlers)
+    server.close()
+    await server.wait_closed()
