@@ -28,7 +28,7 @@ from engine.model.attention import AttentionMetadata, ChunkKeys, DecodeKeys, Pag
 from engine.model.invariant import ROW_SIZES, ROW_TILE, key_length, rows_are_invariant, tile_mask
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_weights
-from engine.model.quant import QUANTIZED_FILE
+from engine.model.quant import DENSE_MIN_ROWS, QUANTIZED_FILE
 from engine.paths import default_cache_dir
 from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
@@ -350,20 +350,27 @@ class ModelRunner:
 
     def invariant_row_sizes(self) -> tuple[int, ...]:
         """The row counts the invariant path calls row-wise work with: ROW_SIZES if this model's kernels
-        give a row the same bits in all of them, else the fixed ROW_TILE, which needs no such check."""
+        give a row the same bits in all of them, else those that quantized weights run on the dense
+        matmul (small calls take a kernel that sums in another order), else the fixed ROW_TILE, which
+        needs no such check."""
         if self._row_sizes is None:
-            # Logits are taken for at most one row per sequence: check the lm_head (the widest
-            # matmul) only up to the first size that holds max_num_seqs rows.
-            logit_sizes = ROW_SIZES[: next((i + 1 for i, s in enumerate(ROW_SIZES) if s >= self._max_num_seqs), None)]
             hidden = self.model.config.hidden_size
+            self._row_sizes, self._logit_row_sizes = (ROW_TILE,), (ROW_TILE,)
+            dense_sizes = tuple(s for s in ROW_SIZES if s >= DENSE_MIN_ROWS)
             with torch.inference_mode():
-                ok = rows_are_invariant(self.model.row_functions(), ROW_SIZES, self.dtype, self.device)
-                ok = ok and rows_are_invariant([(self.model.lm_head, hidden)], logit_sizes, self.dtype, self.device)
-            if not ok:
-                logger.warning("row-wise kernels are not invariant across call sizes here; "
-                               "the deterministic lane falls back to %d-row tiles", ROW_TILE)
-            self._row_sizes = ROW_SIZES if ok else (ROW_TILE,)
-            self._logit_row_sizes = logit_sizes if ok else (ROW_TILE,)
+                for sizes in (ROW_SIZES, dense_sizes):
+                    # Logits are taken for at most one row per sequence: check the lm_head (the widest
+                    # matmul) only up to the first size that holds max_num_seqs rows.
+                    cut = next((i + 1 for i, s in enumerate(sizes) if s >= self._max_num_seqs), None)
+                    logit_sizes = sizes[:cut]
+                    if (rows_are_invariant(self.model.row_functions(), sizes, self.dtype, self.device)
+                            and rows_are_invariant([(self.model.lm_head, hidden)], logit_sizes, self.dtype,
+                                                   self.device)):
+                        self._row_sizes, self._logit_row_sizes = sizes, logit_sizes
+                        break
+                else:
+                    logger.warning("row-wise kernels are not invariant across call sizes here; "
+                                   "the deterministic lane falls back to %d-row tiles", ROW_TILE)
         return self._row_sizes
 
     def release(self, seq_id: str) -> None:

@@ -27,14 +27,15 @@ BF16_ISA = 3  # engine/model/kernels ISA_NAMES: avx512-bf16
 # Types packed for the kernels; F32/F16/BF16 tensors stay dense.
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 RUN = 64  # rows are padded to whole runs of 64 elements
-# bfloat16 calls (where the CPU has AVX512-BF16) of at least BF16_MIN_ROWS rows dequantize each
-# weight row to bfloat16 once and run bf16 dot products over 4 activation rows at a time; from
-# DENSE_MIN_ROWS rows on, the whole weight is dequantized to bfloat16 and torch's dense matmul
-# (oneDNN) runs, several times faster there; fewer rows run in fp32, reading the codes directly
-# (measured in docs/engine.md). DENSE_MIN_ROWS is the deterministic lane's smallest call (8 rows),
-# so that lane always takes the dense matmul, whose invariance it checks.
+# bfloat16 calls (where the CPU has AVX512-BF16) of at least BF16_MIN_ROWS rows dequantize a chunk
+# of weight rows to bfloat16 once, into a buffer that stays in cache, and run bf16 dot products over
+# every activation row in register tiles; from DENSE_MIN_ROWS rows on, the whole weight is
+# dequantized to bfloat16 and torch's dense matmul (oneDNN) runs, faster there; fewer rows run in
+# fp32, reading the codes directly (measured in docs/engine.md). Each path is row-local, but the
+# tiled and dense paths sum in different orders: the deterministic lane calls only sizes of at
+# least DENSE_MIN_ROWS (engine/model_runner.py, invariant_row_sizes).
 BF16_MIN_ROWS = 5
-DENSE_MIN_ROWS = 8
+DENSE_MIN_ROWS = 32
 # Weight rows per work item that torch's threads take from a shared counter.
 CHUNK_ROWS = 16
 

@@ -112,23 +112,29 @@ def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
         assert torch.equal(alone, layer(x)), f"{kind}, {kernels.ISA_NAMES[isa]}"
 
 
+def qlinear_bf16(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
+    fmt = weight.format
+    return torch.ops.tenantgate_quant.qlinear_bf16(x.contiguous(), weight.codes, weight.scales, weight.mins,
+                                                   weight.cols, fmt.bits, fmt.block, fmt.offset, chunk_rows, 2)
+
+
 @pytest.mark.parametrize("kind", PACKED_TYPES)
 def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
     if loaded.isa < kernels.BF16:
         pytest.skip("this CPU has no AVX512-BF16: bfloat16 activations take the fp32 path")
     rows, cols = odd_shape(kind)
     weight, dense = packed(kind, rows, cols, seed=7)
-    x = torch.randn(13, cols, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    x = torch.randn(DENSE_MIN_ROWS + 8, cols, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     w16 = dense.to(torch.bfloat16).double()  # what a dense bf16 copy of the dequantized weights holds
     reference = x.double() @ w16.T
     bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)  # bf16 products are exact in fp32
     layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
-    for m in (BF16_MIN_ROWS, DENSE_MIN_ROWS - 1, 8, 13):
-        y = torch.ops.tenantgate_quant.qlinear_bf16(x[:m].contiguous(), weight.codes, weight.scales, weight.mins,
-                                                    cols, weight.format.bits, weight.format.block,
-                                                    weight.format.offset, 4, 2)
-        err = (y.double() - reference[:m]).abs()
-        assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
+    # The tiled kernel: register tiles of 4 weight rows by 4 activation rows, and every partial one.
+    for m in (BF16_MIN_ROWS, 8, 13, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS + 8):
+        for chunk_rows in (4, 16):
+            y = qlinear_bf16(x[:m], weight, chunk_rows)
+            err = (y.double() - reference[:m]).abs()
+            assert (err <= bound[:m]).all(), f"{kind}, M={m}: {(err / bound[:m]).max():.2f}x the bound"
         if m < DENSE_MIN_ROWS:
             assert torch.equal(layer(x[:m]), y.to(torch.bfloat16))
     # From DENSE_MIN_ROWS rows on: torch's matmul over the weights dequantized to bf16, which are
@@ -138,12 +144,21 @@ def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
                                                          fmt.block, fmt.offset, 2)
     assert torch.equal(w_bf16, dense.to(torch.bfloat16))
     assert torch.equal(layer(x[:DENSE_MIN_ROWS + 2]), F.linear(x[:DENSE_MIN_ROWS + 2], w_bf16))
-    rows_alone = torch.cat([torch.ops.tenantgate_quant.qlinear_bf16(
-        x[i : i + 1].contiguous(), weight.codes, weight.scales, weight.mins, cols, weight.format.bits,
-        weight.format.block, weight.format.offset, 4, 2) for i in range(13)])
-    assert torch.equal(rows_alone, torch.ops.tenantgate_quant.qlinear_bf16(
-        x, weight.codes, weight.scales, weight.mins, cols, weight.format.bits, weight.format.block,
-        weight.format.offset, 4, 2))
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_a_bf16_row_has_the_same_bits_in_a_call_of_any_size(loaded, kind):
+    if loaded.isa < kernels.BF16:
+        pytest.skip("this CPU has no AVX512-BF16: bfloat16 activations take the fp32 path")
+    rows, cols = odd_shape(kind)
+    weight, _ = packed(kind, rows, cols, seed=9)
+    x = torch.randn(70, cols, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    alone = torch.cat([qlinear_bf16(x[i : i + 1], weight) for i in range(x.shape[0])])
+    for m in (2, 4, 5, 8, 9, 16, 31, 64, 70):  # whole and partial register tiles, rows at every place
+        for start in (0, 3):
+            for chunk_rows in (4, 16):
+                call = qlinear_bf16(x[start : start + m], weight, chunk_rows)
+                assert torch.equal(call, alone[start : start + m]), f"{kind}, M={m}, rows from {start}"
 
 
 def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):

@@ -33,9 +33,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -252,23 +254,38 @@ TG_BF16 void dequantize_row_bf16(const Packed& w, int64_t n, float* scratch, uin
   }
 }
 
-template <int R>
-TG_BF16 void dot_bf16(const uint16_t* wrow, int64_t K, const uint16_t* x, float* y, int64_t ldy) {
-  __m512 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 64 <= K; k += 64) {
-    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wrow + k), w1 = (__m512bh)_mm512_loadu_si512(wrow + k + 32);
+// A tile of NW dequantized weight rows (bf16, `ldw` apart) times R activation rows: one accumulator
+// per output, summing 32-element steps of k in order, then reduced in a fixed tree. Each output's
+// sum is the same sequence of operations whatever NW and R are, so a row's result does not depend
+// on the call's row count or the row's place in it.
+template <int NW, int R>
+TG_BF16 void tile_bf16(const uint16_t* wt, int64_t ldw, const uint16_t* x, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[NW][R];
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {  // K is a multiple of 32
+    __m512bh wv[NW];
+    for (int i = 0; i < NW; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(wt + i * ldw + k);
     for (int r = 0; r < R; ++r) {
-      acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, (__m512bh)_mm512_loadu_si512(x + r * K + k));
-      acc1[r] = _mm512_dpbf16_ps(acc1[r], w1, (__m512bh)_mm512_loadu_si512(x + r * K + k + 32));
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
+      for (int i = 0; i < NW; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);
     }
   }
-  if (k < K) {  // K is a multiple of 32
-    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wrow + k);
-    for (int r = 0; r < R; ++r) acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, (__m512bh)_mm512_loadu_si512(x + r * K + k));
-  }
-  for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NW; ++i) y[r * ldy + i] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+constexpr int kTileW = 4, kTileR = 4;  // weight rows and activation rows per register tile
+
+template <int NW, std::size_t... R>
+constexpr std::array<TileFn, kTileR> tiles_for(std::index_sequence<R...>) {
+  return {tile_bf16<NW, static_cast<int>(R) + 1>...};
+}
+
+template <std::size_t... W>
+constexpr std::array<std::array<TileFn, kTileR>, kTileW> all_tiles(std::index_sequence<W...>) {
+  return {tiles_for<static_cast<int>(W) + 1>(std::make_index_sequence<kTileR>{})...};
 }
 
 // -- AVX2 + FMA --------------------------------------------------------------------------------
@@ -476,20 +493,20 @@ at::Tensor qlinear_bf16(const at::Tensor& x, const at::Tensor& codes, const at::
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   float* yp = y.data_ptr<float>();
   RowBf16Fn dequantize_row = by_format(w, PickRowBf16{});
-  parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), threads, [&](int64_t n0, int64_t n1) {
-    std::vector<uint16_t> row(w.padded_cols);
+  static const auto tiles = all_tiles(std::make_index_sequence<kTileW>{});
+  chunk_rows = std::max<int64_t>(chunk_rows, 1);
+  // A chunk of weight rows is dequantized once into a small bf16 buffer that stays in cache and
+  // multiplied into every activation row, so no call dequantizes the whole weight.
+  parallel_chunks(N, chunk_rows, threads, [&](int64_t n0, int64_t n1) {
+    std::vector<uint16_t> rows((n1 - n0) * w.padded_cols);
     std::vector<float> scratch(w.padded_cols);
-    for (int64_t n = n0; n < n1; ++n) {
-      dequantize_row(w, n, scratch.data(), row.data());
-      for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        const uint16_t* xs = xp + r0 * cols;
-        float* ys = yp + r0 * N + n;
-        switch (std::min<int64_t>(4, M - r0)) {
-          case 1: dot_bf16<1>(row.data(), cols, xs, ys, N); break;
-          case 2: dot_bf16<2>(row.data(), cols, xs, ys, N); break;
-          case 3: dot_bf16<3>(row.data(), cols, xs, ys, N); break;
-          default: dot_bf16<4>(row.data(), cols, xs, ys, N); break;
-        }
+    for (int64_t n = n0; n < n1; ++n) dequantize_row(w, n, scratch.data(), rows.data() + (n - n0) * w.padded_cols);
+    for (int64_t r0 = 0; r0 < M; r0 += kTileR) {
+      const int64_t r = std::min<int64_t>(kTileR, M - r0);
+      for (int64_t i0 = n0; i0 < n1; i0 += kTileW) {
+        const int64_t nw = std::min<int64_t>(kTileW, n1 - i0);
+        tiles[nw - 1][r - 1](rows.data() + (i0 - n0) * w.padded_cols, w.padded_cols, xp + r0 * cols, cols,
+                             yp + r0 * N + i0, N);
       }
     }
   });
