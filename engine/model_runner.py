@@ -158,9 +158,9 @@ def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
 
-# CPU steps of at most this many tokens (decode steps of up to max_num_seqs' default) run torch's own
-# ops on one thread (quantized weights only): docs/engine.md, "Threads".
-SERIAL_STEP_TOKENS = 64
+# CPU steps of at most this many tokens (a few sequences' decode) run torch's own ops on one thread
+# (quantized weights only): docs/engine.md, "Threads". 64 halved a quiet machine's mixed steps.
+SERIAL_STEP_TOKENS = 4
 
 
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
