@@ -33,7 +33,7 @@ class HttpError(Exception):
 
 
 class ConnectFailed(HttpError):
-    """The connection could not be made: the request was not sent."""
+    """The request was not sent: the connection could not be made, or the head could not be written."""
 
 
 class Interrupted(HttpError):
@@ -51,6 +51,26 @@ def _target(url: str) -> tuple[tuple[str, str, int], str, str]:
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     return ((parts.scheme, parts.hostname, port), host if default else f"{host}:{port}",
             (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+
+
+_NOT_SENT = frozenset({"host", "content-length", "transfer-encoding", "connection"})  # the client's own
+_LINE_BREAKS = ("\r", "\n", "\0")
+
+
+def _head(method: str, target: str, host: str, headers: dict[str, str], length: int) -> bytes:
+    """The request head. A header that would break it (a line break, say, at the end of a key read
+    from a file) is refused before anything is sent; its value is never quoted."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {length}"]
+    for name, value in headers.items():
+        if name.lower() in _NOT_SENT:
+            continue
+        if any(c in name or c in value for c in _LINE_BREAKS) or ":" in name:
+            raise ConnectFailed(f"the {name.lower()!r} header holds a line break, so nothing was sent")
+        lines.append(f"{name}: {value}")
+    try:
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise ConnectFailed("a header holds characters HTTP/1.1 cannot carry, so nothing was sent") from None
 
 
 def default_ssl_context() -> ssl.SSLContext:
@@ -100,11 +120,8 @@ class Http1Client:
         """The response, once its head is in (its body is read from it). Cancelling it (a caller's
         deadline) closes the connection."""
         origin, host, target = _target(url)
+        head = _head(method, target, host, headers, len(body))
         connection = self._pooled(origin) or await self._connect(origin)
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()
-                  if name.lower() not in ("host", "content-length", "transfer-encoding", "connection")]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         response = Response(self, connection)
         try:
             connection.writer.write(head + body)
@@ -149,8 +166,11 @@ class Http1Client:
         if self._closed:
             connection.close()
             return
-        connection.idle_since = time.monotonic()
-        self._idle.setdefault(connection.origin, []).append(connection)
+        connection.idle_since = now = time.monotonic()
+        idle = self._idle.setdefault(connection.origin, [])
+        while idle and now - idle[0].idle_since >= self._expiry_s:  # the oldest first: a burst's leftovers
+            idle.pop(0).close()
+        idle.append(connection)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -249,8 +249,8 @@ class OpenAIUpstream:
         unreachable, a failed TLS handshake) is UpstreamUnavailable, which may move to another
         deployment; one lost after it may have been written is UpstreamInterrupted, which may not,
         since the server may be running it."""
-        headers = {"Content-Type": "application/json", "User-Agent": "tenantgate", **compiled.headers,
-                   **await self._credentials.headers()}
+        # Lower-case names, as the dialect and the credential write theirs: each is sent once.
+        headers = {"user-agent": "tenantgate", **compiled.headers, **await self._credentials.headers()}
         body = json.dumps(compiled.json, separators=(",", ":"), ensure_ascii=False).encode()
         try:
             async with asyncio.timeout_at(deadline):

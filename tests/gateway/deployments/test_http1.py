@@ -5,6 +5,8 @@ import asyncio
 import pytest
 
 from gateway.deployments.http1 import ConnectFailed, Http1Client, Interrupted
+from gateway.deployments.openai_compatible import OpenAIUpstream
+from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 
 class Server:
@@ -151,3 +153,42 @@ async def test_a_silent_server_times_out_each_read() -> None:
     assert all(task.done() for task in handlers)
     server.close()
     await server.wait_closed()
+
+
+async def test_a_header_that_would_break_the_head_is_refused_before_anything_is_sent() -> None:
+    async with Server([OK]) as server:
+        http = client()
+        for headers in ({"api-key": "secret\n"}, {"x-a": "b\r\nx-injected: 1"}, {"bad:name": "v"},
+                        {"x-a": "snow \u2603"}):
+            with pytest.raises(ConnectFailed, match="nothing was sent") as refused:
+                await http.send("POST", server.url, headers, b"{}")
+            assert "secret" not in str(refused.value) and "injected" not in str(refused.value)
+        await http.aclose()
+    assert (server.connections, server.requests) == (0, [])
+
+
+async def test_expired_idle_connections_are_closed_when_another_comes_back() -> None:
+    async with Server([OK, OK, OK]) as server:
+        http = client(expiry_s=0.2)
+        first = await http.send("POST", server.url, {}, b"{}")
+        second = await http.send("POST", server.url, {}, b"{}")  # a connection of its own: the first's is busy
+        await first.aread()
+        await second.aread()
+        await first.aclose()
+        await asyncio.sleep(0.3)  # the first's connection expires idle
+        await second.aclose()  # its return closes the expired one
+        assert len(http._idle[next(iter(http._idle))]) == 1
+        await http.aclose()
+
+
+async def test_an_upstream_call_sends_each_header_once() -> None:
+    body = b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris"}, ' \
+           b'"finish_reason": "stop"}]}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    async with Server([answer]) as server:
+        upstream = OpenAIUpstream(deployment(url=server.url.split("/v1")[0] + "/v1"), "m")
+        outputs = [o async for o in upstream.stream(upstream_call(CHAT_BODY | {"stream": False}))]
+        await upstream.aclose()
+    assert outputs[-1].finish_reason == "stop"
+    names = [line.split(b":")[0].lower() for line in server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
+    assert len(names) == len(set(names)) and b"content-type" in names and b"user-agent" in names
