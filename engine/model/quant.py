@@ -36,6 +36,13 @@ RUN = 64  # rows are padded to whole runs of 64 elements
 # least DENSE_MIN_ROWS (engine/model_runner.py, invariant_row_sizes).
 BF16_MIN_ROWS = 5
 DENSE_MIN_ROWS = 32
+# fp32 calls (every CPU without AVX512-BF16) of at least TILED_MIN_ROWS rows, where the CPU has AVX2,
+# take the fp32 analogue of the tiled kernel: a chunk of weight rows dequantized to fp32 once, then
+# fp32 dot products over every activation row. Fewer rows read the codes directly, once per row,
+# which wins only while there are few rows (docs/engine.md, "Quantized weights"). The smallest of
+# the deterministic lane's call sizes (invariant.ROW_SIZES) is 8: all of them take the tiled path.
+AVX2_ISA = 1  # engine/model/kernels ISA_NAMES: avx2
+TILED_MIN_ROWS = 8
 # Weight rows per work item that torch's threads take from a shared counter.
 CHUNK_ROWS = 16
 
@@ -227,8 +234,12 @@ class QuantizedLinear(nn.Module):
         if x.dtype == torch.bfloat16 and x.shape[0] >= BF16_MIN_ROWS and self.isa >= BF16_ISA:
             return ops.qlinear_bf16(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
                                     fmt.offset, CHUNK_ROWS, self.threads)
-        return ops.qlinear(x.float().contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
-                           fmt.offset, self.isa, CHUNK_ROWS, self.threads)
+        x = x.float().contiguous()
+        if x.shape[0] >= TILED_MIN_ROWS and self.isa >= AVX2_ISA:
+            return ops.qlinear_tiled(x, p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block, fmt.offset,
+                                     CHUNK_ROWS, self.threads)
+        return ops.qlinear(x, p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block, fmt.offset, self.isa,
+                           CHUNK_ROWS, self.threads)
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)

@@ -30,6 +30,7 @@ from engine.model.quant import (
     BF16_MIN_ROWS,
     DENSE_MIN_ROWS,
     PACKED_TYPES,
+    TILED_MIN_ROWS,
     PackedWeight,
     QuantizedEmbedding,
     QuantizedLinear,
@@ -101,15 +102,46 @@ def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
     bound = ((cols + 2) * U / (1 - (cols + 2) * U) + 2 * U) * magnitude
     for isa in isas(loaded):
         layer = QuantizedLinear([weight], None, isa, threads=2)  # the caller and a helper
-        for m in (1, 3, 4, 5, 11):  # tiles of 1 to 4 rows
+        # From TILED_MIN_ROWS rows on, AVX2 and up take the tiled kernel (the next test).
+        direct = 11 if isa < kernels.AVX2 else TILED_MIN_ROWS - 1
+        for m in sorted({1, 3, 4, 5, direct}):  # tiles of 1 to 4 rows
             y = layer(x[:m])
             assert y.dtype == torch.float32 and y.shape == (m, rows)
             err = (y.double() - reference[:m]).abs()
             worst = (err / bound[:m]).max()
             assert (err <= bound[:m]).all(), f"{kind}, {kernels.ISA_NAMES[isa]}, M={m}: {worst:.2f}x the bound"
         # A row's result is the same whatever else the call holds (the deterministic lane needs it).
-        alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
-        assert torch.equal(alone, layer(x)), f"{kind}, {kernels.ISA_NAMES[isa]}"
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(direct)])
+        assert torch.equal(alone, layer(x[:direct])), f"{kind}, {kernels.ISA_NAMES[isa]}"
+
+
+def qlinear_tiled(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
+    fmt = weight.format
+    return torch.ops.tenantgate_quant.qlinear_tiled(x.contiguous(), weight.codes, weight.scales, weight.mins,
+                                                    weight.cols, fmt.bits, fmt.block, fmt.offset, chunk_rows, 2)
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_tiled_fp32_products_use_the_dequantized_weights_and_give_a_row_the_same_bits_in_any_call(loaded, kind):
+    if loaded.isa < kernels.AVX2:
+        pytest.skip("this CPU has no AVX2: fp32 products read the codes directly at every size")
+    rows, cols = odd_shape(kind)
+    weight, dense = packed(kind, rows, cols, seed=11)
+    x = torch.randn(70, cols, generator=torch.Generator().manual_seed(12))
+    # The kernel multiplies x into the dequantized weights (exactly the gguf values): any order of
+    # summing cols fp32 products is within gamma_cols of the exact sum.
+    reference = x.double() @ dense.double().T
+    bound = cols * U / (1 - cols * U) * (x.double().abs() @ dense.double().abs().T)
+    alone = torch.cat([qlinear_tiled(x[i : i + 1], weight) for i in range(x.shape[0])])
+    err = (alone.double() - reference).abs()
+    assert (err <= bound).all(), f"{kind}: {(err / bound).max():.2f}x the bound"
+    layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
+    for m in (TILED_MIN_ROWS, 9, 13, 16, 31, 64, 70):  # whole and partial register tiles, rows at every place
+        assert torch.equal(layer(x[:m]), alone[:m]), f"{kind}, M={m}: the layer did not take the tiled kernel"
+        for start in (0, 3):
+            for chunk_rows in (4, 16):
+                call = qlinear_tiled(x[start : start + m], weight, chunk_rows)
+                assert torch.equal(call, alone[start : start + m]), f"{kind}, M={m}, rows from {start}"
 
 
 def qlinear_bf16(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 # Instruction sets, as qmatmul.cpp numbers them; the kernels never run one the CPU lacks.
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512-bf16")
+AVX2 = 1  # AVX2 + FMA: fp32 calls of TILED_MIN_ROWS rows or more run qlinear_tiled
 BF16 = 3  # AVX512-BF16: bfloat16 activations run qlinear_bf16
 # -ffp-contract=off: weights are dequantized as a multiply then an add, two roundings, as the
 # gguf package does, so they equal the dequantized checkpoint's bit for bit.

@@ -344,6 +344,55 @@ TG_AVX2 void dot_avx2(const Packed& w, int64_t n, const float* x, const float* x
   }
 }
 
+// One row dequantized as dequantize_row_scalar does it (scale * c, then + min: two roundings).
+template <int BITS, int BLOCK, bool SIGNED>
+TG_AVX2 void dequantize_row_avx2(const Packed& w, int64_t n, float* out) {
+  const uint8_t* q = w.row_codes(n);
+  const float* sc = w.row_scales(n);
+  const float* mn = w.row_mins(n);
+  __m256 f[2];
+  for (int64_t start = 0; start < w.cols; start += 16) {  // cols is a multiple of 32
+    codes_avx2<BITS, SIGNED>(q, start / 64, static_cast<int>((start % 64) / 16), f);
+    const int64_t b = start / BLOCK;  // a group of 16 lies in one block
+    __m256 scale = _mm256_set1_ps(sc[b]), min = _mm256_set1_ps(mn[b]);
+    _mm256_storeu_ps(out + start, _mm256_add_ps(_mm256_mul_ps(f[0], scale), min));
+    _mm256_storeu_ps(out + start + 8, _mm256_add_ps(_mm256_mul_ps(f[1], scale), min));
+  }
+}
+
+// A tile of NW dequantized fp32 weight rows (`ldw` apart) times R fp32 activation rows, as
+// tile_bf16 does it: one accumulator per output over 8-element steps of k in order, then a fixed
+// reduction, so a row's result does not depend on NW, R, the call's row count or its place.
+template <int NW, int R>
+TG_AVX2 void tile_f32(const float* wt, int64_t ldw, const float* x, int64_t K, float* y, int64_t ldy) {
+  __m256 acc[NW][R];
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {  // K is a multiple of 32
+    __m256 wv[NW];
+    for (int i = 0; i < NW; ++i) wv[i] = _mm256_loadu_ps(wt + i * ldw + k);
+    for (int r = 0; r < R; ++r) {
+      __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      for (int i = 0; i < NW; ++i) acc[i][r] = _mm256_fmadd_ps(wv[i], xv, acc[i][r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NW; ++i) y[r * ldy + i] = hsum_avx2(acc[i][r]);
+}
+
+using TileF32Fn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+constexpr int kTileF32W = 4, kTileF32R = 3;  // 12 accumulators, 4 weight vectors, 1 activation: 16 registers
+
+template <int NW, std::size_t... R>
+constexpr std::array<TileF32Fn, kTileF32R> f32_tiles_for(std::index_sequence<R...>) {
+  return {tile_f32<NW, static_cast<int>(R) + 1>...};
+}
+
+template <std::size_t... W>
+constexpr std::array<std::array<TileF32Fn, kTileF32R>, kTileF32W> all_f32_tiles(std::index_sequence<W...>) {
+  return {f32_tiles_for<static_cast<int>(W) + 1>(std::make_index_sequence<kTileF32R>{})...};
+}
+
 #endif  // TG_X86
 
 // -- dispatch ----------------------------------------------------------------------------------
@@ -390,6 +439,17 @@ struct PickRow {
   RowFn get() const {
 #ifdef TG_X86
     return dequantize_row_avx512<B, L, S>;
+#else
+    return nullptr;
+#endif
+  }
+};
+
+struct PickRowAvx2 {
+  template <int B, int L, bool S>
+  RowFn get() const {
+#ifdef TG_X86
+    return dequantize_row_avx2<B, L, S>;
 #else
     return nullptr;
 #endif
@@ -514,6 +574,41 @@ at::Tensor qlinear_bf16(const at::Tensor& x, const at::Tensor& codes, const at::
   return y;
 }
 
+// y [M, N] = x [M, K] W^T, x float32, W dequantized chunk by chunk to fp32 (AVX2 and up): a chunk
+// of weight rows is dequantized once into a small buffer that stays in cache and multiplied into
+// every activation row in register tiles, so the codes are decoded once per call, not once per
+// activation row as qlinear does.
+at::Tensor qlinear_tiled(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                         int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t chunk_rows,
+                         int64_t threads) {
+  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
+              "x: contiguous float32 [M, ", cols, "]");
+  TORCH_CHECK(detected_isa() >= kAvx2, "qlinear_tiled needs AVX2 and FMA");
+  const int64_t M = x.size(0), N = w.rows;
+  at::Tensor y = at::empty({M, N}, x.options());
+#ifdef TG_X86
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  RowFn dequantize_row = by_format(w, PickRowAvx2{});
+  static const auto tiles = all_f32_tiles(std::make_index_sequence<kTileF32W>{});
+  chunk_rows = std::max<int64_t>(chunk_rows, 1);
+  parallel_chunks(N, chunk_rows, threads, [&](int64_t n0, int64_t n1) {
+    std::vector<float> rows((n1 - n0) * w.padded_cols);
+    for (int64_t n = n0; n < n1; ++n) dequantize_row(w, n, rows.data() + (n - n0) * w.padded_cols);
+    for (int64_t r0 = 0; r0 < M; r0 += kTileF32R) {
+      const int64_t r = std::min<int64_t>(kTileF32R, M - r0);
+      for (int64_t i0 = n0; i0 < n1; i0 += kTileF32W) {
+        const int64_t nw = std::min<int64_t>(kTileF32W, n1 - i0);
+        tiles[nw - 1][r - 1](rows.data() + (i0 - n0) * w.padded_cols, w.padded_cols, xp + r0 * cols, cols,
+                             yp + r0 * N + i0, N);
+      }
+    }
+  });
+#endif
+  return y;
+}
+
 // The weights [N, K] as float32, bit for bit the gguf package's dequantization.
 at::Tensor qdequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins, int64_t cols,
                        int64_t bits, int64_t block, int64_t offset, int64_t isa) {
@@ -521,7 +616,7 @@ at::Tensor qdequantize(const at::Tensor& codes, const at::Tensor& scales, const 
   isa = clamp_isa(isa);
   at::Tensor out = at::empty({w.rows, cols}, codes.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
-  RowFn row_fn = isa >= kAvx512 ? by_format(w, PickRow{}) : nullptr;
+  RowFn row_fn = isa >= kAvx512 ? by_format(w, PickRow{}) : isa == kAvx2 ? by_format(w, PickRowAvx2{}) : nullptr;
   parallel_chunks(w.rows, 64, at::get_num_threads(), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       if (row_fn != nullptr) {
@@ -564,6 +659,8 @@ TORCH_LIBRARY(tenantgate_quant, m) {
         "int isa, int chunk_rows, int threads) -> Tensor");
   m.def("qlinear_bf16(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int chunk_rows, int threads) -> Tensor");
+  m.def("qlinear_tiled(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
+        "int chunk_rows, int threads) -> Tensor");
   m.def("qdequantize(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int isa) -> Tensor");
   m.def("qdequantize_bf16(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
@@ -574,6 +671,7 @@ TORCH_LIBRARY(tenantgate_quant, m) {
 TORCH_LIBRARY_IMPL(tenantgate_quant, CPU, m) {
   m.impl("qlinear", qlinear);
   m.impl("qlinear_bf16", qlinear_bf16);
+  m.impl("qlinear_tiled", qlinear_tiled);
   m.impl("qdequantize", qdequantize);
   m.impl("qdequantize_bf16", qdequantize_bf16);
 }
