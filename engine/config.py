@@ -189,6 +189,13 @@ class EngineConfig:
     # The step's budget while more than one tenant has work (engine/scheduler.py): what one
     # tenant's long prompt may add to each step of another tenant's request.
     contended_batched_tokens: int = 256
+    # ... and what such a step may take in time: the budget shrinks (never below max_num_seqs) until
+    # a contended step of prompt tokens takes about this long, from the engine's measured cost per
+    # token, so a slow CPU does not turn 256 tokens into a second of every other tenant's wait. 0: off.
+    contended_step_ms: float = 250.0
+    # A step counts as contended while another tenant had work within this many seconds, so a burst
+    # that arrives between a neighbour's requests does not run one whole-budget step ahead of its next.
+    contention_window_s: float = 5.0
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     gpu_memory_utilization: float | None = None  # CUDA: the share of device memory the engine may fill
@@ -222,6 +229,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("contended_step_ms", "contention_window_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ConfigError(f"num_kv_blocks must be positive, got {self.num_kv_blocks!r}")
         utilization = self.gpu_memory_utilization

@@ -13,6 +13,9 @@ admitted into whatever budget and KV remains, starting from their longest cached
 While more than one tenant has work, the budget is the contended one and each tenant with
 prompt tokens in the lane gets an equal part of it first (see step_budget), so one tenant's
 long prompt adds a bounded step, not a whole one, to each of another tenant's tokens.
+Inside the shared lane, tenants served less than LIGHT_SHARE of the most served tenant's
+engine time lately take steps of their own (see _light_tenants): a step's time grows with
+its rows, so a small request batched with a heavy tenant's decodes would pay for all of them.
 KV shares (see BlockManager). When a sequence cannot grow, a victim is preempted: the
 latest arrival of the tenant furthest over its share, if that tenant is further over
 than the growing sequence's tenant will be; otherwise the growing tenant's own latest
@@ -29,6 +32,7 @@ larger than its share must not wait forever behind idle caches).
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,6 +41,11 @@ from engine.block_manager import BlockManager, KVStats, TenantKV
 from engine.config import EngineConfig
 from engine.envelope import Isolation
 from engine.sequence import SHARED_LANE, FinishReason, Lane, Sequence, SequenceStatus
+
+RECENT_SERVICE_S = 10.0  # the time constant of a tenant's recent engine time (see _light_tenants)
+LIGHT_SHARE = 0.5  # a tenant served less than this share of the most served one's recent time is light
+FORGET_AFTER_TENANTS = 1024  # past this many tenants' recent times, those long unserved are dropped
+MEASURED_MIN_TOKENS = 16  # steps the cost per token is measured on (see Scheduler.observe_step)
 
 
 @dataclass
@@ -80,6 +89,11 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.contended_batched_tokens = config.contended_batched_tokens
+        self.contended_step_ms = config.contended_step_ms
+        self.contention_window_s = config.contention_window_s
+        self.ms_per_token: float | None = None  # measured on steps of MEASURED_MIN_TOKENS or more
+        self._last_work: dict[bytes, float] = {}  # tenant -> when it last had work here
+        self._recent: dict[bytes, tuple[float, float]] = {}  # tenant -> (decayed service, as of when)
         self.chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # arrival order
@@ -144,24 +158,73 @@ class Scheduler:
         return ScheduledBatch()
 
     def step_budget(self) -> int:
-        """The step's token budget: all of max_num_batched_tokens while one tenant has work; while
-        more than one has, the contended budget, so another tenant's next token never waits behind
-        a whole step of one tenant's long prompt (chunked prefill only: unchunked, a prompt must fit)."""
+        """The step's token budget: all of max_num_batched_tokens while one tenant has work and no
+        other had any within contention_window_s; otherwise the contended budget, so another
+        tenant's next token never waits behind a whole step of one tenant's long prompt (chunked
+        prefill only: unchunked, a prompt must fit). The contended budget is contended_batched_tokens,
+        less where the measured cost per token would make such a step longer than contended_step_ms."""
         if not self.chunked_prefill:
             return self.max_num_batched_tokens
-        first = next(iter(self.running or self.waiting), None)
-        if first is None or all(seq.tenant == first.tenant for seq in (*self.running, *self.waiting)):
+        if not self._contended():
             return self.max_num_batched_tokens
+        budget = self.contended_batched_tokens
+        if self.contended_step_ms and self.ms_per_token:
+            budget = min(budget, int(self.contended_step_ms / self.ms_per_token))
         # Never below max_num_seqs: every decode gets its token, and a prefill beside them at least one.
-        return min(max(self.contended_batched_tokens, self.max_num_seqs), self.max_num_batched_tokens)
+        return min(max(budget, self.max_num_seqs), self.max_num_batched_tokens)
+
+    def _contended(self) -> bool:
+        now = time.monotonic()
+        for seq in (*self.running, *self.waiting):
+            self._last_work[seq.tenant] = now
+        for tenant, seen in list(self._last_work.items()):
+            if now - seen > self.contention_window_s:
+                del self._last_work[tenant]
+        return len(self._last_work) > 1
+
+    def observe_step(self, num_tokens: int, step_ms: float) -> None:
+        """A step of num_tokens took step_ms: the cost per token the contended budget is sized by
+        (a moving average over steps big enough that the step's fixed cost does not dominate; it
+        includes a share of that cost, so it errs toward smaller contended steps)."""
+        if num_tokens < MEASURED_MIN_TOKENS or step_ms <= 0:
+            return
+        cost = step_ms / num_tokens
+        self.ms_per_token = cost if self.ms_per_token is None else 0.8 * self.ms_per_token + 0.2 * cost
 
     def _schedule_lane(self, lane: Lane, last_resort: bool = False) -> ScheduledBatch:
-        batch = ScheduledBatch(lane=lane)
         step_budget = self.step_budget()
 
         in_lane = [seq for seq in self.running if seq.lane == lane]
         if lane[0] == Isolation.EXCLUSIVE.value:  # one request alone, with all of its choices
             in_lane = [seq for seq in in_lane if seq.choices is in_lane[0].choices]
+        light = self._light_tenants(lane, in_lane)
+        if light:
+            # The light tenants' work alone; the others' decodes wait this one step. If none of it
+            # can run (no seat or KV for it), the step serves everyone as usual.
+            batch = self._schedule_tenants(lane, [s for s in in_lane if s.tenant in light], step_budget, light,
+                                           last_resort)
+            if batch or batch.preempted:
+                return batch
+        return self._schedule_tenants(lane, in_lane, step_budget, None, last_resort)
+
+    def _light_tenants(self, lane: Lane, in_lane: list[Sequence]) -> set[bytes]:
+        """The tenants of the lane's work served less than LIGHT_SHARE of the most served one's recent
+        engine time, when there are such tenants and others. A heavy tenant's steps then lose at most
+        the light tenants' own, which stay under that share of its time, or they would not be light."""
+        tenants = {seq.tenant for seq in in_lane} | {seq.tenant for seq in self.waiting if seq.lane == lane}
+        if len(tenants) < 2:
+            return set()
+        now = time.monotonic()
+        served = {tenant: self._recent_service(tenant, now) for tenant in tenants}
+        most = max(served.values())
+        light = {tenant for tenant, ms in served.items() if ms < LIGHT_SHARE * most}
+        return light if light != tenants else set()
+
+    def _schedule_tenants(self, lane: Lane, in_lane: list[Sequence], step_budget: int, only: set[bytes] | None,
+                          last_resort: bool) -> ScheduledBatch:
+        """A step of the lane's running seqs in_lane and its waiting ones (only those of `only`'s
+        tenants, if given)."""
+        batch = ScheduledBatch(lane=lane)
         # Decodes first: a decode costs one token, and no prompt may hold back another's next token.
         decodes = [seq for seq in in_lane if _need(seq) == 1]
         prefills = [seq for seq in in_lane if _need(seq) > 1]
@@ -171,18 +234,51 @@ class Scheduler:
         # left first (its running prefills, then its waiting requests), then the leftover goes
         # to whoever still has prompt left.
         tenants = {seq.tenant for seq in prefills} | {seq.tenant for seq in self.waiting if seq.lane == lane}
+        if only is not None:
+            tenants &= only
         part = (step_budget - batch.num_tokens) // max(1, len(tenants))
         allowance = Counter(dict.fromkeys(tenants, part))
+        if len(tenants) > 1:
+            # The tenant served least lately may take up to half of each other tenant's part, so a
+            # small request beside a heavy tenant's prompts is not split over several steps; what
+            # it leaves goes back to the others as leftover.
+            served = sorted((self._recent_service(t), t) for t in tenants)
+            if served[0][0] < served[1][0]:  # strictly: tenants served alike keep equal parts
+                light = served[0][1]
+                for tenant in tenants - {light}:
+                    allowance[tenant] -= part // 2
+                    allowance[light] += part // 2
         self._grow_into(prefills, batch, step_budget, allowance)
-        self._admit_waiting(lane, batch, step_budget, allowance, last_resort)
+        self._admit_waiting(lane, batch, step_budget, allowance, last_resort, only)
         if len(tenants) > 1:  # the leftover: only what free and cached blocks allow, never a preemption
             self._grow_into([*prefills, *batch.admitted], batch, step_budget, None, spare=True)
-            self._admit_waiting(lane, batch, step_budget, None, last_resort)
+            self._admit_waiting(lane, batch, step_budget, None, last_resort, only)
 
         self.lane_service[lane] += batch.num_tokens
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             self.tenant_service[seq.tenant] += n
         return batch
+
+    def charge(self, batch: ScheduledBatch, step_ms: float) -> None:
+        """Charge each tenant in the batch its share of the step's time, by its tokens in it: the
+        recent service that decides which tenants are light (_light_tenants) and which one takes a
+        larger part of a contended step."""
+        if not batch.num_tokens:
+            return
+        now = time.monotonic()
+        per_token = step_ms / batch.num_tokens
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            self._recent[seq.tenant] = (self._recent_service(seq.tenant, now) + n * per_token, now)
+        if len(self._recent) > FORGET_AFTER_TENANTS:  # tenants not served for 20 time constants weigh < 3e-9
+            self._recent = {t: v for t, v in self._recent.items() if now - v[1] < 20 * RECENT_SERVICE_S}
+
+    def _recent_service(self, tenant: bytes, now: float | None = None) -> float:
+        """The tenant's engine time (ms, see charge), each step's weighted by exp(-age / RECENT_SERVICE_S)."""
+        value, at = self._recent.get(tenant, (0.0, 0.0))
+        if not value:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        return value * math.exp(-max(0.0, now - at) / RECENT_SERVICE_S)
 
     def _grow_into(self, seqs: list[Sequence], batch: ScheduledBatch, step_budget: int,
                    allowance: Counter[bytes] | None, spare: bool = False) -> None:
@@ -218,7 +314,7 @@ class Scheduler:
                 batch.num_new_tokens[batch.seqs.index(seq)] += num_new  # (a preemption may have moved it)
 
     def _admit_waiting(self, lane: Lane, batch: ScheduledBatch, step_budget: int,
-                       allowance: Counter[bytes] | None, last_resort: bool) -> None:
+                       allowance: Counter[bytes] | None, last_resort: bool, only: set[bytes] | None = None) -> None:
         """Admit waiting seqs of the lane into what is left of the budget (and of their tenant's
         allowance, if given), starting from their longest cached prefix."""
         # Admitting new work right after a preemption would only thrash the pool.
@@ -228,7 +324,7 @@ class Scheduler:
                 break
             if lane[0] == Isolation.EXCLUSIVE.value and batch.seqs:
                 break
-            seq = self._next_waiting(lane, allowance)
+            seq = self._next_waiting(lane, allowance, only)
             if seq is None or self._num_seats() + seq.num_seats > self.max_num_seqs:
                 break
             prefix, hashes = self.block_manager.match_prefix(seq)
@@ -265,6 +361,8 @@ class Scheduler:
         tokens, publish the blocks they filled to the prefix cache, and fork the choices of a
         request whose shared prompt is now computed."""
         step_ms = (end - start) * 1000
+        self.observe_step(batch.num_tokens, step_ms)
+        self.charge(batch, step_ms)
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.charge_kv(start)  # until the step began at the old count; from then with this step's blocks
             seq.charge_kv(end)
@@ -296,8 +394,9 @@ class Scheduler:
             bisect.insort(self.running, child, key=_arrival)
         seq.num_pending_forks = 0
 
-    def _next_waiting(self, lane: Lane, allowance: Counter[bytes] | None = None) -> Sequence | None:
-        candidates = [seq for seq in self.waiting if seq.lane == lane]
+    def _next_waiting(self, lane: Lane, allowance: Counter[bytes] | None = None,
+                      only: set[bytes] | None = None) -> Sequence | None:
+        candidates = [seq for seq in self.waiting if seq.lane == lane and (only is None or seq.tenant in only)]
         if allowance is not None:
             candidates = [seq for seq in candidates if allowance[seq.tenant] > 0]
         if not candidates:

@@ -71,6 +71,7 @@ async def build_backend(settings: Settings, metrics: GatewayMetrics, name: str |
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         contended_batched_tokens=settings.contended_batched_tokens,
+        contended_step_ms=settings.contended_step_ms, contention_window_s=settings.contention_window_s,
         gpu_memory_utilization=settings.gpu_memory_utilization or None, enforce_eager=settings.enforce_eager,
         max_model_len=settings.max_model_len, record_key=settings.record_key.get_secret_value().encode(),
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s, grammar_workers=settings.grammar_workers,

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     # long prompt adds to each step of another tenant's request (docs/engine.md, "Scheduling").
     max_num_batched_tokens: int = Field(2048, gt=0)
     contended_batched_tokens: int = Field(256, gt=0)
+    # ... less where the measured cost per token makes such a step longer than this (0: off), and
+    # how long after another tenant's last work a step still counts as contended.
+    contended_step_ms: float = Field(250.0, ge=0, allow_inf_nan=False)
+    contention_window_s: float = Field(5.0, ge=0, allow_inf_nan=False)
     max_model_len: int | None = Field(None, gt=0)
     record_key: SecretStr = SecretStr("")
     # Structured outputs: a JSON schema that takes longer than this to compile is refused (400

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from engine import scheduler as scheduler_module
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.scheduler import Scheduler
@@ -12,9 +13,12 @@ from tests.engine.test_block_manager import cache_blocks, make_seq, still_cached
 from tests.utils.envelopes import envelope
 
 
-def run_step(scheduler: Scheduler, sampled_token: int = 7):
-    """Apply a schedule the way the engine does: advance computed tokens, sample at the end."""
+def run_step(scheduler: Scheduler, sampled_token: int = 7, charged: bool = False):
+    """Apply a schedule the way the engine does: advance computed tokens, sample at the end, and
+    (charged) charge the step's time to its tenants, 1 ms a token, as the engine charges its own."""
     batch = scheduler.schedule()
+    if charged:
+        scheduler.charge(batch, float(batch.num_tokens))
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
         seq.num_computed_tokens += n
         if seq.num_computed_tokens == seq.num_tokens:
@@ -236,9 +240,10 @@ def test_another_tenants_work_over_its_share_gives_way_before_a_tenants_own_cach
     bm.check_invariants(scheduler.live_sequences())
 
 
-def contended(max_tokens: int = 100, contended_tokens: int = 20) -> Scheduler:
+def contended(max_tokens: int = 100, contended_tokens: int = 20, max_num_seqs: int = 8) -> Scheduler:
+    # No window: a tenant alone again gets the whole budget at once (the window's own test below).
     config = EngineConfig(block_size=4, max_num_batched_tokens=max_tokens, contended_batched_tokens=contended_tokens,
-                          max_num_seqs=8)
+                          max_num_seqs=max_num_seqs, contention_window_s=0)
     return Scheduler(config, BlockManager(256, 4))
 
 
@@ -258,8 +263,44 @@ def test_a_long_prompt_costs_another_tenants_request_only_contended_steps() -> N
     assert run_step(scheduler).num_new_tokens == [100]  # alone again: the whole budget
 
 
+def test_a_step_stays_contended_for_the_window_after_another_tenants_work(monkeypatch) -> None:
+    # A burst that lands between a neighbour's requests must not run one whole-budget step that
+    # the neighbour's next request then waits behind.
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, contended_batched_tokens=20,
+                                       max_num_seqs=8, contention_window_s=5), BlockManager(256, 4))
+    a = make_seq("a", 2, envelope("a"))
+    scheduler.add(a)
+    run_step(scheduler)
+    scheduler.finish(a, FinishReason.LENGTH)
+    b = make_seq("b", 600, envelope("b"))
+    scheduler.add(b)
+    now[0] += 4.9
+    assert run_step(scheduler).num_new_tokens == [20]  # a had work 4.9 s ago: contended
+    now[0] += 0.2
+    assert run_step(scheduler).num_new_tokens == [100]  # 5.1 s: b is alone
+
+
+def test_the_contended_budget_shrinks_to_the_measured_step_time_but_not_below_max_num_seqs() -> None:
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=1000, contended_batched_tokens=200,
+                                       max_num_seqs=8, contended_step_ms=100), BlockManager(1024, 4))
+    for tenant in ("a", "b"):
+        scheduler.add(make_seq(tenant, 900, envelope(tenant)))
+    assert scheduler.step_budget() == 200  # nothing measured yet
+    scheduler.observe_step(8, 1000.0)  # too few tokens to measure the cost per token by
+    assert scheduler.step_budget() == 200
+    scheduler.observe_step(100, 100.0)  # 1 ms a token: 100 tokens fill 100 ms
+    assert scheduler.step_budget() == 100
+    for _ in range(40):
+        scheduler.observe_step(50, 1000.0)  # 20 ms a token: 5 tokens, but every decode needs its seat
+    assert scheduler.step_budget() == 8
+    scheduler.contended_step_ms = 0  # off: the configured budget
+    assert scheduler.step_budget() == 200
+
+
 def test_tenants_with_prompts_get_equal_parts_of_a_contended_step_and_the_leftover_is_used() -> None:
-    scheduler = contended()
+    scheduler = contended()  # steps not charged: every tenant served alike
     b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
     scheduler.add(b)
     run_step(scheduler)
@@ -272,6 +313,77 @@ def test_tenants_with_prompts_get_equal_parts_of_a_contended_step_and_the_leftov
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == {b: 10, c: 6, d: 4}
     batch = run_step(scheduler)  # d decodes first; b and c split the rest
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == {d: 1, b: 10, c: 9}
+
+
+def test_a_light_tenant_takes_steps_alone_until_it_is_served_half_as_much_then_a_larger_part(monkeypatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    scheduler = contended()
+    b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
+    scheduler.add(b)
+    run_step(scheduler, charged=True)  # b alone: 100 tokens, 100 ms
+    scheduler.add(c)
+    for _ in range(3):  # c: 0, 20, 40 ms against b's 100, under LIGHT_SHARE of it: a step of its own
+        batch = run_step(scheduler, charged=True)
+        assert batch.seqs == [c] and batch.num_new_tokens == [20]
+    # 60 ms against 100: they share the step again, c, served less lately, with half of b's part.
+    batch = run_step(scheduler, charged=True)
+    assert batch.seqs == [b, c] and batch.num_new_tokens == [5, 15]
+
+
+def test_a_small_request_beside_a_heavy_tenants_decodes_runs_without_them() -> None:
+    # A step's time grows with its rows: batched with 8 decodes, a one-token chat pays for all of them.
+    scheduler = contended(max_num_seqs=16)
+    heavy = [make_seq(f"h{i}", 3, envelope("heavy")) for i in range(8)]
+    for seq in heavy:
+        scheduler.add(seq)
+    for _ in range(3):
+        run_step(scheduler, charged=True)  # the prompts, then decodes: 8 rows a step
+    small = make_seq("v", 5, envelope("victim"))
+    scheduler.add(small)
+    batch = run_step(scheduler, charged=True)
+    assert batch.seqs == [small] and batch.num_new_tokens == [5]
+    batch = run_step(scheduler, charged=True)
+    assert batch.seqs == [small] and batch.num_new_tokens == [1]  # its decode, alone again
+    scheduler.finish(small, FinishReason.LENGTH)
+    assert run_step(scheduler, charged=True).seqs == heavy  # and the heavy tenant's decodes go on
+
+
+def test_light_tenants_share_their_steps_and_fall_back_to_everyones_when_theirs_cannot_run() -> None:
+    scheduler = contended(max_num_seqs=3)
+    heavy = [make_seq(f"h{i}", 3, envelope("heavy")) for i in range(3)]
+    for seq in heavy:
+        scheduler.add(seq)
+    run_step(scheduler, charged=True)
+    light = [make_seq("x", 4, envelope("x")), make_seq("y", 4, envelope("y"))]
+    for seq in light:
+        scheduler.add(seq)
+    # Both light tenants' requests wait for a seat the heavy tenant holds: the step is everyone's,
+    # not an empty one (and not a preemption).
+    batch = run_step(scheduler, charged=True)
+    assert batch.seqs == heavy and not batch.preempted
+    scheduler.finish(heavy[0], FinishReason.LENGTH)
+    scheduler.finish(heavy[1], FinishReason.LENGTH)
+    batch = run_step(scheduler, charged=True)  # two seats: the light tenants' prompts, together
+    assert dict(zip(batch.seqs, batch.num_new_tokens)) == dict.fromkeys(light, 4)
+
+
+def test_recent_service_fades_so_a_tenant_heavy_long_ago_is_not_held_back(monkeypatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    scheduler = contended()
+    b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
+    scheduler.add(b)
+    for _ in range(3):
+        run_step(scheduler, charged=True)  # b alone: 300 ms
+    scheduler.finish(b, FinishReason.LENGTH)
+    now[0] += 10 * scheduler_module.RECENT_SERVICE_S  # b's 300 ms weigh 300 e^-10 < 0.014 now
+    scheduler.add(c)
+    run_step(scheduler, charged=True)  # c alone: 100 ms, just now
+    b2 = make_seq("b2", 600, envelope("b"))
+    scheduler.add(b2)
+    batch = run_step(scheduler, charged=True)
+    assert batch.seqs == [b2] and batch.num_new_tokens == [20]  # b is the light one now
 
 
 def test_a_contended_step_is_never_smaller_than_max_num_seqs() -> None:
@@ -296,3 +408,19 @@ def test_a_seq_takes_the_leftover_of_a_contended_step_only_from_blocks_it_can_ha
     scheduler.add(b1)
     batch = run_step(scheduler)
     assert batch.preempted == [] and dict(zip(batch.seqs, batch.num_new_tokens)) == {a1: 10, b1: 4}
+
+
+def test_recent_service_of_tenants_long_unserved_is_forgotten(monkeypatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    scheduler = contended(max_num_seqs=64)
+    for i in range(scheduler_module.FORGET_AFTER_TENANTS):
+        seq = make_seq(f"old{i}", 1, envelope(f"old{i}"))
+        scheduler.add(seq)
+        run_step(scheduler, charged=True)
+        scheduler.finish(seq, FinishReason.LENGTH)
+    now[0] += 20 * scheduler_module.RECENT_SERVICE_S
+    new = make_seq("new", 1, envelope("new"))
+    scheduler.add(new)
+    run_step(scheduler, charged=True)
+    assert scheduler._recent.keys() == {new.tenant}
