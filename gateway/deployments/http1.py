@@ -19,7 +19,7 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -206,11 +206,17 @@ class Response:
     def on_message_complete(self) -> None:
         self._done = True
 
-    async def _feed(self) -> None:
+    async def _feed(self, deadline: Callable[[], float] | None = None) -> None:
+        """Reads once more from the socket, within io_timeout_s (Interrupted) and, if given, the
+        caller's deadline (loop time; TimeoutError, the caller's to name)."""
+        io_deadline = asyncio.get_running_loop().time() + self._client.io_timeout_s
+        at = io_deadline if deadline is None else min(io_deadline, deadline())
         try:
-            async with asyncio.timeout(self._client.io_timeout_s):
+            async with asyncio.timeout_at(at):
                 data = await self._connection.reader.read(READ_BYTES)
         except TimeoutError:
+            if at < io_deadline:
+                raise
             raise Interrupted("the upstream sent nothing in time") from None
         except (OSError, ssl.SSLError) as exc:
             raise Interrupted(type(exc).__name__) from None
@@ -231,7 +237,10 @@ class Response:
         if 100 <= self.status_code < 200:  # an interim response: the one that counts follows
             raise Interrupted("an interim (1xx) response is not supported")
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[bytes]:
+        """The body's pieces as they come. deadline: called before each read from the socket, the
+        loop time by which that read must have data, or TimeoutError (one timer per read, not per
+        piece or line: a fast upstream's whole stream is often one read)."""
         while True:
             if self._pieces:
                 pieces, self._pieces = self._pieces, []
@@ -239,15 +248,15 @@ class Response:
                     yield piece
             if self._done:
                 return
-            await self._feed()
+            await self._feed(deadline)
 
     async def aread(self) -> bytes:
         return b"".join([piece async for piece in self.aiter_bytes()])
 
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        """The body's lines as text, without their line ends (\\n or \\r\\n)."""
+    async def aiter_lines(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[str]:
+        """The body's lines as text, without their line ends (\\n or \\r\\n); deadline as aiter_bytes'."""
         pending = b""
-        async for piece in self.aiter_bytes():
+        async for piece in self.aiter_bytes(deadline):
             *lines, pending = (pending + piece).split(b"\n")
             for line in lines:
                 yield line.removesuffix(b"\r").decode("utf-8", errors="replace")

@@ -185,13 +185,9 @@ class OpenAIUpstream:
                                      finish_reason=finish_reason, usage_reported=usage is not None,
                                      tool_calls=calls)
                 return
-            lines = response.aiter_lines()
-            while True:
-                try:
-                    async with asyncio.timeout_at(self._next_line_deadline(whole, None if outputs else first)):
-                        line = await anext(lines)
-                except StopAsyncIteration:
-                    break
+            # The idle deadline is taken whenever the reader must wait for the socket, not per line.
+            lines = response.aiter_lines(lambda: self._next_line_deadline(whole, None if outputs else first))
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue  # blank separators, comments (": ping"), event names
                 data = line.removeprefix("data:").strip()
