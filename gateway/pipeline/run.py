@@ -61,6 +61,7 @@ class Run:
         self._disconnected = exchange.disconnected
         self.deployment: Target | None = None  # the target that ran it
         self.prompt_tokens = admitted.prompt_tokens  # the gateway's count until a deployment reports its own
+        self._reported_prompt = 0  # the deployment's last reported prompt count, before its bound
         self.output_tokens = 0
         self.cached_tokens = 0
         self.first_token_at: float | None = None  # perf_counter() at the deployment's first output token
@@ -159,7 +160,9 @@ class Run:
         generated[output.index] = output.num_output_tokens
         self.output_tokens = self._bounded_output(sum(generated.values()))
         self.cached_tokens = output.num_cached_tokens
-        if output.num_prompt_tokens:
+        # Engines report the prompt's count with every output: bounded again only when it changes.
+        if output.num_prompt_tokens and output.num_prompt_tokens != self._reported_prompt:
+            self._reported_prompt = output.num_prompt_tokens
             self.prompt_tokens = self._bounded_prompt(output.num_prompt_tokens)
         if self._texts is not None:
             self._texts.setdefault(output.index, []).append(output.new_text)
@@ -269,7 +272,8 @@ class Run:
 
     def _bounded(self, kind: str, reported: int, bound: int) -> int:
         if reported <= bound:
-            self.usage_excess.pop(kind, None)
+            if self.usage_excess:
+                self.usage_excess.pop(kind, None)
             return reported
         self.usage_excess[kind] = reported - bound
         return bound
