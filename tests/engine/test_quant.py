@@ -115,10 +115,15 @@ def test_fp32_products_are_within_the_bound_and_row_local(loaded, kind):
         assert torch.equal(alone, layer(x[:direct])), f"{kind}, {kernels.ISA_NAMES[isa]}"
 
 
-def qlinear_tiled(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
+def tiled(kernel: str, x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
+    """One call of a tiled kernel (qlinear_tiled, qlinear_bf16) on 2 threads."""
     fmt = weight.format
-    return torch.ops.tenantgate_quant.qlinear_tiled(x.contiguous(), weight.codes, weight.scales, weight.mins,
-                                                    weight.cols, fmt.bits, fmt.block, fmt.offset, chunk_rows, 2)
+    return getattr(torch.ops.tenantgate_quant, kernel)(x.contiguous(), weight.codes, weight.scales, weight.mins,
+                                                       weight.cols, fmt.bits, fmt.block, fmt.offset, chunk_rows, 2)
+
+
+def qlinear_tiled(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
+    return tiled("qlinear_tiled", x, weight, chunk_rows)
 
 
 @pytest.mark.parametrize("kind", PACKED_TYPES)
@@ -145,9 +150,7 @@ def test_tiled_fp32_products_use_the_dequantized_weights_and_give_a_row_the_same
 
 
 def qlinear_bf16(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = 4) -> torch.Tensor:
-    fmt = weight.format
-    return torch.ops.tenantgate_quant.qlinear_bf16(x.contiguous(), weight.codes, weight.scales, weight.mins,
-                                                   weight.cols, fmt.bits, fmt.block, fmt.offset, chunk_rows, 2)
+    return tiled("qlinear_bf16", x, weight, chunk_rows)
 
 
 @pytest.mark.parametrize("kind", PACKED_TYPES)

@@ -240,6 +240,14 @@ def test_another_tenants_work_over_its_share_gives_way_before_a_tenants_own_cach
     bm.check_invariants(scheduler.live_sequences())
 
 
+@pytest.fixture
+def frozen_clock(monkeypatch) -> list[float]:
+    """The scheduler's clock, stopped at 1000 s: a test moves it by adding to [0]."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    return now
+
+
 def contended(max_tokens: int = 100, contended_tokens: int = 20, max_num_seqs: int = 8) -> Scheduler:
     # No window: a tenant alone again gets the whole budget at once (the window's own test below).
     config = EngineConfig(block_size=4, max_num_batched_tokens=max_tokens, contended_batched_tokens=contended_tokens,
@@ -263,11 +271,9 @@ def test_a_long_prompt_costs_another_tenants_request_only_contended_steps() -> N
     assert run_step(scheduler).num_new_tokens == [100]  # alone again: the whole budget
 
 
-def test_a_step_stays_contended_for_the_window_after_another_tenants_work(monkeypatch) -> None:
+def test_a_step_stays_contended_for_the_window_after_another_tenants_work(frozen_clock) -> None:
     # A burst that lands between a neighbour's requests must not run one whole-budget step that
     # the neighbour's next request then waits behind.
-    now = [1000.0]
-    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
     scheduler = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=100, contended_batched_tokens=20,
                                        max_num_seqs=8, contention_window_s=5), BlockManager(256, 4))
     a = make_seq("a", 2, envelope("a"))
@@ -276,9 +282,9 @@ def test_a_step_stays_contended_for_the_window_after_another_tenants_work(monkey
     scheduler.finish(a, FinishReason.LENGTH)
     b = make_seq("b", 600, envelope("b"))
     scheduler.add(b)
-    now[0] += 4.9
+    frozen_clock[0] += 4.9
     assert run_step(scheduler).num_new_tokens == [20]  # a had work 4.9 s ago: contended
-    now[0] += 0.2
+    frozen_clock[0] += 0.2
     assert run_step(scheduler).num_new_tokens == [100]  # 5.1 s: b is alone
 
 
@@ -315,9 +321,7 @@ def test_tenants_with_prompts_get_equal_parts_of_a_contended_step_and_the_leftov
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == {d: 1, b: 10, c: 9}
 
 
-def test_a_light_tenant_takes_steps_alone_until_it_is_served_half_as_much_then_a_larger_part(monkeypatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+def test_a_light_tenant_takes_steps_alone_until_it_is_served_half_as_much_then_a_larger_part(frozen_clock) -> None:
     scheduler = contended()
     b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
     scheduler.add(b)
@@ -368,16 +372,14 @@ def test_light_tenants_share_their_steps_and_fall_back_to_everyones_when_theirs_
     assert dict(zip(batch.seqs, batch.num_new_tokens)) == dict.fromkeys(light, 4)
 
 
-def test_recent_service_fades_so_a_tenant_heavy_long_ago_is_not_held_back(monkeypatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+def test_recent_service_fades_so_a_tenant_heavy_long_ago_is_not_held_back(frozen_clock) -> None:
     scheduler = contended()
     b, c = make_seq("b", 600, envelope("b")), make_seq("c", 600, envelope("c"))
     scheduler.add(b)
     for _ in range(3):
         run_step(scheduler, charged=True)  # b alone: 300 ms
     scheduler.finish(b, FinishReason.LENGTH)
-    now[0] += 10 * scheduler_module.RECENT_SERVICE_S  # b's 300 ms weigh 300 e^-10 < 0.014 now
+    frozen_clock[0] += 10 * scheduler_module.RECENT_SERVICE_S  # b's 300 ms weigh 300 e^-10 < 0.014 now
     scheduler.add(c)
     run_step(scheduler, charged=True)  # c alone: 100 ms, just now
     b2 = make_seq("b2", 600, envelope("b"))
@@ -410,16 +412,14 @@ def test_a_seq_takes_the_leftover_of_a_contended_step_only_from_blocks_it_can_ha
     assert batch.preempted == [] and dict(zip(batch.seqs, batch.num_new_tokens)) == {a1: 10, b1: 4}
 
 
-def test_recent_service_of_tenants_long_unserved_is_forgotten(monkeypatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+def test_recent_service_of_tenants_long_unserved_is_forgotten(frozen_clock) -> None:
     scheduler = contended(max_num_seqs=64)
     for i in range(scheduler_module.FORGET_AFTER_TENANTS):
         seq = make_seq(f"old{i}", 1, envelope(f"old{i}"))
         scheduler.add(seq)
         run_step(scheduler, charged=True)
         scheduler.finish(seq, FinishReason.LENGTH)
-    now[0] += 20 * scheduler_module.RECENT_SERVICE_S
+    frozen_clock[0] += 20 * scheduler_module.RECENT_SERVICE_S
     new = make_seq("new", 1, envelope("new"))
     scheduler.add(new)
     run_step(scheduler, charged=True)
