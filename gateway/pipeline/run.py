@@ -272,8 +272,7 @@ class Run:
 
     def _bounded(self, kind: str, reported: int, bound: int) -> int:
         if reported <= bound:
-            if self.usage_excess:
-                self.usage_excess.pop(kind, None)
+            self.usage_excess.pop(kind, None)
             return reported
         self.usage_excess[kind] = reported - bound
         return bound
