@@ -45,6 +45,7 @@ from gateway.middleware import (
     UnexpectedErrors,
 )
 from gateway.pipeline.run import ClientGone
+from gateway.plain_routes import PlainRoutes
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy, PolicyEngine
 from gateway.settings import Settings
 from gateway.tracing import TRACER_NAME, tracer_provider
@@ -332,12 +333,10 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     from gateway.openai.models.router import router as models_router
     from gateway.openai.responses_api.router import router as responses_router
 
-    app.include_router(health.router)
-    app.include_router(chat_router)
-    app.include_router(completions_router)
-    app.include_router(embeddings_router)
-    app.include_router(models_router)
-    app.include_router(responses_router)
+    openai_routers = [chat_router, completions_router, embeddings_router, models_router, responses_router]
+    for router in [health.router, *openai_routers]:
+        app.include_router(router)
+    app.add_middleware(PlainRoutes, fastapi_app=app, routers=openai_routers)  # innermost of ours
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)
