@@ -8,11 +8,14 @@ success (a whole body, or a stream's last event) is sent only once its audit rec
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import suppress
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from engine import CacheScope, RequestOutput, TokenLogprobs
 from gateway.errors import AuditUnavailable, GatewayError
@@ -77,8 +80,75 @@ async def respond(run: Run, render: Renderer, *, stream: bool) -> Response:
         return JSONResponse(body, headers=headers)
     async with run:  # a refusal before the first output is answered with its own status
         first = await run.first()
-    return StreamingResponse(_events(run, render, first), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", **headers})
+    return EventStream(_events(run, render, first), headers={"Cache-Control": "no-cache", **headers})
+
+
+class EventStream(Response):
+    """A server-sent event stream whose every write carries all the events made since the last one.
+
+    Starlette's StreamingResponse writes each event on its own: a send through uvicorn, a syscall,
+    about 40 µs on a loaded 2-core VM, 21 for a 16-token chat. Here the events are made in a task
+    of their own and the response writes whatever has gathered each time it gets the loop: the
+    events of one upstream socket read, or of one engine step, leave in one write. A slow reader
+    holds the events back as before (they wait once MAX_PENDING_BYTES have gathered), and a
+    disconnect cancels them, as Starlette's listener did: `events`' own cleanup runs either way.
+    """
+
+    MAX_PENDING_BYTES = 64 * 1024
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        pending: list[bytes] = []
+        gathered = asyncio.Event()  # events are pending, or there will be no more
+        room = asyncio.Event()  # the writer has taken what was pending
+        ended = False
+
+        async def make() -> None:
+            nonlocal ended
+            try:
+                async for event in self.events:
+                    pending.append(event)
+                    gathered.set()
+                    if sum(map(len, pending)) >= self.MAX_PENDING_BYTES:
+                        room.clear()
+                        await room.wait()
+            finally:
+                ended = True
+                gathered.set()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            maker.cancel()
+
+        maker = asyncio.ensure_future(make())
+        watcher = asyncio.ensure_future(watch())
+        try:
+            last = False
+            while not last:
+                await gathered.wait()
+                gathered.clear()
+                last = ended  # the events' end goes out with the last of them
+                if pending or last:
+                    body = b"".join(pending)
+                    pending.clear()
+                    room.set()
+                    await send({"type": "http.response.body", "body": body, "more_body": not last})
+            with suppress(asyncio.CancelledError):  # cancelled: the caller left
+                await maker  # raises what the events raised, as StreamingResponse would
+        finally:
+            for task in (maker, watcher):
+                if not task.done():
+                    task.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await task
 
 
 async def completed(run: Run, render: Renderer) -> None:
