@@ -38,6 +38,16 @@ async def serve(events: AsyncIterator[bytes], client: Client) -> None:
     await EventStream(events, headers={})({"type": "http"}, client.receive, client.send)
 
 
+async def ticking(cleaned: asyncio.Event) -> AsyncIterator[bytes]:
+    """Events that never end on their own; `cleaned` is set once their cleanup has run."""
+    try:
+        while True:
+            yield b"tick"
+            await asyncio.sleep(0.005)
+    finally:
+        cleaned.set()
+
+
 async def test_events_made_without_a_pause_leave_in_one_write() -> None:
     async def events() -> AsyncIterator[bytes]:
         for i in range(16):
@@ -83,16 +93,8 @@ async def test_a_slow_reader_holds_the_events_back() -> None:
 async def test_a_caller_that_leaves_stops_the_events_and_their_cleanup_runs() -> None:
     cleaned = asyncio.Event()
 
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                yield b"tick"
-                await asyncio.sleep(0.005)
-        finally:
-            cleaned.set()
-
     client = Client()
-    task = asyncio.ensure_future(serve(events(), client))
+    task = asyncio.ensure_future(serve(ticking(cleaned), client))
     await asyncio.sleep(0.03)
     client.leave()
     await asyncio.wait_for(task, 2)
@@ -114,16 +116,8 @@ async def test_an_error_in_the_events_reaches_the_server() -> None:
 async def test_a_cancelled_response_cancels_the_events() -> None:
     cleaned = asyncio.Event()
 
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                yield b"tick"
-                await asyncio.sleep(0.005)
-        finally:
-            cleaned.set()
-
     client = Client()
-    task = asyncio.ensure_future(serve(events(), client))
+    task = asyncio.ensure_future(serve(ticking(cleaned), client))
     await asyncio.sleep(0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
