@@ -19,6 +19,10 @@ logger = logging.getLogger("tenantgate.policy")
 
 OPA_VERSION = "1.22.3"
 DECISION_PATH = "/v1/data/tenantgate/decision"
+# OPA by default treats a built-in's error (a division by a string, say) as undefined, so a deny rule
+# whose body errors simply does not deny: it fails open, where regorus raises and the gateway
+# refuses (503). Strict built-in errors make OPA answer 500 instead, which the gateway refuses too.
+DECISION_PARAMS = {"strict-builtin-errors": "true"}
 
 
 def find_opa() -> str | None:
@@ -52,7 +56,7 @@ class OpaClient:
         self.close()
 
     def evaluate(self, input_document: Mapping) -> dict:
-        response = self._client.post(DECISION_PATH, json={"input": input_document})
+        response = self._client.post(DECISION_PATH, params=DECISION_PARAMS, json={"input": input_document})
         if response.status_code != 200:
             raise PolicyEvaluationError(f"OPA answered HTTP {response.status_code}")
         body = response.json()

@@ -21,7 +21,7 @@ import httpx
 from gateway.background import BackgroundTask
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.opa import DECISION_PATH, OpaWatch
+from gateway.policy.opa import DECISION_PARAMS, DECISION_PATH, OpaWatch
 from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
 from gateway.policy.reads import describe
 from gateway.policy.schema import Decision, validate_decision
@@ -200,7 +200,7 @@ class OpaPolicy:
     async def decide(self, input_document: Mapping) -> Judgement:
         try:
             response = await self._client.post(
-                DECISION_PATH, params={"provenance": "true"}, json={"input": input_document}
+                DECISION_PATH, params={**DECISION_PARAMS, "provenance": "true"}, json={"input": input_document}
             )
         except httpx.HTTPError as exc:
             self._watch.healthy = False

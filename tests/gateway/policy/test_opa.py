@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from gateway.metrics import GatewayMetrics
 from gateway.policy.bundle import build_bundle
 from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.loader import rego_files
 from gateway.policy.opa import OpaClient
 from gateway.policy.service import OpaPolicy
@@ -47,6 +48,36 @@ def test_parity_every_sample_identical_in_regorus_and_opa(opa_server_factory) ->
             if ours != theirs:
                 differences.append(f"{name}: regorus={ours} opa={theirs}")
     assert not differences, "\n".join(differences)
+
+
+def test_a_deny_rule_that_errors_refuses_in_opa_as_in_regorus(opa_server_factory, tmp_path: Path) -> None:
+    """OPA's default makes a built-in's error undefined, so a deny rule whose body errors would not
+    deny (the decision allows). The gateway asks with strict built-in errors: OPA answers 500 and the
+    request is refused, as regorus' error refuses it."""
+    policy = tmp_path / "erring.rego"
+    policy.write_text('package tenantgate\n\ndeny contains "too big" if { 1 / input.zero > 0 }\n\n'
+                      'decision := {"allow": count(deny) == 0}\n')
+    server = opa_server_factory([str(policy)])
+    erring = {"zero": "0"}
+    plain = httpx.post(server.url + "/v1/data/tenantgate/decision", json={"input": erring}, timeout=5)
+    assert plain.json()["result"] == {"allow": True}  # what the gateway would get without the flag
+    with OpaClient(server.url) as opa:
+        with pytest.raises(PolicyEvaluationError, match="HTTP 500"):
+            opa.evaluate(erring)
+        assert opa.evaluate({"zero": 2}) == {"allow": False}
+
+    async def decide() -> None:
+        policy = OpaPolicy(server.url)
+        try:
+            with pytest.raises(PolicyEvaluationError, match="HTTP 500"):
+                await policy.decide(erring)
+        finally:
+            await policy.aclose()
+
+    asyncio.run(decide())
+    embedded = EmbeddedEvaluator(tmp_path)
+    with pytest.raises(PolicyEvaluationError):
+        embedded.evaluate(erring)
 
 
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
