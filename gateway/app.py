@@ -7,6 +7,7 @@ built from the settings when the app starts, and closed when it stops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -207,6 +208,19 @@ class _GatewayApp(FastAPI):
         return UnexpectedErrors(ResponseHeaders(super().build_middleware_stack()))
 
 
+def freeze_startup_heap() -> None:
+    """Moves what start-up built (modules, the policy, the model's objects: about 118,000 objects
+    with the null engine) out of the cyclic garbage collector's reach.
+
+    Each full collection walked all of it on the event loop, between two requests of whichever
+    tenants: in 6,000 requests the gateway paused 5 times, 406 ms in all and 115 ms at worst. With
+    the start-up heap frozen, 4 pauses took 31 ms, 11 ms at worst (issue 31). A frozen object is
+    still freed when its last reference goes; only a cycle among start-up objects that later
+    becomes garbage is never collected, a bounded amount, once."""
+    gc.collect()
+    gc.freeze()
+
+
 SETTLE_AT_SHUTDOWN_S = 5.0
 
 
@@ -312,6 +326,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
                 port = await asyncio.to_thread(listener.start)
                 stack.callback(listener.close)
                 logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+            freeze_startup_heap()
             yield
 
     # The API's description is for development; in production the API port serves the API only
