@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -102,6 +103,11 @@ def _serve(args: argparse.Namespace) -> int:
     limits = EdgeLimits(max_header_bytes=args.max_header_bytes, max_body_bytes=MAX_BODY_BYTES,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         max_connections=args.max_connections)
+    # The model and the server are built: out of the cyclic collector's reach, so that its full passes
+    # walk the requests' objects only, not the whole process, on the loop every tenant shares
+    # (gateway/app.py, freeze_startup_heap, has the figures).
+    gc.collect()
+    gc.freeze()
     uvicorn.Server(edge_config(app, limits, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.shutdown_timeout)).run()
     return 0
