@@ -27,6 +27,7 @@ from gateway.audit import (
     StreamSink,
     boot_chain_id,
     load_or_create_signing_key,
+    worker_file,
 )
 from gateway.context import DevIssuer, Gateway
 from gateway.deployments.config import deployments_for, embedded_only
@@ -178,8 +179,8 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     if settings.audit_stdout:
         sinks.append(StreamSink())
     if settings.audit_file is not None:
-        sinks.append(RotatingFileSink(settings.audit_file, settings.audit_file_max_bytes, settings.audit_file_backups,
-                                      settings.audit_file_hold_bytes))
+        sinks.append(RotatingFileSink(_own_file(settings, settings.audit_file), settings.audit_file_max_bytes,
+                                      settings.audit_file_backups, settings.audit_file_hold_bytes))
     if settings.audit_redis_stream:
         import redis
 
@@ -189,7 +190,7 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
         sinks.append(redis_sink)
         anchors.append(RedisStreamSink(client, settings.audit_anchor_stream))
     if settings.audit_anchor_file is not None:
-        anchors.append(RotatingFileSink(settings.audit_anchor_file, settings.audit_file_max_bytes,
+        anchors.append(RotatingFileSink(_own_file(settings, settings.audit_anchor_file), settings.audit_file_max_bytes,
                                         settings.audit_file_backups, settings.audit_file_hold_bytes))
     key_path = settings.audit_signing_key or default_cache_dir() / "audit-signing.pem"
     key_path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +201,11 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditRecorder:
     metrics.watch_audit(trail, redis_sink)
     key = settings.namespace_key
     return AuditRecorder(trail, key, Redactor(key + b":redaction"))
+
+
+def _own_file(settings: Settings, path: Path) -> Path:
+    """This process's audit file: `path` itself, or under `serve --workers` its worker's own."""
+    return path if settings.worker is None else worker_file(path, settings.worker)
 
 
 class _GatewayApp(FastAPI):

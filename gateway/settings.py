@@ -159,6 +159,12 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0, le=300)  # from the first byte of a request to its last header
     body_timeout_s: float = Field(30.0, gt=0, le=600)  # from the last header to the last body byte
     max_connections: int = Field(512, gt=0)  # open client connections; more get 503 and are closed
+    # Processes serving the API port (`serve --workers`, docs/operations.md "Workers"). More than one
+    # needs what they can share: a deployments file (no embedded engine in each) and Redis (budgets
+    # kept in one process each would multiply every tenant's). `worker` is set by the supervisor for
+    # each of them: its audit files and operator port are its own.
+    workers: int = Field(1, ge=1, le=64)
+    worker: int | None = Field(None, ge=0, lt=64)
     # SIGTERM: stop accepting, let requests finish for this long, then abort the rest and exit.
     # Below Kubernetes' default grace period of 30 s, which must also cover the shutdown after it.
     shutdown_timeout_s: float = Field(20.0, gt=0, le=3600)
@@ -213,6 +219,7 @@ class Settings(BaseSettings):
             self.responses_key  # noqa: B018 - refuses a key that is not base64 of 32 bytes
         if self.audit_redis_stream and self.audit_anchor_stream == self.audit_redis_stream:
             raise ValueError("audit_anchor_stream must not be the audit stream itself")
+        self._enforce_shareable_workers()
         malformed = [tid for tid in self.operator_tenants if canonical_guid(tid) != tid]
         if malformed:
             raise ValueError("operator_tenants must be tenant GUIDs in lower case (8-4-4-4-12)")
@@ -234,6 +241,19 @@ class Settings(BaseSettings):
             raise ValueError("operator_tenants must name the platform's own Entra tenant(s): the only tenants "
                              "whose TenantGate.Operator tokens reach /admin and the console")
         return self
+
+    def _enforce_shareable_workers(self) -> None:
+        """More than one worker only where nothing that must be shared lives in one process."""
+        if self.workers == 1:
+            return
+        if self.dev_issuer:
+            raise ValueError("workers > 1 is refused with the development issuer (serve --dev): run one process")
+        if self.deployments_file is None:
+            raise ValueError("workers > 1 needs a deployments file (TENANTGATE_DEPLOYMENTS_FILE): each worker "
+                             "would load its own embedded engine")
+        if not self.redis_url.get_secret_value():
+            raise ValueError("workers > 1 needs TENANTGATE_REDIS_URL: budgets kept in each process would "
+                             "multiply every tenant's limits by the number of workers")
 
     @property
     def operator_tenant_ids(self) -> frozenset[str]:

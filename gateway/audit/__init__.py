@@ -7,7 +7,15 @@ cut from or added to a chain's end.
 """
 
 from gateway.audit.recorder import AuditRecorder, digest_label
-from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, read_stream, rotated_files
+from gateway.audit.sinks import (
+    RedisStreamSink,
+    RotatingFileSink,
+    StreamSink,
+    read_stream,
+    rotated_files,
+    trail_files,
+    worker_file,
+)
 from gateway.audit.trail import AuditSink, AuditTrail, boot_chain_id, load_or_create_signing_key, public_key_pem
 from gateway.audit.verify import VerifyReport, key_id, load_public_key, verify_files
 from gateway.encoding import canonical_json
@@ -29,5 +37,7 @@ __all__ = [
     "public_key_pem",
     "read_stream",
     "rotated_files",
+    "trail_files",
+    "worker_file",
     "verify_files",
 ]

@@ -19,7 +19,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.audit.sinks import read_stream, rotated_files
+from gateway.audit.sinks import read_stream, trail_files
 from gateway.audit.trail import load_or_create_signing_key, public_key_pem
 from gateway.audit.verify import (
     DEFAULT_MAX_UNSIGNED_AGE_S,
@@ -47,7 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("files", nargs="*", metavar="FILE", help="audit files, oldest first (one chain across rotation)")
     check.add_argument("--public-key", action="append", required=True, metavar="KEY",
                        help="Ed25519 public key (PEM); repeat for keys used before a rotation")
-    check.add_argument("--rotated", action="store_true", help="each FILE is a log name: verify FILE.N … FILE.1 FILE")
+    check.add_argument("--rotated", action="store_true",
+                       help="each FILE is a log name: verify FILE.N … FILE.1 FILE, then each worker's "
+                            "(FILE.worker-I, rotated alike)")
     check.add_argument("--redis", metavar="URL", help="read the central copy from a Redis Stream instead of files")
     check.add_argument("--stream", default="tenantgate:audit", help="stream name (default tenantgate:audit)")
     check.add_argument("--anchors", action="append", default=[], metavar="SOURCE",
@@ -93,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         else:
             files = [Path(f) for f in args.files]
             if args.rotated:
-                files = [rotated for name in files for rotated in rotated_files(name)]
+                files = [rotated for name in files for rotated in trail_files(name)]
             try:
                 report = verify_files(files, keys, **options)
             except OSError as exc:
@@ -112,10 +114,10 @@ def _read_anchors(source: str, stream: str) -> list[bytes]:
     if source.startswith(REDIS_SCHEMES):
         with _redis(source, stream) as client:
             return list(read_stream(client, stream))
-    try:
-        return Path(source).read_bytes().splitlines()
+    try:  # a rotated anchor file, and each worker's of `serve --workers`
+        return [line for path in trail_files(source) or [Path(source)] for line in path.read_bytes().splitlines()]
     except OSError as exc:
-        raise _Unreadable(f"cannot read anchors {source}: {exc.strerror}") from None
+        raise _Unreadable(f"cannot read anchors {exc.filename or source}: {exc.strerror}") from None
 
 
 @contextmanager

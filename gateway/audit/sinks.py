@@ -194,6 +194,29 @@ def _last_line(fd: int, size: int, block: int = 1 << 16) -> bytes:
     return b"".join(reversed(parts))
 
 
+WORKER_SUFFIX = ".worker-"
+
+
+def worker_file(path: str | Path, index: int) -> Path:
+    """Worker `index`'s own file beside `path` (`audit.jsonl.worker-1`): with `serve --workers N`
+    each process appends to and rotates a file of its own, never one another writes."""
+    path = Path(path)
+    return path.with_name(f"{path.name}{WORKER_SUFFIX}{index}")
+
+
+def trail_files(path: str | Path) -> list[Path]:
+    """Every file of the trail named `path`: its own rotated files, then each worker's
+    (`worker_file`), each oldest first. The workers' chains are separate, so verify follows
+    each on its own whatever order the files come in."""
+    path = Path(path)
+    workers = []
+    for candidate in path.parent.glob(glob.escape(path.name + WORKER_SUFFIX) + "*"):
+        suffix = candidate.name[len(path.name) + len(WORKER_SUFFIX):]
+        if suffix.isdigit():
+            workers.append((int(suffix), candidate))
+    return rotated_files(path) + [f for _, worker in sorted(workers) for f in rotated_files(worker)]
+
+
 def rotated_files(path: str | Path) -> list[Path]:
     """`path.N` … `path.1`, then `path`: a rotated log oldest first, as verify wants it."""
     path = Path(path)

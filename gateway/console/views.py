@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from gateway.audit import digest_label, rotated_files, verify_files
+from gateway.audit import digest_label, trail_files, verify_files
 from gateway.context import Gateway
 
 SERIES = {
@@ -163,7 +163,7 @@ def _verify_trail(gateway: Gateway) -> dict:
             last_revision = revision or last_revision
 
     try:
-        report = verify_files(rotated_files(settings.audit_file), [trail.public_key], on_line=on_line)
+        report = verify_files(trail_files(settings.audit_file), [trail.public_key], on_line=on_line)
     except OSError as exc:
         return {"verdict": None, "reason": f"cannot read the audit file: {exc.strerror}", "last_revision": None}
     return {"verdict": report.verdict, "ok": report.ok, "reason": report.reason, "records": report.records,

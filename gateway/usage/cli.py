@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from gateway.audit import AuditRecorder, load_or_create_signing_key, load_public_key, rotated_files
+    from gateway.audit import AuditRecorder, load_or_create_signing_key, load_public_key, trail_files
     from gateway.cli import load_settings
     from gateway.usage import TrailRejected, UsageError, load_names, load_prices, parse_time, read_usage, to_csv
 
@@ -66,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.names is not None:
             recorder = AuditRecorder(None, settings.namespace_key)
             names = {recorder.tenant_digest(tenant): name for tenant, name in load_names(args.names).items()}
-        files = rotated_files(audit_file)
+        files = trail_files(audit_file)
         if not files:
             raise UsageError(f"no audit file at {audit_file}")
     except (UsageError, OSError, ValueError) as exc:

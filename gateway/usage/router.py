@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.audit import rotated_files
+from gateway.audit import trail_files
 from gateway.errors import GatewayError, InvalidRequest, Unavailable
 from gateway.operator import OperatorDep, audit_operator
 from gateway.usage.report import TrailRejected, UsageError, load_prices, parse_time, read_usage, to_csv
@@ -49,7 +49,7 @@ async def _usage(gateway, start: str, end: str, format: str) -> Response:
         raise InvalidRequest("the range is empty: from must be before to", code="invalid_request")
     try:
         prices = load_prices(settings.usage_prices_file) if settings.usage_prices_file is not None else None
-        report = await asyncio.to_thread(read_usage, rotated_files(settings.audit_file), [trail.public_key],
+        report = await asyncio.to_thread(read_usage, trail_files(settings.audit_file), [trail.public_key],
                                          since, until)
     except TrailRejected as exc:
         raise TrailFailed(str(exc)) from None
