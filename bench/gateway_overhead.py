@@ -15,6 +15,11 @@ in the same run, alternating, from a client in this process; each round prints t
 - bare: POST /v1/chat/completions reads the body and returns the gateway's response bytes (its
   event stream for a streamed request).
 
+- workers (--workers N): `tenantgate serve` itself, one process against `--workers N`, both in
+  front of the same upstream with budgets in Redis (which N > 1 needs), driven by wrk at
+  concurrency 32 in alternating rounds; printed per round with the load average and the CPU each
+  process used (gateway workers, upstream, redis-server, wrk, everything else on the machine).
+
 Printed per variant: at concurrency 1, p50/p99 latency and the difference; at concurrency 32,
 requests/s and the ratio. Targets (issue 31): added p50 <= 0.5 ms with decision cache hits,
 <= 1.0 ms with every decision evaluated, <= 1.5 ms through the deployment (streamed and not);
@@ -24,6 +29,7 @@ added p99 <= 2 ms; one process >= 0.3x the bare endpoint's req/s at concurrency 
     .venv/bin/python bench/gateway_overhead.py                      # 2,000 requests per measurement
     .venv/bin/python bench/gateway_overhead.py --n 300 --rounds 1   # a smoke run
     .venv/bin/python bench/gateway_overhead.py --only hits,upstream --profile upstream
+    .venv/bin/python bench/gateway_overhead.py --workers 2 --rounds 5   # needs wrk and redis-server
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ MAX_TOKENS = 16
 TARGET_P50_MS = {"gateway": 0.5, "uncached": 1.0, "upstream": 1.5}  # tracing: reported, no target
 TARGET_P99_MS = 2.0
 TARGET_RPS_RATIO = 0.3
+TARGET_WORKERS_RATIO = 1.7  # issue 31, item 3: --workers 2 against one process, on the 2-core machine
 
 
 def bench_data(directory: Path) -> Path:
@@ -280,6 +287,121 @@ def measure(urls: dict[str, str], token: str, variant: Variant, n: int, rounds: 
                    "rps": statistics.median(r["rps"])} for name, r in results.items()}
 
 
+# -- `serve --workers N` against one process ---------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU time every process on the machine has used so far (/proc/stat, all but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            pass
+    return sorted(found)
+
+
+def serve_workers(count: int, env: dict[str, str], directory: Path) -> tuple[subprocess.Popen, str]:
+    """`tenantgate serve --workers COUNT` on a free port, once it answers /readyz."""
+    from devkit.server import TENANTGATE, wait_ready
+
+    port = free_port()
+    log = (directory / f"serve-{count}.log").open("w")
+    process = subprocess.Popen([TENANTGATE, "serve", "--workers", str(count), "--port", str(port),
+                                "--log-level", "warning"], env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process, output=lambda: (directory / f"serve-{count}.log").read_text())
+    return process, url
+
+
+def measure_workers(args: argparse.Namespace, issuer: LocalIssuer, tmp_path: Path, servers: ExitStack) -> int:
+    """One process against --workers N through `tenantgate serve`, wrk at concurrency 32, alternating rounds."""
+    import shutil
+
+    from bench.vs_litellm import mock_answers, wrk, wrk_script
+    from devkit.redis import RedisServer, find_redis_server
+    from devkit.server import gateway_env
+
+    redis_binary = find_redis_server()
+    if shutil.which("wrk") is None or redis_binary is None:
+        print("gateway_overhead --workers: needs wrk (apt-get install wrk) and redis-server "
+              "(scripts/install-redis.sh)", file=sys.stderr)
+        return 1
+    redis = RedisServer(redis_binary, tmp_path).start()
+    servers.callback(redis.stop)
+    body_file, stream_file = mock_answers(tmp_path)
+    bare_port = free_port()
+    upstream = start_server(["bare", "--body-file", str(body_file), "--stream-file", str(stream_file)], bare_port)
+    servers.callback(stop_server, upstream)
+    deployments = tmp_path / "deployments.json"
+    deployments.write_text(json.dumps({"models": {"demo": [{
+        "name": "loopback", "kind": "openai", "dialect": "openai", "url": f"http://127.0.0.1:{bare_port}/v1",
+        "upstream_model": "demo", "dedicated_tenants": [TENANT]}]}}))
+    counts = (1, args.workers)
+    gateways: dict[int, tuple[subprocess.Popen, str]] = {}
+    for count in counts:
+        env = gateway_env(
+            TENANTGATE_AUTHORITY=issuer.base_url, TENANTGATE_V1_ISSUER_HOST=issuer.base_url,
+            TENANTGATE_AUDIENCES=AUDIENCE, TENANTGATE_POLICY_DATA_DIR=str(bench_data(tmp_path)),
+            TENANTGATE_POLICY_RELOAD_INTERVAL_S="0", TENANTGATE_METRICS_PORT="0", TENANTGATE_AUDIT_STDOUT="false",
+            TENANTGATE_AUDIT_FILE=str(tmp_path / f"audit-{count}.jsonl"),
+            TENANTGATE_AUDIT_SIGNING_KEY=str(tmp_path / "audit-signing.pem"),
+            TENANTGATE_DEPLOYMENTS_FILE=str(deployments), TENANTGATE_REDIS_URL=redis.url)
+        gateways[count] = serve_workers(count, env, tmp_path)
+        servers.callback(stop_server, gateways[count][0])
+    script = wrk_script(tmp_path, "workers", issuer.mint(TENANT, audience=AUDIENCE, lifetime_s=6 * 3600), False)
+    print(f"gateway_overhead --workers: `tenantgate serve` with 1 and {args.workers} workers, a deployments file to "
+          f"a loopback upstream, budgets in Redis, audit to a file; wrk 1 thread, concurrency 32, "
+          f"{args.seconds:g} s per run, {args.rounds} alternating rounds; {os.cpu_count()} CPUs; "
+          f"load {load_average()}", flush=True)
+    for _, url in gateways.values():
+        wrk(url, script, 32, 2)  # warm up: connections, the decision cache, key sets
+    rps: dict[int, list[float]] = {count: [] for count in counts}
+    for round_ in range(args.rounds):
+        for count, (process, url) in gateways.items():
+            pids = {"gateway": [process.pid, *children_of(process.pid)], "upstream": [upstream.pid],
+                    "redis": [redis.process.pid] if redis.process else []}
+            before = {name: [cpu_seconds(p) for p in group] for name, group in pids.items()}
+            busy, start, reaped = machine_busy_seconds(), time.monotonic(), os.times()
+            result = wrk(url, script, 32, args.seconds)
+            elapsed = time.monotonic() - start
+            # wrk is the one child reaped in between: its CPU time is what the children's times grew by.
+            client = sum(os.times()[2:4]) - sum(reaped[2:4])
+            used = {name: [(cpu_seconds(p) - b) / elapsed for p, b in zip(group, before[name])]
+                    for name, group in pids.items()}
+            total = (machine_busy_seconds() - busy) / elapsed
+            ours = sum(sum(group) for group in used.values()) + client / elapsed
+            rps[count].append(result["rps"])
+            workers = "+".join(f"{c:.2f}" for c in used["gateway"][1:] or used["gateway"])
+            print(f"  round {round_ + 1} workers {count}: c32 {result['rps']:6.0f} req/s  p50 {result['p50']:6.2f} ms  "
+                  f"cpu (cores): gateway {workers}, upstream {used['upstream'][0]:.2f}, "
+                  f"redis {sum(used['redis']):.2f}, wrk {client / elapsed:.2f}, other processes {total - ours:.2f}, "
+                  f"busy {total:.2f} of "
+                  f"{os.cpu_count()}  load {load_average()}", flush=True)
+    ratios = [many / one for one, many in zip(rps[1], rps[args.workers])]
+    ratio = statistics.median(ratios)
+    met = "met" if ratio >= TARGET_WORKERS_RATIO else "MISSED"
+    print(f"  median c32 req/s: 1 worker {statistics.median(rps[1]):.0f}, {args.workers} workers "
+          f"{statistics.median(rps[args.workers]):.0f}; median of the per-round ratios {ratio:.2f}x "
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; target >= {TARGET_WORKERS_RATIO}: {met})")
+    return 0
+
+
 def print_profile(path: Path, limit: int = 25) -> None:
     stats = pstats.Stats(str(path))
     stats.sort_stats("tottime")
@@ -294,6 +416,9 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated variants to run (default: all): " + ", ".join(VARIANTS))
     parser.add_argument("--profile", help="run this server (gateway, uncached, traced, upstream) under cProfile "
                                           "and print where its time goes")
+    parser.add_argument("--workers", type=int, help="instead of the variants: `tenantgate serve` with one process "
+                                                    "against this many workers (wrk, Redis)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="with --workers: the length of each wrk run")
     parser.add_argument("--serve", choices=["gateway", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--issuer-url", help=argparse.SUPPRESS)
@@ -314,6 +439,8 @@ def main() -> int:
     os.environ.setdefault("TENANTGATE_CACHE_DIR", tempfile.mkdtemp(prefix="tenantgate-bench-"))
     with tempfile.TemporaryDirectory() as tmp, LocalIssuer(port=0) as issuer, ExitStack() as servers:
         tmp_path = Path(tmp)
+        if args.workers:
+            return measure_workers(args, issuer, tmp_path, servers)
         data_dir = bench_data(tmp_path)
         token = issuer.mint(TENANT, audience=AUDIENCE, lifetime_s=6 * 3600)
         urls: dict[str, str] = {}
