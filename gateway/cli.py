@@ -103,14 +103,13 @@ def _supervise(args: argparse.Namespace, settings) -> int:
     except OSError as exc:
         print(f"tenantgate: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return EXIT_CONFIG
-    fd = listener.fileno()
     verbose = ["-v"] if args.verbose else []
-    command = [sys.executable, "-m", "gateway.main", *verbose, "serve", "--worker-fd", str(fd),
+    command = [sys.executable, "-m", "gateway.main", *verbose, "serve", "--worker-fd", str(listener.fileno()),
                "--log-level", args.log_level]
     print(f"tenantgate: {settings.workers} workers on http://{settings.host}:{listener.getsockname()[1]}",
           file=sys.stderr, flush=True)
     supervisor = Supervisor(settings.workers, lambda index: command,
-                            lambda index: worker_env(index, settings.metrics_port), pass_fds=(fd,),
+                            lambda index: worker_env(index, settings.metrics_port), listener=listener,
                             shutdown_timeout_s=settings.shutdown_timeout_s)
     try:
         return supervisor.run()

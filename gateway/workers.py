@@ -80,7 +80,7 @@ class Supervisor:
     count: int
     command: Callable[[int], Sequence[str]]
     env: Callable[[int], dict[str, str]]
-    pass_fds: tuple[int, ...]
+    listener: socket.socket  # the API socket every worker inherits (pass_fds)
     shutdown_timeout_s: float
     out: IO[bytes] = field(default_factory=lambda: sys.stdout.buffer)
     max_deaths: int = MAX_DEATHS
@@ -115,7 +115,7 @@ class Supervisor:
 
     def _start(self, worker: _Worker) -> None:
         process = subprocess.Popen(list(self.command(worker.index)), env={**os.environ, **self.env(worker.index)},
-                                   pass_fds=self.pass_fds, stdout=subprocess.PIPE, process_group=0)
+                                   pass_fds=(self.listener.fileno(),), stdout=subprocess.PIPE, process_group=0)
         worker.process, worker.restart_at = process, None
         # Own process groups: a terminal's Ctrl-C reaches the supervisor alone, which stops each worker once.
         worker.relay = threading.Thread(target=self._relay, args=(process.stdout,), daemon=True,
@@ -150,6 +150,9 @@ class Supervisor:
         running = [w.process for w in self._workers if w.process is not None and w.process.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
+        # Each worker closes its copy of the socket as it starts draining; once this one is closed
+        # too, new connections are refused, as with one process, instead of waiting in the queue.
+        self.listener.close()
         deadline = time.monotonic() + self.shutdown_timeout_s + STOP_MARGIN_S
         killed = 0
         for process in running:

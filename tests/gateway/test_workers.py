@@ -125,6 +125,9 @@ def test_a_killed_worker_is_restarted_and_sigterm_stops_every_worker(
             return any(name.startswith("audit.jsonl.worker-0:") for name in set(records_by_chain(tmp_path)) - before)
         wait_for(restarted_worker_answers, what="the restarted worker to answer")
         server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.ConnectError):  # no new connections once shutting down, as with one process
+            httpx.get(server.base_url + "/healthz", timeout=2)
         assert server.process.wait(30) == 0
     for pid in restarted.values():
         assert not _alive(pid)
