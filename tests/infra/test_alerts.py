@@ -331,16 +331,21 @@ def test_pod_monitors_scrape_the_gateway_and_engine_metrics_ports(rendered_manif
         pod = workloads[name]["spec"]["template"]
         assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items(), name
         assert spec["namespaceSelector"] == {"matchNames": ["tenantgate"]}
-        [endpoint] = spec["podMetricsEndpoints"]
-        assert endpoint["path"] == "/metrics" and endpoint["interval"] == "30s"
         ports = {port["name"]: port["containerPort"] for c in pod["spec"]["containers"] for port in c.get("ports", [])}
-        assert endpoint["port"] in ports, name
-        # The scraper's namespace may reach that port.
+        # The gateway's two workers (its CPU request) each serve /metrics on a port of their own.
+        endpoints = spec["podMetricsEndpoints"]
+        assert [e["port"] for e in endpoints] == (["metrics", "metrics-1"] if name == "-gateway" else ["engine"])
         ingress = policies[f"{name}-ingress"]["spec"]["ingress"]
-        assert any(
-            scraper in rule["from"] and {"port": ports[endpoint["port"]], "protocol": "TCP"} in rule["ports"]
-            for rule in ingress
-        ), name
+        for endpoint in endpoints:
+            assert endpoint["path"] == "/metrics" and endpoint["interval"] == "30s"
+            assert endpoint["port"] in ports, name
+            number = ports[endpoint["port"]]
+            # The scraper's namespace may reach that port.
+            assert any(
+                scraper in rule["from"] and any(p["port"] <= number <= p.get("endPort", p["port"])
+                                                and p["protocol"] == "TCP" for p in rule["ports"])
+                for rule in ingress
+            ), (name, endpoint["port"])
 
 
 def test_embedded_mode_monitors_the_gateway_only_with_the_operators_api_by_default(tools: Tools) -> None:

@@ -282,6 +282,27 @@ def test_ingress_takes_its_certificate_from_key_vault_through_the_app_routing_ad
     assert tls["hosts"] == [rule["host"] for rule in ingress["spec"]["rules"]]
 
 
+@pytest.mark.parametrize(("values", "workers"), [
+    ((), 1),  # the embedded engine: one process, whatever the CPU request
+    (("--set", "engine.mode=remote"), 2),  # the whole cores of the default request, "2"
+    (("--set", "engine.mode=remote", "--set", "gateway.resources.requests.cpu=3500m"), 3),
+    (("--set", "engine.mode=remote", "--set", "gateway.resources.requests.cpu=250m"), 1),
+    (("--set", "engine.mode=remote", "--set", "gateway.workers=4"), 4),
+])
+def test_gateway_workers_follow_the_cpu_request_and_each_has_a_metrics_port(
+        tools: Tools, values: tuple[str, ...], workers: int) -> None:
+    result = render_chart(tools, *values)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    gateway = _one(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert _env(gateway)["TENANTGATE_WORKERS"] == str(workers)
+    assert [(p["name"], p["containerPort"]) for p in gateway["ports"] if p["name"].startswith("metrics")] == [
+        ("metrics", 9100), *[(f"metrics-{i}", 9100 + i) for i in range(1, workers)]]
+    policy = _one(objects, "NetworkPolicy", "-gateway-ingress")
+    metrics = [port for rule in policy["spec"]["ingress"] for port in rule["ports"] if port["port"] == 9100]
+    assert metrics == [{"port": 9100, "protocol": "TCP"} | ({"endPort": 9099 + workers} if workers > 1 else {})]
+
+
 def test_gateway_pods_drain_before_they_stop(rendered_manifests: dict[str, Path]) -> None:
     from gateway.settings import Settings
 
@@ -474,6 +495,8 @@ def test_inference_pool_is_the_backend_of_a_route_on_the_existing_gateway(render
         (("--set", "gateway.settings.environment=development"), "/gateway/settings/environment"),
         (("--set", "image.tag=latest"), "/image/tag"),
         (("--set", "gateway.settings.redisUrl=redis://plain:6379"), "/gateway/settings/redisUrl"),
+        (("--set", "engine.mode=remote", "--set", "gateway.settings.redisUrl=null"), "gateway workers > 1 need"),
+        (("--set", "gateway.workers=65"), "/gateway/workers"),
         (("--set", "opa.bundle.algorithm=HS256"), "/opa/bundle/algorithm"),
         (("--set", "gateway.settings.authority=http://login.example"), "/gateway/settings/authority"),
         (("--set", "gateway.settings.redisEntra=null"), "redisEntra"),

@@ -93,6 +93,28 @@ tolerations:
 {{- end -}}
 
 {{/* Whether the gateway reads a deployments file: always with remote engines or other upstreams. */}}
+{{/*
+The gateway's worker processes (TENANTGATE_WORKERS): 1 with the embedded engine (each worker
+would load its own); else gateway.workers, or with 0 the whole cores of the CPU request
+("2", 2, "2.5", "1500m"), at least 1.
+*/}}
+{{- define "tenantgate.gatewayWorkers" -}}
+{{- if eq .Values.engine.mode "embedded" -}}
+1
+{{- else if .Values.gateway.workers -}}
+{{- .Values.gateway.workers | int -}}
+{{- else -}}
+{{- $cpu := toString .Values.gateway.resources.requests.cpu -}}
+{{- $millis := 0 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $millis = trimSuffix "m" $cpu | atoi -}}
+{{- else -}}
+{{- $millis = mulf (float64 $cpu) 1000 | int -}}
+{{- end -}}
+{{- max 1 (div $millis 1000) | min 64 -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "tenantgate.hasDeploymentsFile" -}}
 {{- if or (eq .Values.engine.mode "remote") .Values.inferencePools .Values.deployments -}}true{{- end -}}
 {{- end -}}
