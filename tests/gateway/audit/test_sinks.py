@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, rotated_files
+from gateway.audit.sinks import RedisStreamSink, RotatingFileSink, StreamSink, rotated_files, trail_files, worker_file
 from gateway.audit.trail import AuditSink, AuditTrail
 from gateway.audit.verify import verify, verify_files
 from tests.gateway.audit.chains import cut_mid_line, forge, record
@@ -124,6 +124,18 @@ def test_rotated_files_orders_backups_numerically(tmp_path):
     for name in ("a.log", "a.log.1", "a.log.2", "a.log.10", "a.log.bak", "b.log.3"):
         (tmp_path / name).write_text("")
     assert [p.name for p in rotated_files(tmp_path / "a.log")] == ["a.log.10", "a.log.2", "a.log.1", "a.log"]
+
+
+def test_a_trail_is_its_own_rotated_files_then_each_workers_in_worker_order(tmp_path):
+    assert worker_file(tmp_path / "a.log", 3) == tmp_path / "a.log.worker-3"
+    for name in ("a.log", "a.log.1", "a.log.worker-10", "a.log.worker-2", "a.log.worker-2.1", "a.log.worker-x",
+                 "a.log.worker-2.bak", "b.log.worker-1"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in trail_files(tmp_path / "a.log")] == [
+        "a.log.1", "a.log", "a.log.worker-2.1", "a.log.worker-2", "a.log.worker-10"]
+    (tmp_path / "a.log").unlink()
+    (tmp_path / "a.log.1").unlink()
+    assert trail_files(tmp_path / "a.log")[0].name == "a.log.worker-2.1"  # workers only: `serve --workers`
 
 
 def test_invalid_rotation_settings_are_refused(tmp_path):
