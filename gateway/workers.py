@@ -103,7 +103,7 @@ class Supervisor:
                 if worker.restart_at is not None and now >= worker.restart_at:
                     self._start(worker)
                 elif worker.restart_at is None and worker.process is not None and worker.process.poll() is not None:
-                    failing = self._exited(worker, worker.process, now)
+                    failing = self._exited(worker, worker.process, now) or failing
             time.sleep(POLL_S)
         if failing:
             logger.error("workers keep dying (%d exits in %.0f s); stopping the others", len(self._deaths),
