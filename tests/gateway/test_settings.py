@@ -30,3 +30,25 @@ def test_operator_tenants_are_read_as_a_list_of_lower_case_guids(monkeypatch: py
 def test_development_defaults_to_the_example_datas_platform_tenant_alone() -> None:
     assert Settings().operator_tenant_ids == {DEV_OPERATOR_TENANT}
     assert Settings(operator_tenants=[PLATFORM]).operator_tenant_ids == {PLATFORM}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({}, "needs a deployments file"),
+    ({"deployments_file": "deployments.json"}, "needs TENANTGATE_REDIS_URL"),
+    ({"deployments_file": "deployments.json", "redis_url": "redis://127.0.0.1:6379/0", "dev_issuer": True},
+     "refused with the development issuer"),
+])
+def test_more_than_one_worker_needs_state_that_workers_can_share(fields: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(workers=2, **fields)
+    assert Settings(workers=1, **fields).workers == 1  # one process keeps its own state, as before
+
+
+def test_workers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENANTGATE_WORKERS", "3")
+    monkeypatch.setenv("TENANTGATE_DEPLOYMENTS_FILE", "deployments.json")
+    monkeypatch.setenv("TENANTGATE_REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert Settings().workers == 3
+    monkeypatch.setenv("TENANTGATE_WORKERS", "0")
+    with pytest.raises(ValidationError, match="workers"):
+        Settings()

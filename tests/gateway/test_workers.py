@@ -84,10 +84,25 @@ def wait_for(condition, timeout_s: float = 60.0, what: str = "the condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def two_free_ports() -> int:
+    """A port that is free, and the one after it (worker 1's operator port)."""
+    for _ in range(50):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            try:
+                second.bind(("127.0.0.1", first.getsockname()[1] + 1))
+            except OSError:
+                continue
+            return first.getsockname()[1]
+    raise AssertionError("no two adjacent free ports")
+
+
 def test_two_workers_answer_on_one_port_each_with_its_own_chain_and_the_trail_verifies(
         local_issuer, workers_env: dict[str, str], tmp_path: Path) -> None:
     token = local_issuer.mint(BETA, audience=AUDIENCE)
-    with tenantgate_serve(tmp_path, workers_env, "--workers", "2") as server:
+    metrics_port = two_free_ports()
+    env = workers_env | {"TENANTGATE_METRICS_PORT": str(metrics_port)}
+    with tenantgate_serve(tmp_path, env, "--workers", "2") as server:
         assert sorted(worker_pids(server)) == [0, 1]
         with ThreadPoolExecutor(8) as pool:
             # Both workers accept from the one socket: each soon has requests of its own.
@@ -96,6 +111,10 @@ def test_two_workers_answer_on_one_port_each_with_its_own_chain_and_the_trail_ve
                 return {name.split(":")[0] for name in records_by_chain(tmp_path)} == {
                     "audit.jsonl.worker-0", "audit.jsonl.worker-1"}
             wait_for(both_answered, what="both workers to answer")
+        # Each worker's operator listener is its own, on the port after the one before.
+        for port in (metrics_port, metrics_port + 1):
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+            assert metrics.status_code == 200 and "tenantgate_requests_total" in metrics.text
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(30) == 0
     chains = records_by_chain(tmp_path)
@@ -144,6 +163,21 @@ def test_workers_that_keep_dying_stop_the_supervisor_with_an_error(
     assert result.returncode == 1
     assert "workers keep dying" in result.stderr
     assert len(STARTED.findall(result.stderr)) >= 6  # restarted, with backoff, before giving up
+
+
+def test_workers_stop_themselves_when_their_supervisor_is_killed(
+        workers_env: dict[str, str], tmp_path: Path) -> None:
+    with tenantgate_serve(tmp_path, workers_env, "--workers", "2") as server:
+        pids = worker_pids(server)
+        server.process.kill()  # SIGKILL: no chance to stop them
+        server.process.wait(10)
+        try:
+            wait_for(lambda: not any(_alive(pid) for pid in pids.values()), timeout_s=30,
+                     what="the orphaned workers to stop")
+        finally:  # a failure must not leave them serving
+            for pid in pids.values():
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("case", "message"), [
