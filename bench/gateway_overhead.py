@@ -388,11 +388,13 @@ def measure_workers(args: argparse.Namespace, issuer: LocalIssuer, tmp_path: Pat
             ours = sum(sum(group) for group in used.values()) + client / elapsed
             rps[count].append(result["rps"])
             workers = "+".join(f"{c:.2f}" for c in used["gateway"][1:] or used["gateway"])
+            # CPU per request (the supervisor's included): what the machine's load does not move much.
+            per_request = sum(used["gateway"]) / result["rps"] * 1e3
             print(f"  round {round_ + 1} workers {count}: c32 {result['rps']:6.0f} req/s  p50 {result['p50']:6.2f} ms  "
-                  f"cpu (cores): gateway {workers}, upstream {used['upstream'][0]:.2f}, "
-                  f"redis {sum(used['redis']):.2f}, wrk {client / elapsed:.2f}, other processes {total - ours:.2f}, "
-                  f"busy {total:.2f} of "
-                  f"{os.cpu_count()}  load {load_average()}", flush=True)
+                  f"gateway cpu {per_request:.2f} ms/request  cpu (cores): gateway {workers}, "
+                  f"upstream {used['upstream'][0]:.2f}, redis {sum(used['redis']):.2f}, wrk {client / elapsed:.2f}, "
+                  f"other processes {total - ours:.2f}, busy {total:.2f} of {os.cpu_count()}  "
+                  f"load {load_average()}", flush=True)
     ratios = [many / one for one, many in zip(rps[1], rps[args.workers])]
     ratio = statistics.median(ratios)
     met = "met" if ratio >= TARGET_WORKERS_RATIO else "MISSED"
