@@ -35,7 +35,8 @@ def test_absent_claims_give_empty_lists_and_no_single_values() -> None:
 
 @pytest.mark.parametrize(("name", "value"), [
     ("acrs", "c1"),  # a string, not a list
-    ("acrs", ["c0"]), ("acrs", ["c100"]), ("acrs", ["C1"]), ("acrs", ["c1", 1]), ("acrs", [f"c{i}" for i in range(1, 18)]),
+    ("acrs", ["c0"]), ("acrs", ["c100"]), ("acrs", ["C1"]), ("acrs", ["c1", 1]),
+    ("acrs", [f"c{i}" for i in range(1, 18)]),  # more than 16
     ("amr", ["pwd", {"mfa": True}]), ("amr", ["x" * 33]),
     ("xms_cc", "cp1"), ("xms_cc", ["cp1", None]), ("xms_cc", ["c" * 65]),
     ("sid", 42), ("sid", "a b"), ("sid", "s" * 129),
