@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -37,6 +38,54 @@ DEFAULT_AUDIENCE = "api://tenantgate"
 DEV_CLIENT_ID = "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f"
 KEY_FILE = "signing-key.pem"
 _MULTI_TENANT = ("common", "organizations", "consumers")
+_AUTH_CONTEXT = re.compile(r"c([1-9]|[1-9][0-9])")
+_CAPABILITY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_MAX_CLAIMS_REQUEST = 4096
+
+
+class ClaimsRequestError(ValueError):
+    """A `claims` parameter that is no OIDC claims request the issuer can honour (HTTP 400)."""
+
+
+def _requested_values(request: object, pattern: re.Pattern[str], name: str) -> list[str]:
+    """The value or values an OIDC claims request asks of one claim ({"essential", "value"|"values"})."""
+    if not isinstance(request, dict):
+        raise ClaimsRequestError(f"the {name} request must be an object")
+    values = request.get("values", [request["value"]] if "value" in request else [])
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) and pattern.fullmatch(v)
+                                                               for v in values):
+        raise ClaimsRequestError(f"the {name} request names no value the issuer knows")
+    return list(dict.fromkeys(values))
+
+
+def honour_claims_request(claims: str, *, now: int | None = None) -> dict:
+    """The access-token claims a `claims` request parameter asks for, as Entra's authorize and token
+    endpoints honour one after a claims challenge: the authentication contexts of `acrs` (this
+    issuer satisfies every Conditional Access requirement: the caller is the developer at the
+    keyboard), the client capabilities MSAL declares in `xms_cc`, and for `nbf` a token issued, and
+    a sign-in made, no earlier than the value asked. Other claims are ignored, as Entra ignores
+    claims it does not issue."""
+    now = int(time.time()) if now is None else now
+    if len(claims) > _MAX_CLAIMS_REQUEST:
+        raise ClaimsRequestError("the claims request is too large")
+    try:
+        document = json.loads(claims)
+    except ValueError:
+        raise ClaimsRequestError("the claims request is not JSON") from None
+    requested = document.get("access_token", {}) if isinstance(document, dict) else None
+    if not isinstance(requested, dict):
+        raise ClaimsRequestError("the claims request must be an object with an access_token object")
+    extra: dict = {"auth_time": now}  # every token the endpoint issues follows a sign-in just now
+    if "acrs" in requested:
+        extra["acrs"] = _requested_values(requested["acrs"], _AUTH_CONTEXT, "acrs")
+    if "xms_cc" in requested:
+        extra["xms_cc"] = _requested_values(requested["xms_cc"], _CAPABILITY, "xms_cc")
+    if "nbf" in requested:
+        value = requested["nbf"].get("value") if isinstance(requested["nbf"], dict) else None
+        if not isinstance(value, str) or not value.isdigit():
+            raise ClaimsRequestError("the nbf request must carry a value of seconds since the epoch")
+        extra["auth_time"] = extra["iat"] = extra["nbf"] = max(now, int(value))
+    return extra
 
 
 def dev_issuer_key_dir() -> Path:
@@ -282,13 +331,56 @@ class LocalIssuer:
 
             return respond
 
+        async def token(request):
+            tid = canonical_guid(request.path_params["tid"])
+            body = await request.body()
+            try:
+                if tid is None:
+                    raise ClaimsRequestError("tokens are issued for a tenant GUID, not a multi-tenant alias")
+                # A form as OAuth clients post it (parsed here: no multipart parser for one urlencoded body).
+                form = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+                answer = self.token_response(tid, form, version="2.0" if "v2.0" in request.url.path else "1.0")
+            except ClaimsRequestError as exc:
+                return JSONResponse({"error": "invalid_request", "error_description": str(exc)}, 400)
+            return JSONResponse(answer)
+
         routes = {
             "/{tid}/v2.0/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "2.0"),
             "/{tid}/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "1.0"),
             "/{tid}/discovery/v2.0/keys": lambda tid: self._serve_jwks(tid, "2.0"),
             "/{tid}/discovery/keys": lambda tid: self._serve_jwks(tid, "1.0"),
         }
-        return Starlette(routes=[Route(path, endpoint(handler)) for path, handler in routes.items()])
+        token_paths = ("/{tid}/oauth2/v2.0/token", "/{tid}/oauth2/token")
+        token_routes = [Route(path, token, methods=["POST"]) for path in token_paths]
+        return Starlette(routes=[*(Route(path, endpoint(handler)) for path, handler in routes.items()), *token_routes])
+
+    def token_response(self, tenant_id: str, form: dict[str, str], *, version: str = "2.0") -> dict:
+        """The token endpoint's answer to a form: `client_credentials` gets an app-only token,
+        `password` a delegated one for the user named (no password is checked: this issuer signs
+        whatever its own key directory allows anyway). `claims` is honoured as Entra honours it
+        after a claims challenge (honour_claims_request); `scope` sets the audience
+        (`<audience>/.default`)."""
+        grant = form.get("grant_type")
+        if grant not in ("client_credentials", "password"):
+            raise ClaimsRequestError("grant_type must be client_credentials or password")
+        scope = next((s for s in form.get("scope", "").split() if s.endswith("/.default")), "")
+        audience = scope.removesuffix("/.default") or DEFAULT_AUDIENCE
+        extra = honour_claims_request(form["claims"]) if form.get("claims") else {"auth_time": int(time.time())}
+        options: dict = {"audience": audience, "version": version, "extra_claims": extra}
+        if grant == "password":
+            username = form.get("username", "")
+            if not username or len(username) > 256:
+                raise ClaimsRequestError("the password grant needs a username")
+            options["object_id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"tenantgate-dev/{tenant_id}/user/{username}"))
+            # Each token request is a sign-in of its own, so a revoked session ends with it.
+            options["extra_claims"] = {"sid": str(uuid.uuid4()), "amr": ["pwd", "mfa"], **extra}
+        else:
+            options["app"] = True
+        if form.get("client_id") and canonical_guid(form["client_id"]):
+            options["app_id"] = canonical_guid(form["client_id"])
+        token = self.mint(tenant_id, **options)
+        return {"token_type": "Bearer", "access_token": token, "expires_in": 3600, "ext_expires_in": 3600,
+                "scope": scope or f"{audience}/.default"}
 
     def _serve_discovery(self, tid: str, version: str) -> dict:
         self.discovery_requests += 1

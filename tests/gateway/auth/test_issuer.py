@@ -1,6 +1,9 @@
 """The local issuer: Entra's URL layout, Entra-shaped claims, a key other processes can share."""
 
+import base64
+import json
 import stat
+import time
 
 import httpx
 import pytest
@@ -101,3 +104,54 @@ def test_an_issuer_on_port_zero_has_no_url_before_it_starts() -> None:
 def test_a_port_in_use_is_an_error_not_a_leak(issuer) -> None:
     with pytest.raises(OSError):
         LocalIssuer(issuer.base_url).start()
+
+
+def _token_claims(answer: httpx.Response) -> dict:
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["token_type"] == "Bearer" and body["expires_in"] == 3600
+    payload = body["access_token"].split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_the_token_endpoint_honours_a_claims_request_as_entra_does(issuer) -> None:
+    claims = json.dumps({"access_token": {"acrs": {"essential": True, "value": "c1"},
+                                          "xms_cc": {"values": ["cp1"]}}})
+    before = int(time.time())
+    answer = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data={
+        "grant_type": "password", "username": "ada@contoso.example", "scope": "api://tenantgate/.default",
+        "claims": claims})
+    token = _token_claims(answer)
+    assert token["acrs"] == ["c1"] and token["xms_cc"] == ["cp1"] and token["aud"] == "api://tenantgate"
+    assert token["auth_time"] >= before and token["scp"] == "Inference.Invoke" and token["ver"] == "2.0"
+
+
+def test_an_nbf_claims_request_gives_a_token_issued_no_earlier(issuer) -> None:
+    later = int(time.time()) + 30
+    claims = json.dumps({"access_token": {"nbf": {"essential": True, "value": str(later)}}})
+    token = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token",
+                                     data={"grant_type": "client_credentials", "claims": claims}))
+    assert token["nbf"] == token["iat"] == token["auth_time"] == later and token["idtyp"] == "app"
+
+
+def test_each_user_sign_in_is_a_session_of_its_own_for_a_stable_object_id(issuer) -> None:
+    form = {"grant_type": "password", "username": "ada@contoso.example"}
+    first, second = (_token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form))
+                     for _ in range(2))
+    other = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token",
+                                     data={**form, "username": "grace@contoso.example"}))
+    assert first["oid"] == second["oid"] != other["oid"] and first["sid"] != second["sid"]
+
+
+@pytest.mark.parametrize("form", [
+    {"grant_type": "authorization_code"},
+    {"grant_type": "password"},  # no username
+    {"grant_type": "client_credentials", "claims": "{"},
+    {"grant_type": "client_credentials", "claims": '{"access_token": []}'},
+    {"grant_type": "client_credentials", "claims": '{"access_token": {"acrs": {"values": ["c0"]}}}'},
+    {"grant_type": "client_credentials", "claims": '{"access_token": {"nbf": {"value": "soon"}}}'},
+    {"grant_type": "client_credentials", "claims": "x" * 5000},
+])
+def test_a_token_request_it_cannot_honour_is_a_400(form, issuer) -> None:
+    answer = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form)
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_request"
