@@ -1,0 +1,251 @@
+"""Conditional Access over real HTTP (issue 28): a model whose policy needs authentication context
+c1, Entra's claims challenge to clients that declared cp1 (parsed by azure-core's own code and
+followed at the local issuer), a 403 naming c1 to others, a sign-in too old for max_age_s, and
+revocation from policy data within one reload interval."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from azure.core.credentials import AccessToken
+from azure.core.pipeline import Pipeline
+from azure.core.pipeline.policies import BearerTokenCredentialPolicy
+from azure.core.pipeline.policies._utils import get_challenge_parameter
+from azure.core.pipeline.transport import RequestsTransport
+from azure.core.rest import HttpRequest
+from msal.application import _merge_claims_challenge_and_capabilities
+
+from devkit.issuer import LocalIssuer
+from devkit.server import serving
+from gateway.app import create_app
+from gateway.inference import NullBackend
+from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
+
+# Microsoft's documented claims value for c1 ("Claims challenges, claims requests, and client capabilities").
+C1_CLAIMS = "eyJhY2Nlc3NfdG9rZW4iOnsiYWNycyI6eyJlc3NlbnRpYWwiOnRydWUsInZhbHVlIjoiYzEifX19"
+C1_CLAIMS_JSON = '{"access_token":{"acrs":{"essential":true,"value":"c1"}}}'
+RELOAD_INTERVAL_S = 0.5
+CHAT = [{"role": "user", "content": "hello"}]
+ADA, GRACE = "0a0a0a0a-0000-4000-8000-00000000ada0", "0a0a0a0a-0000-4000-8000-000000006ace"
+
+
+@dataclass
+class CaGateway:
+    base_url: str
+    issuer: LocalIssuer
+    data_dir: Path
+    audit_file: Path
+    app: object
+
+    def token(self, *, object_id: str = ADA, **claims) -> str:
+        claims.setdefault("iat", int(time.time()))
+        return self.issuer.mint(ALPHA, audience=AUDIENCE, object_id=object_id, extra_claims=claims)
+
+    def chat(self, token: str, *, classification: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"}
+        if classification:
+            headers["x-data-classification"] = classification
+        return httpx.post(self.base_url + "/v1/chat/completions", headers=headers, timeout=30,
+                          json={"model": "demo", "messages": CHAT, "max_tokens": 2})
+
+    def audit_record(self, decision_id: str, timeout_s: float = 5.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.audit_file.read_text().splitlines():
+                entry = json.loads(line)
+                if entry.get("type") == "record" and entry.get("decision_id") == decision_id:
+                    return entry
+            time.sleep(0.02)
+        raise AssertionError(f"no audit record for decision {decision_id}")
+
+
+@pytest.fixture(scope="module")
+def ca_gateway(local_issuer: LocalIssuer, tmp_path_factory) -> Iterator[CaGateway]:
+    """The API tests' tenants, where Alpha's model demo needs c1 and its confidential data a sign-in
+    within the hour; the policy data is reloaded every RELOAD_INTERVAL_S."""
+    root = tmp_path_factory.mktemp("conditional-access")
+    data_dir = root / "data"
+    shutil.copytree(DATA_DIR, data_dir)
+    tenants_file = data_dir / "tenants.json"
+    tenants = json.loads(tenants_file.read_text())
+    tenants["tenants"][ALPHA]["authentication"] = {
+        "models": {"demo": {"contexts": ["c1"]}},
+        "classifications": {"confidential": {"max_age_s": 3600}},
+    }
+    tenants_file.write_text(json.dumps(tenants))
+    settings = gateway_settings(local_issuer, engine="null", metrics_port=0, policy_data_dir=data_dir,
+                                policy_reload_interval_s=RELOAD_INTERVAL_S, audit_file=root / "audit.jsonl",
+                                audit_signing_key=root / "audit-signing.pem")
+    app = create_app(settings, backend=NullBackend(model_name="demo"))
+    with serving(app) as base_url:
+        yield CaGateway(base_url, local_issuer, data_dir, root / "audit.jsonl", app)
+
+
+def _claims_of(response: httpx.Response) -> str:
+    """The challenge's claims as azure-core's BearerTokenCredentialPolicy.on_challenge reads them:
+    get_challenge_parameter, padded, urlsafe base64 (azure/core/pipeline/policies/_authentication.py)."""
+    encoded = get_challenge_parameter(response.headers, "Bearer", "claims")
+    assert encoded
+    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+
+
+def test_a_cae_client_without_c1_gets_entras_claims_challenge_through_the_openai_sdk(ca_gateway) -> None:
+    token = ca_gateway.token(xms_cc=["cp1"])
+    with openai.OpenAI(base_url=ca_gateway.base_url + "/v1", api_key=token, max_retries=0) as client, \
+            pytest.raises(openai.AuthenticationError) as refused:
+        client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    response = refused.value.response
+    assert response.status_code == 401
+    header = response.headers["www-authenticate"]
+    assert header == (f'Bearer realm="", authorization_uri="{ca_gateway.issuer.base_url}/common/oauth2/authorize", '
+                      f'error="insufficient_claims", claims="{C1_CLAIMS}"')
+    assert get_challenge_parameter(response.headers, "Bearer", "error") == "insufficient_claims"
+    assert get_challenge_parameter(response.headers, "Bearer", "authorization_uri") == (
+        f"{ca_gateway.issuer.base_url}/common/oauth2/authorize")
+    assert _claims_of(response) == C1_CLAIMS_JSON
+    assert response.json() == {"error": {"message": "this request needs authentication context c1",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "insufficient_claims"}}
+    record = ca_gateway.audit_record(response.headers["x-tenantgate-decision-id"])
+    assert record["status"] == 401 and record["outcome"] == "insufficient_claims"
+    assert record["decision"]["reasons"] == ["this request needs authentication context c1"]
+
+
+def test_the_challenge_followed_at_the_local_issuer_gets_a_token_that_is_served(ca_gateway) -> None:
+    refused = ca_gateway.chat(ca_gateway.token(xms_cc=["cp1"]))
+    # What MSAL sends to the token endpoint: the challenge merged with the client's capabilities.
+    claims = _merge_claims_challenge_and_capabilities(["cp1"], _claims_of(refused))
+    answer = httpx.post(f"{ca_gateway.issuer.base_url}/{ALPHA}/oauth2/v2.0/token", data={
+        "grant_type": "password", "username": "ada@alpha.example", "scope": f"{AUDIENCE}/.default", "claims": claims})
+    assert answer.status_code == 200, answer.text
+    stepped_up = answer.json()["access_token"]
+    with openai.OpenAI(base_url=ca_gateway.base_url + "/v1", api_key=stepped_up, max_retries=0) as client:
+        completion = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    assert completion.usage.completion_tokens == 2
+
+
+class _LocalIssuerCredential:
+    """A TokenCredential whose get_token(claims=...) asks the local issuer's token endpoint, as
+    azure-identity's credentials ask Entra's: azure-core's BearerTokenCredentialPolicy calls it
+    again with the challenge's claims after a 401 insufficient_claims."""
+
+    def __init__(self, issuer: LocalIssuer) -> None:
+        self.issuer = issuer
+        self.claims_seen: list[str | None] = []
+
+    def get_token(self, *scopes: str, claims: str | None = None, **kwargs) -> AccessToken:
+        self.claims_seen.append(claims)
+        merged = _merge_claims_challenge_and_capabilities(["cp1"], claims)
+        answer = httpx.post(f"{self.issuer.base_url}/{ALPHA}/oauth2/v2.0/token", data={
+            "grant_type": "password", "username": "ada@alpha.example", "scope": " ".join(scopes), "claims": merged})
+        answer.raise_for_status()
+        return AccessToken(answer.json()["access_token"], int(time.time()) + 3600)
+
+
+def test_azure_cores_bearer_policy_follows_the_challenge_as_sent(ca_gateway) -> None:
+    """azure-core's own challenge handling, unchanged, takes the 401, asks the credential for a
+    token with the challenge's claims, and retries: served on the second try."""
+    credential = _LocalIssuerCredential(ca_gateway.issuer)
+    policy = BearerTokenCredentialPolicy(credential, f"{AUDIENCE}/.default")
+    with Pipeline(transport=RequestsTransport(), policies=[policy]) as pipeline:
+        request = HttpRequest("POST", ca_gateway.base_url + "/v1/chat/completions",
+                              json={"model": "demo", "messages": CHAT, "max_tokens": 2})
+        response = pipeline.run(request, enforce_https=False).http_response  # loopback
+    assert response.status_code == 200, response.text()
+    first, challenged = credential.claims_seen
+    assert first is None  # the first token is asked for without claims
+    assert challenged == C1_CLAIMS_JSON
+
+
+def test_a_client_without_cp1_gets_a_403_naming_c1(ca_gateway) -> None:
+    with openai.OpenAI(base_url=ca_gateway.base_url + "/v1", api_key=ca_gateway.token(), max_retries=0) as client, \
+            pytest.raises(openai.PermissionDeniedError) as refused:
+        client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+    response = refused.value.response
+    assert response.status_code == 403 and "www-authenticate" not in response.headers
+    error = response.json()["error"]
+    assert error["code"] == "authentication_context_required" and "authentication context c1" in error["message"]
+    record = ca_gateway.audit_record(response.headers["x-tenantgate-decision-id"])
+    assert record["status"] == 403 and record["outcome"] == "authentication_context_required"
+
+
+def test_a_token_with_c1_is_served(ca_gateway) -> None:
+    assert ca_gateway.chat(ca_gateway.token(acrs=["c1"], xms_cc=["cp1"])).status_code == 200
+
+
+def test_a_sign_in_older_than_max_age_gets_the_challenge_with_max_age(ca_gateway) -> None:
+    two_hours_ago = int(time.time()) - 7200
+    response = ca_gateway.chat(ca_gateway.token(acrs=["c1"], xms_cc=["cp1"], auth_time=two_hours_ago),
+                               classification="confidential")
+    assert response.status_code == 401
+    assert get_challenge_parameter(response.headers, "Bearer", "error") == "insufficient_claims"
+    assert get_challenge_parameter(response.headers, "Bearer", "max_age") == "3600"
+    requested = json.loads(_claims_of(response))["access_token"]
+    assert requested["acrs"] == {"essential": True, "value": "c1"}
+    assert requested["nbf"]["essential"] is True and int(requested["nbf"]["value"]) >= two_hours_ago + 7200 - 5
+    assert "a sign-in within the last 3600 seconds" in response.json()["error"]["message"]
+    recent = ca_gateway.token(acrs=["c1"], xms_cc=["cp1"], auth_time=int(time.time()) - 60)
+    assert ca_gateway.chat(recent, classification="confidential").status_code == 200
+    no_auth_time = ca_gateway.token(acrs=["c1"])  # nothing to compare: fails closed, a 403 without cp1
+    assert ca_gateway.chat(no_auth_time, classification="confidential").status_code == 403
+
+
+def test_a_revoked_object_id_is_refused_within_one_reload_interval_while_others_are_served(ca_gateway) -> None:
+    ada, grace = ca_gateway.token(acrs=["c1"]), ca_gateway.token(acrs=["c1"], object_id=GRACE)
+    ada_cae = ca_gateway.token(acrs=["c1"], xms_cc=["cp1"])
+    assert ca_gateway.chat(ada).status_code == 200 and ca_gateway.chat(grace).status_code == 200
+    # How an operator revokes: a file beside the tenant registry, merged into it at data.tenants.
+    revocations = ca_gateway.data_dir / "revocations.json"
+    revocations.write_text(json.dumps({"tenants": {ALPHA: {"revocations": {"principals": [ADA]}}}}))
+    written = time.monotonic()
+    try:
+        while (refused := ca_gateway.chat(ada)).status_code == 200:
+            assert time.monotonic() - written < 30, "the revocation never took effect"
+            time.sleep(0.02)
+        elapsed = time.monotonic() - written
+        print(f"revocation took effect after {elapsed:.2f} s (reload interval {RELOAD_INTERVAL_S} s)")
+        # One interval to notice the file, plus the reload's own preparation (a process of its own).
+        assert elapsed < RELOAD_INTERVAL_S + 5.0
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "token_revoked"
+        assert refused.headers["www-authenticate"].startswith('Bearer realm="tenantgate", error="invalid_token"')
+        challenged = ca_gateway.chat(ada_cae)
+        assert challenged.status_code == 401
+        assert get_challenge_parameter(challenged.headers, "Bearer", "error") == "insufficient_claims"
+        assert set(json.loads(_claims_of(challenged))["access_token"]) == {"nbf"}
+        assert ca_gateway.chat(grace).status_code == 200  # the tenant's other principals are served
+    finally:
+        revocations.unlink()
+        revision = ca_gateway.app.state.gateway.policy.revision
+        deadline = time.monotonic() + 30
+        while ca_gateway.app.state.gateway.policy.revision == revision and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert ca_gateway.chat(ada).status_code == 200
+
+
+def test_a_tenant_cutoff_revokes_tokens_issued_before_it_and_not_after(ca_gateway) -> None:
+    old = ca_gateway.token(acrs=["c1"], iat=int(time.time()) - 600)
+    assert ca_gateway.chat(old).status_code == 200
+    revocations = ca_gateway.data_dir / "revocations.json"
+    revocations.write_text(json.dumps({"tenants": {ALPHA: {"revocations": {"issued_before": int(time.time()) - 60}}}}))
+    try:
+        deadline = time.monotonic() + 30
+        while ca_gateway.chat(old).status_code == 200:
+            assert time.monotonic() < deadline, "the cutoff never took effect"
+            time.sleep(0.05)
+        assert ca_gateway.chat(old).status_code == 401
+        assert ca_gateway.chat(ca_gateway.token(acrs=["c1"])).status_code == 200  # a token issued since
+    finally:
+        revocations.unlink()
+        revision = ca_gateway.app.state.gateway.policy.revision
+        deadline = time.monotonic() + 30
+        while ca_gateway.app.state.gateway.policy.revision == revision and time.monotonic() < deadline:
+            time.sleep(0.05)
