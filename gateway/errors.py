@@ -104,6 +104,7 @@ class TokenRevoked(Unauthenticated):
     issued before a time), for a client that cannot follow a challenge: a 401 with the plain
     invalid_token challenge, so the client signs in again."""
 
+    code = "token_revoked"
     MESSAGE = "the access token has been revoked; sign in again"
 
     def __init__(self) -> None:
