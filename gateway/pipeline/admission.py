@@ -56,6 +56,7 @@ AUTH_CONTEXT_REASON = re.compile(r"this request needs authentication context (c[
 REVOKED_CHALLENGE = "the access token has been revoked; get a new one with the claims this challenge names"
 QUOTA_STORE_RETRY_S = 2.0
 EMBEDDINGS_ROUTE = "embeddings"
+LISTING_ROUTE = "models.list"  # the route gateway/openai/models asks the policy about
 POLICY_REFUSAL = "the policy engine could not decide this request; it is denied"
 
 
@@ -187,7 +188,11 @@ async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgeme
     exchange.decision = "allow" if judgement.decision.allow else "deny"
     if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
         exchange.tenant_label = judgement.decision.logging.metrics_name
-    refusal = authentication_refusal(gateway.verifier.authority, judgement, document.get("principal", {}), time.time())
+    # A model listing asks each model's question of a one-token request: a model that needs a step-up
+    # is left out of it (the policy's deny), and only a revoked token refuses the listing itself.
+    step_up = document.get("request", {}).get("route") != LISTING_ROUTE
+    refusal = authentication_refusal(gateway.verifier.authority, judgement, document.get("principal", {}),
+                                     time.time(), step_up=step_up)
     if refusal is not None:
         exchange.decision = "deny"
         refusal.judgement = judgement  # for the audit record
@@ -199,13 +204,15 @@ async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgeme
     return judgement
 
 
-def authentication_refusal(authority: str, judgement: Judgement, principal: dict, now: float) -> GatewayError | None:
+def authentication_refusal(authority: str, judgement: Judgement, principal: dict, now: float, *,
+                           step_up: bool = True) -> GatewayError | None:
     """Conditional Access, as the decision's authentication section asks: a revoked token, a missing
     authentication context or a sign-in older than max_age_s is answered with Entra's claims
     challenge (401) when the client declared cp1, else with a 401 (revoked) or a 403 naming the
     context. None when the token shows what the request needs, or when the decision denies for a
     reason no new token would cure (that denial answers instead). The token's auth_time is compared
-    with the clock here, not in Rego, so decisions stay cacheable."""
+    with the clock here, not in Rego, so decisions stay cacheable. Without step_up only revocation
+    is answered here."""
     decision = judgement.decision
     needs = decision.authentication
     if needs.revoked:
@@ -213,7 +220,8 @@ def authentication_refusal(authority: str, judgement: Judgement, principal: dict
             fresh = claims_request([], not_before=int(now))  # a token issued from now on, as Entra's CAE asks
             return ClaimsChallenge(REVOKED_CHALLENGE, challenge_header(authority, fresh))
         return TokenRevoked()
-    if not decision.allow and any(not AUTH_CONTEXT_REASON.fullmatch(reason) for reason in decision.reasons):
+    if not step_up or (not decision.allow
+                       and any(not AUTH_CONTEXT_REASON.fullmatch(reason) for reason in decision.reasons)):
         return None
     stale = needs.max_age_s > 0 and not _signed_in_within(principal.get("auth_time"), needs.max_age_s, now)
     if not needs.missing and not stale:

@@ -222,6 +222,8 @@ def test_a_revoked_object_id_is_refused_within_one_reload_interval_while_others_
         assert get_challenge_parameter(challenged.headers, "Bearer", "error") == "insufficient_claims"
         assert set(json.loads(_claims_of(challenged))["access_token"]) == {"nbf"}
         assert ca_gateway.chat(grace).status_code == 200  # the tenant's other principals are served
+        listing = httpx.get(ca_gateway.base_url + "/v1/models", headers={"Authorization": f"Bearer {ada}"})
+        assert listing.status_code == 401 and listing.json()["error"]["code"] == "token_revoked"
     finally:
         revocations.unlink()
         revision = ca_gateway.app.state.gateway.policy.revision
@@ -249,3 +251,15 @@ def test_a_tenant_cutoff_revokes_tokens_issued_before_it_and_not_after(ca_gatewa
         deadline = time.monotonic() + 30
         while ca_gateway.app.state.gateway.policy.revision == revision and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def test_a_model_listing_leaves_out_what_needs_a_step_up_and_refuses_no_one(ca_gateway) -> None:
+    """GET /v1/models asks each model's question: without c1, demo is not listed (no challenge, no
+    403 for the whole listing); with c1 it is."""
+    def listed(token: str) -> list[str]:
+        with openai.OpenAI(base_url=ca_gateway.base_url + "/v1", api_key=token, max_retries=0) as client:
+            return [model.id for model in client.models.list()]
+
+    assert "demo" not in listed(ca_gateway.token(xms_cc=["cp1"]))
+    assert "demo" not in listed(ca_gateway.token())
+    assert "demo" in listed(ca_gateway.token(acrs=["c1"], xms_cc=["cp1"]))
