@@ -376,6 +376,7 @@ class LocalIssuer:
             options["extra_claims"] = {"sid": str(uuid.uuid4()), "amr": ["pwd", "mfa"], **extra}
         else:
             options["app"] = True
+            extra.pop("auth_time", None)  # an app signs in to no session: Entra's app tokens carry no auth_time
         if form.get("client_id") and canonical_guid(form["client_id"]):
             options["app_id"] = canonical_guid(form["client_id"])
         token = self.mint(tenant_id, **options)

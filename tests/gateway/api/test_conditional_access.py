@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msal
 import openai
 import pytest
+import requests
 from azure.core.credentials import AccessToken
 from azure.core.pipeline import Pipeline
 from azure.core.pipeline.policies import BearerTokenCredentialPolicy
@@ -24,11 +26,12 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.core.rest import HttpRequest
 from msal.application import _merge_claims_challenge_and_capabilities
 
-from devkit.issuer import LocalIssuer
+from devkit.issuer import DEV_CLIENT_ID, LocalIssuer
 from devkit.server import serving
 from gateway.app import create_app
 from gateway.inference import NullBackend
 from tests.gateway.api.conftest import ALPHA, AUDIENCE, DATA_DIR, gateway_settings
+from tests.utils.tls import write_certificates
 
 # Microsoft's documented claims value for c1 ("Claims challenges, claims requests, and client capabilities").
 C1_CLAIMS = "eyJhY2Nlc3NfdG9rZW4iOnsiYWNycyI6eyJlc3NlbnRpYWwiOnRydWUsInZhbHVlIjoiYzEifX19"
@@ -68,12 +71,9 @@ class CaGateway:
         raise AssertionError(f"no audit record for decision {decision_id}")
 
 
-@pytest.fixture(scope="module")
-def ca_gateway(local_issuer: LocalIssuer, tmp_path_factory) -> Iterator[CaGateway]:
+def _conditional_access_data(data_dir: Path) -> None:
     """The API tests' tenants, where Alpha's model demo needs c1 and its confidential data a sign-in
-    within the hour; the policy data is reloaded every RELOAD_INTERVAL_S."""
-    root = tmp_path_factory.mktemp("conditional-access")
-    data_dir = root / "data"
+    within the hour."""
     shutil.copytree(DATA_DIR, data_dir)
     tenants_file = data_dir / "tenants.json"
     tenants = json.loads(tenants_file.read_text())
@@ -82,6 +82,14 @@ def ca_gateway(local_issuer: LocalIssuer, tmp_path_factory) -> Iterator[CaGatewa
         "classifications": {"confidential": {"max_age_s": 3600}},
     }
     tenants_file.write_text(json.dumps(tenants))
+
+
+@pytest.fixture(scope="module")
+def ca_gateway(local_issuer: LocalIssuer, tmp_path_factory) -> Iterator[CaGateway]:
+    """A gateway on _conditional_access_data; the policy data is reloaded every RELOAD_INTERVAL_S."""
+    root = tmp_path_factory.mktemp("conditional-access")
+    data_dir = root / "data"
+    _conditional_access_data(data_dir)
     settings = gateway_settings(local_issuer, engine="null", metrics_port=0, policy_data_dir=data_dir,
                                 policy_reload_interval_s=RELOAD_INTERVAL_S, audit_file=root / "audit.jsonl",
                                 audit_signing_key=root / "audit-signing.pem")
@@ -263,3 +271,34 @@ def test_a_model_listing_leaves_out_what_needs_a_step_up_and_refuses_no_one(ca_g
     assert "demo" not in listed(ca_gateway.token(xms_cc=["cp1"]))
     assert "demo" not in listed(ca_gateway.token())
     assert "demo" in listed(ca_gateway.token(acrs=["c1"], xms_cc=["cp1"]))
+
+
+def test_msal_gets_the_stepped_up_token_the_challenge_asks_for(tmp_path, monkeypatch) -> None:
+    """MSAL itself, unchanged, against the local issuer over TLS (MSAL insists on https): a confidential
+    client declaring cp1 gets a token, the gateway challenges it, acquire_token_for_client with the
+    challenge's claims (MSAL merges its capabilities into them) gets one with c1, which is served."""
+    ca, certificate, key = write_certificates(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the gateway's JWKS client (httpx)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))  # MSAL's (requests)
+    data_dir = tmp_path / "data"
+    _conditional_access_data(data_dir)
+    with LocalIssuer(port=0, tls=(certificate, key)) as issuer:
+        settings = gateway_settings(issuer, engine="null", metrics_port=0, policy_data_dir=data_dir)
+        with serving(create_app(settings, backend=NullBackend(model_name="demo"))) as base_url:
+            session = requests.Session()  # MSAL's, closed before the issuer stops (no connection left open)
+            app = msal.ConfidentialClientApplication(DEV_CLIENT_ID, client_credential="dev-secret",
+                                                     authority=f"{issuer.base_url}/{ALPHA}", http_client=session,
+                                                     client_capabilities=["cp1"], instance_discovery=False)
+            scopes = [f"{AUDIENCE}/.default"]
+            first = app.acquire_token_for_client(scopes=scopes)["access_token"]
+            with openai.OpenAI(base_url=base_url + "/v1", api_key=first, max_retries=0) as client, \
+                    pytest.raises(openai.AuthenticationError) as refused:
+                client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+            claims = _claims_of(refused.value.response)
+            assert claims == C1_CLAIMS_JSON
+            stepped_up = app.acquire_token_for_client(scopes=scopes, claims_challenge=claims)
+            session.close()
+            assert stepped_up["token_source"] == "identity_provider"  # a challenge bypasses MSAL's cache
+            with openai.OpenAI(base_url=base_url + "/v1", api_key=stepped_up["access_token"], max_retries=0) as client:
+                completion = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+            assert completion.usage.completion_tokens == 2
