@@ -18,6 +18,12 @@ _tenants := {
 		},
 	},
 	"t-bad-cutoff": {"revocations": {"issued_before": "yesterday"}},
+	"t-bad-list": {"revocations": {"principals": "o1"}},
+	"t-bad-contexts": {"authentication": {"models": {"m": {"contexts": "c1"}}}},
+	"t-bad-context-id": {"authentication": {"tenant": {"contexts": ["mfa"]}}},
+	"t-bad-age": {"authentication": {"tenant": {"contexts": [], "max_age_s": "1h"}}},
+	"t-bad-requirement": {"authentication": {"routes": {"chat.completions": ["c1"]}}},
+	"t-bad-section": {"authentication": "c1"},
 }
 
 _input(tenant_id, principal, request) := {
@@ -100,4 +106,25 @@ test_deny_a_cutoff_that_is_no_number_revokes_every_token if {
 
 test_allow_other_principals_of_a_revoking_tenant_are_not_revoked if {
 	_authn("t-ca", {"acrs": ["c9"]}, {}).revoked == false
+}
+
+test_deny_requirement_data_of_the_wrong_shape_leaves_no_decision if {
+	# No contexts and no max_age: the decision is undefined and its default denies, in both engines.
+	every tenant_id in ["t-bad-contexts", "t-bad-context-id", "t-bad-age", "t-bad-requirement", "t-bad-section"] {
+		not _has_contexts(tenant_id)
+	}
+}
+
+_has_contexts(tenant_id) if {
+	authn.contexts with input as _input(tenant_id, {}, {}) with data.tenants as _tenants
+}
+
+test_deny_a_revocation_list_that_is_no_list_revokes_every_token if {
+	_authn("t-bad-list", {"object_id": "o2"}, {}).revoked == true
+}
+
+test_allow_a_claim_list_of_the_wrong_shape_counts_as_none if {
+	a := _authn("t-ca", {"acrs": "c9", "xms_cc": "cp1"}, {})
+	a.missing == ["c9"]
+	a.challenge == false
 }
