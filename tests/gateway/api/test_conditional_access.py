@@ -8,10 +8,12 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import msal
@@ -273,6 +275,8 @@ def test_a_model_listing_leaves_out_what_needs_a_step_up_and_refuses_no_one(ca_g
     assert "demo" in listed(ca_gateway.token(acrs=["c1"], xms_cc=["cp1"]))
 
 
+# MSAL recommends response_mode=form_post for a browser; the flow here has no browser.
+@pytest.mark.filterwarnings("ignore:response_mode='form_post' is recommended")
 def test_msal_gets_the_stepped_up_token_the_challenge_asks_for(tmp_path, monkeypatch) -> None:
     """MSAL itself, unchanged, against the local issuer over TLS (MSAL insists on https): a confidential
     client declaring cp1 gets a token, the gateway challenges it, acquire_token_for_client with the
@@ -284,8 +288,9 @@ def test_msal_gets_the_stepped_up_token_the_challenge_asks_for(tmp_path, monkeyp
     _conditional_access_data(data_dir)
     with LocalIssuer(port=0, tls=(certificate, key)) as issuer:
         settings = gateway_settings(issuer, engine="null", metrics_port=0, policy_data_dir=data_dir)
-        with serving(create_app(settings, backend=NullBackend(model_name="demo"))) as base_url:
-            session = requests.Session()  # MSAL's, closed before the issuer stops (no connection left open)
+        # MSAL's session is closed before the issuer stops, so no connection to it is left open.
+        with serving(create_app(settings, backend=NullBackend(model_name="demo"))) as base_url, \
+                requests.Session() as session:
             app = msal.ConfidentialClientApplication(DEV_CLIENT_ID, client_credential="dev-secret",
                                                      authority=f"{issuer.base_url}/{ALPHA}", http_client=session,
                                                      client_capabilities=["cp1"], instance_discovery=False)
@@ -297,8 +302,23 @@ def test_msal_gets_the_stepped_up_token_the_challenge_asks_for(tmp_path, monkeyp
             claims = _claims_of(refused.value.response)
             assert claims == C1_CLAIMS_JSON
             stepped_up = app.acquire_token_for_client(scopes=scopes, claims_challenge=claims)
-            session.close()
             assert stepped_up["token_source"] == "identity_provider"  # a challenge bypasses MSAL's cache
             with openai.OpenAI(base_url=base_url + "/v1", api_key=stepped_up["access_token"], max_retries=0) as client:
+                completion = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
+            assert completion.usage.completion_tokens == 2
+
+            # A user's step-up: MSAL's auth code flow carries the claims to the authorize endpoint,
+            # where the browser would be; the redirect it answers is handed back to MSAL.
+            user_app = msal.PublicClientApplication(DEV_CLIENT_ID, authority=f"{issuer.base_url}/{ALPHA}",
+                                                    http_client=session, client_capabilities=["cp1"],
+                                                    instance_discovery=False)
+            flow = user_app.initiate_auth_code_flow(scopes, redirect_uri="http://localhost:8765/callback",
+                                                    claims_challenge=claims, login_hint="ada@alpha.example")
+            redirect = httpx.get(flow["auth_uri"], verify=ssl.create_default_context(cafile=str(ca)),
+                                 follow_redirects=False)
+            assert redirect.status_code == 302
+            answer = {k: v[0] for k, v in parse_qs(urlsplit(redirect.headers["location"]).query).items()}
+            user_token = user_app.acquire_token_by_auth_code_flow(flow, answer)["access_token"]
+            with openai.OpenAI(base_url=base_url + "/v1", api_key=user_token, max_retries=0) as client:
                 completion = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=2)
             assert completion.usage.completion_tokens == 2

@@ -1,6 +1,7 @@
 """The local issuer: Entra's URL layout, Entra-shaped claims, a key other processes can share."""
 
 import base64
+import hashlib
 import json
 import stat
 import time
@@ -156,3 +157,47 @@ def test_each_user_sign_in_is_a_session_of_its_own_for_a_stable_object_id(issuer
 def test_a_token_request_it_cannot_honour_is_a_400(form, issuer) -> None:
     answer = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form)
     assert answer.status_code == 400 and answer.json()["error"] == "invalid_request"
+
+
+def _authorize(issuer, **query) -> httpx.Response:
+    params = {"response_type": "code", "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+              "redirect_uri": "http://localhost:8765/callback", "state": "s1", **query}
+    return httpx.get(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/authorize", params=params, follow_redirects=False)
+
+
+def _code(redirect: httpx.Response) -> str:
+    assert redirect.status_code == 302, redirect.text
+    location = httpx.URL(redirect.headers["location"])
+    assert (location.host, location.params["state"]) == ("localhost", "s1")
+    return location.params["code"]
+
+
+def test_the_authorize_endpoint_binds_the_claims_and_pkce_to_a_one_time_code(issuer) -> None:
+    verifier = "a-code-verifier-of-forty-three-characters-xx"
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    code = _code(_authorize(issuer, claims='{"access_token":{"acrs":{"essential":true,"value":"c1"}}}',
+                            code_challenge=challenge, code_challenge_method="S256", login_hint="ada@contoso.example"))
+    form = {"grant_type": "authorization_code", "code": code, "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+            "redirect_uri": "http://localhost:8765/callback", "code_verifier": verifier}
+    token = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form))
+    assert token["acrs"] == ["c1"] and token["scp"] == "Inference.Invoke" and "auth_time" in token
+    again = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form)
+    assert again.status_code == 400  # a code is redeemed once
+
+
+@pytest.mark.parametrize("change", [{"code_verifier": "another-verifier"}, {"redirect_uri": "http://localhost:1/x"},
+                                    {"client_id": "11111111-1111-4111-8111-111111111111"}])
+def test_a_code_redeemed_by_another_client_or_verifier_is_refused(change, issuer) -> None:
+    verifier = "a-code-verifier-of-forty-three-characters-xx"
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    code = _code(_authorize(issuer, code_challenge=challenge, code_challenge_method="S256"))
+    form = {"grant_type": "authorization_code", "code": code, "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+            "redirect_uri": "http://localhost:8765/callback", "code_verifier": verifier, **change}
+    assert httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form).status_code == 400
+
+
+@pytest.mark.parametrize("query", [{"redirect_uri": "https://attacker.example/cb"}, {"response_type": "token"},
+                                   {"claims": "{"}, {"code_challenge": "x", "code_challenge_method": "plain"}])
+def test_the_authorize_endpoint_redirects_nowhere_but_loopback_and_refuses_bad_requests(query, issuer) -> None:
+    answer = _authorize(issuer, **query)
+    assert answer.status_code == 400 and "location" not in answer.headers
