@@ -280,7 +280,8 @@ def test_a_model_listing_leaves_out_what_needs_a_step_up_and_refuses_no_one(ca_g
 def test_msal_gets_the_stepped_up_token_the_challenge_asks_for(tmp_path, monkeypatch) -> None:
     """MSAL itself, unchanged, against the local issuer over TLS (MSAL insists on https): a confidential
     client declaring cp1 gets a token, the gateway challenges it, acquire_token_for_client with the
-    challenge's claims (MSAL merges its capabilities into them) gets one with c1, which is served."""
+    challenge's claims (MSAL merges its capabilities into them) gets one with c1, which is served; and a
+    user steps up through MSAL's auth code flow with the same claims."""
     ca, certificate, key = write_certificates(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the gateway's JWKS client (httpx)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))  # MSAL's (requests)
