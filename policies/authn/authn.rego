@@ -67,8 +67,14 @@ contexts := sort({context |
 	not _malformed
 }
 
-# The token's acrs as the gateway validated it (absent, or not a list: none).
-_token_contexts := {context | some context in _list(input.principal, "acrs")}
+# The token's acrs as the gateway validated it (absent, or not a list: none). Read through
+# object.get on the one member, so the decision cache keys on acrs, not on the whole principal.
+_acrs := value if {
+	value := object.get(input.principal, "acrs", [])
+	is_array(value)
+} else := []
+
+_token_contexts := {context | some context in _acrs}
 
 # METADATA
 # description: The needed contexts the token does not carry, sorted.
@@ -138,7 +144,12 @@ _list(document, name) := value if {
 #   capability (xms_cc). Others get a 403 or a 401 instead, as Entra requires.
 default challenge := false
 
-challenge if "cp1" in _list(input.principal, "xms_cc")
+challenge if "cp1" in _xms_cc
+
+_xms_cc := value if {
+	value := object.get(input.principal, "xms_cc", [])
+	is_array(value)
+} else := []
 
 deny contains "the caller's token has been revoked" if revoked
 
