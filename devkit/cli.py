@@ -16,12 +16,23 @@ local issuer to start and trust. gateway.main is the one product module that imp
 from __future__ import annotations
 
 import argparse
+import base64
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from devkit.issuer import DEFAULT_AUDIENCE, DEFAULT_DEV_ISSUER_URL, DEV_ISSUER_URL_ENV, LocalIssuer, dev_issuer_key_dir
+from devkit.issuer import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_DEV_ISSUER_URL,
+    DEV_ISSUER_URL_ENV,
+    ClaimsRequestError,
+    LocalIssuer,
+    dev_issuer_key_dir,
+    honour_claims_request,
+)
 from gateway.auth.principal import canonical_guid
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
@@ -29,6 +40,11 @@ from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 ENVIRONMENT_ENV = "TENANTGATE_ENVIRONMENT"
 AUDIENCE_ENV = "TENANTGATE_AUDIENCE"
+
+
+_AUTH_CONTEXT = re.compile(r"c([1-9]|[1-9][0-9])")
+_AMR = re.compile(r"[a-z0-9_]{1,32}")
+_CAPABILITY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class _UsageError(Exception):
@@ -55,6 +71,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lifetime", type=int, default=3600, help="seconds until the token expires (default 3600)")
     p.add_argument("--issuer", help=f"dev issuer base URL (default ${DEV_ISSUER_URL_ENV} or {DEFAULT_DEV_ISSUER_URL})")
     p.add_argument("--policy-dir", default=str(DEFAULT_POLICY_DIR), help="where tenant names are looked up")
+    p.add_argument("--acrs", action="append", default=[],
+                   help="an authentication context the token satisfied (c1..c99), repeatable")
+    p.add_argument("--amr", action="append", default=[], help="an authentication method (pwd, mfa...), repeatable")
+    p.add_argument("--xms-cc", action="append", default=[],
+                   help="a client capability, repeatable: cp1 declares the client follows claims challenges")
+    p.add_argument("--auth-time", type=int, help="seconds since the epoch of the sign-in (default: now)")
+    p.add_argument("--claims", help="a claims request to honour, as JSON or as the base64 of a challenge's claims=")
     p.add_argument("--azure", action="store_true", help="a real Entra ID token from DefaultAzureCredential")
     p.set_defaults(func=cmd_token)
 
@@ -109,6 +132,7 @@ def _dev_token(args: argparse.Namespace) -> str:
     if not 0 < args.lifetime <= 86400:
         raise _UsageError("--lifetime must be 1..86400 seconds")
     tenant_id = resolve_tenant(args.tenant, Path(args.policy_dir))
+    extra = _session_claims(args)
     issuer_url = args.issuer or os.environ.get(DEV_ISSUER_URL_ENV) or DEFAULT_DEV_ISSUER_URL
     if urlsplit(issuer_url).scheme not in ("http", "https") or not urlsplit(issuer_url).hostname:
         raise _UsageError(f"the dev issuer URL must be http(s)://host[:port], not {issuer_url!r}")
@@ -125,7 +149,42 @@ def _dev_token(args: argparse.Namespace) -> str:
         version=args.version,
         audience=_audience(args),
         lifetime_s=args.lifetime,
+        extra_claims=extra,
     )
+
+
+def _session_claims(args: argparse.Namespace) -> dict:
+    """The sign-in claims the options ask for (checked as the gateway checks them, so a typo is a
+    usage error here, not a claim the gateway silently drops), then any claims request honoured."""
+    if args.auth_time is not None and not 0 <= args.auth_time < 10**13:
+        raise _UsageError("--auth-time must be seconds since the epoch")
+    extra: dict = {}
+    if args.auth_time is not None or not args.role:  # a user signed in just now; an app signs in to no session
+        extra["auth_time"] = int(time.time()) if args.auth_time is None else args.auth_time
+    lists = {"acrs": (args.acrs, _AUTH_CONTEXT), "amr": (args.amr, _AMR), "xms_cc": (args.xms_cc, _CAPABILITY)}
+    for name, (values, pattern) in lists.items():
+        if any(not pattern.fullmatch(value) for value in values):
+            raise _UsageError(f"--{name.replace('_', '-')} values must match {pattern.pattern}")
+        if values:
+            extra[name] = list(dict.fromkeys(values))
+    if args.claims:
+        try:
+            extra.update(honour_claims_request(_claims_text(args.claims)))
+        except ClaimsRequestError as exc:
+            raise _UsageError(f"--claims: {exc}") from None
+    return extra
+
+
+def _claims_text(value: str) -> str:
+    """A claims request as given: JSON, or the base64 a challenge's claims= parameter carries."""
+    value = value.strip()
+    if value.startswith("{"):
+        return value
+    try:
+        altchars = b"-_" if "-" in value or "_" in value else None  # base64url too, as azure-core reads it
+        return base64.b64decode(value + "=" * (-len(value) % 4), altchars=altchars, validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        raise _UsageError("--claims is neither JSON nor base64 of JSON") from None
 
 
 def _azure_token(args: argparse.Namespace) -> str | None:

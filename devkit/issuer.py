@@ -8,8 +8,10 @@ process mints tokens that the running issuer's JWKS verifies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -17,7 +19,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -37,6 +39,56 @@ DEFAULT_AUDIENCE = "api://tenantgate"
 DEV_CLIENT_ID = "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f"
 KEY_FILE = "signing-key.pem"
 _MULTI_TENANT = ("common", "organizations", "consumers")
+_AUTH_CONTEXT = re.compile(r"c([1-9]|[1-9][0-9])")
+_CAPABILITY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_MAX_CLAIMS_REQUEST = 4096
+CODE_TTL_S = 300
+_LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class ClaimsRequestError(ValueError):
+    """A `claims` parameter that is no OIDC claims request the issuer can honour (HTTP 400)."""
+
+
+def _requested_values(request: object, pattern: re.Pattern[str], name: str) -> list[str]:
+    """The value or values an OIDC claims request asks of one claim ({"essential", "value"|"values"})."""
+    if not isinstance(request, dict):
+        raise ClaimsRequestError(f"the {name} request must be an object")
+    values = request.get("values", [request["value"]] if "value" in request else [])
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) and pattern.fullmatch(v)
+                                                               for v in values):
+        raise ClaimsRequestError(f"the {name} request names no value the issuer knows")
+    return list(dict.fromkeys(values))
+
+
+def honour_claims_request(claims: str, *, now: int | None = None) -> dict:
+    """The access-token claims a `claims` request parameter asks for, as Entra's authorize and token
+    endpoints honour one after a claims challenge: the authentication contexts of `acrs` (this
+    issuer satisfies every Conditional Access requirement: the caller is the developer at the
+    keyboard), the client capabilities MSAL declares in `xms_cc`, and for `nbf` a token issued, and
+    a sign-in made, no earlier than the value asked. Other claims are ignored, as Entra ignores
+    claims it does not issue."""
+    now = int(time.time()) if now is None else now
+    if len(claims) > _MAX_CLAIMS_REQUEST:
+        raise ClaimsRequestError("the claims request is too large")
+    try:
+        document = json.loads(claims)
+    except ValueError:
+        raise ClaimsRequestError("the claims request is not JSON") from None
+    requested = document.get("access_token", {}) if isinstance(document, dict) else None
+    if not isinstance(requested, dict):
+        raise ClaimsRequestError("the claims request must be an object with an access_token object")
+    extra: dict = {"auth_time": now}  # every token the endpoint issues follows a sign-in just now
+    if "acrs" in requested:
+        extra["acrs"] = _requested_values(requested["acrs"], _AUTH_CONTEXT, "acrs")
+    if "xms_cc" in requested:
+        extra["xms_cc"] = _requested_values(requested["xms_cc"], _CAPABILITY, "xms_cc")
+    if "nbf" in requested:
+        value = requested["nbf"].get("value") if isinstance(requested["nbf"], dict) else None
+        if not isinstance(value, str) or not value.isdigit():
+            raise ClaimsRequestError("the nbf request must carry a value of seconds since the epoch")
+        extra["auth_time"] = extra["iat"] = extra["nbf"] = max(now, int(value))
+    return extra
 
 
 def dev_issuer_key_dir() -> Path:
@@ -123,6 +175,7 @@ class LocalIssuer:
         self.jwks_requests = 0
         self.jwks_requests_by_tenant: Counter[str] = Counter()
         self.discovery_requests = 0
+        self._codes: dict[str, dict] = {}  # authorization codes not yet redeemed (each once, for CODE_TTL_S)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -269,7 +322,7 @@ class LocalIssuer:
     def _app(self):
         # Imported here so the CLI, which only mints, does not load the server stack.
         from starlette.applications import Starlette
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, RedirectResponse
         from starlette.routing import Route
 
         def endpoint(handler):
@@ -282,13 +335,111 @@ class LocalIssuer:
 
             return respond
 
+        async def token(request):
+            tid = canonical_guid(request.path_params["tid"])
+            body = await request.body()
+            try:
+                if tid is None:
+                    raise ClaimsRequestError("tokens are issued for a tenant GUID, not a multi-tenant alias")
+                # A form as OAuth clients post it (parsed here: no multipart parser for one urlencoded body).
+                form = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+                answer = self.token_response(tid, form, version="2.0" if "v2.0" in request.url.path else "1.0")
+            except ClaimsRequestError as exc:
+                return JSONResponse({"error": "invalid_request", "error_description": str(exc)}, 400)
+            return JSONResponse(answer)
+
         routes = {
             "/{tid}/v2.0/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "2.0"),
             "/{tid}/.well-known/openid-configuration": lambda tid: self._serve_discovery(tid, "1.0"),
             "/{tid}/discovery/v2.0/keys": lambda tid: self._serve_jwks(tid, "2.0"),
             "/{tid}/discovery/keys": lambda tid: self._serve_jwks(tid, "1.0"),
         }
-        return Starlette(routes=[Route(path, endpoint(handler)) for path, handler in routes.items()])
+        async def authorize(request):
+            tid = canonical_guid(request.path_params["tid"])
+            try:
+                if tid is None:
+                    raise ClaimsRequestError("sign-ins are for a tenant GUID, not a multi-tenant alias")
+                location = self.authorize_redirect(tid, dict(request.query_params))
+            except ClaimsRequestError as exc:
+                return JSONResponse({"error": "invalid_request", "error_description": str(exc)}, 400)
+            return RedirectResponse(location, 302)
+
+        token_paths = ("/{tid}/oauth2/v2.0/token", "/{tid}/oauth2/token")
+        authorize_paths = ("/{tid}/oauth2/v2.0/authorize", "/{tid}/oauth2/authorize")
+        token_routes = [*(Route(path, token, methods=["POST"]) for path in token_paths),
+                        *(Route(path, authorize) for path in authorize_paths)]
+        return Starlette(routes=[*(Route(path, endpoint(handler)) for path, handler in routes.items()), *token_routes])
+
+    def authorize_redirect(self, tenant_id: str, query: dict[str, str]) -> str:
+        """Where the authorize endpoint sends the browser back: the redirect URI with a one-time code
+        for the developer who is signed in at once (`login_hint` names them), bound to the client,
+        the redirect URI, the PKCE challenge and the `claims` asked for, as Entra's authorize
+        endpoint binds them. Redirect URIs are loopback only, so the issuer redirects nowhere else."""
+        if query.get("response_type") != "code":
+            raise ClaimsRequestError("response_type must be code")
+        redirect_uri = query.get("redirect_uri", "")
+        target = urlsplit(redirect_uri)
+        if target.scheme not in ("http", "https") or target.hostname not in _LOOPBACK_HOSTS:
+            raise ClaimsRequestError("redirect_uri must be an http(s) loopback URL")
+        if query.get("code_challenge") and query.get("code_challenge_method", "plain") != "S256":
+            raise ClaimsRequestError("code_challenge_method must be S256")
+        if query.get("claims"):
+            honour_claims_request(query["claims"])  # refused here, before any code is issued
+        now = time.time()
+        self._codes = {code: grant for code, grant in self._codes.items() if grant["expires"] > now}
+        code = b64url(os.urandom(32))
+        self._codes[code] = {"expires": now + CODE_TTL_S, "tenant_id": tenant_id, "redirect_uri": redirect_uri,
+                             "client_id": query.get("client_id", ""), "claims": query.get("claims", ""),
+                             "code_challenge": query.get("code_challenge", ""),
+                             "username": query.get("login_hint") or f"developer@{tenant_id}"}
+        answer = {"code": code, **({"state": query["state"]} if "state" in query else {})}
+        return f"{redirect_uri}{'&' if target.query else '?'}{urlencode(answer)}"
+
+    def _redeem(self, tenant_id: str, form: dict[str, str]) -> dict:
+        """The sign-in an authorization code stands for, once: the same tenant, client, redirect URI
+        and PKCE verifier as the authorize request, within CODE_TTL_S."""
+        grant = self._codes.pop(form.get("code", ""), None)
+        if grant is None or grant["expires"] < time.time() or grant["tenant_id"] != tenant_id:
+            raise ClaimsRequestError("the authorization code is unknown, used or expired")
+        if grant["redirect_uri"] != form.get("redirect_uri") or grant["client_id"] != form.get("client_id", ""):
+            raise ClaimsRequestError("the code was issued to another client or redirect URI")
+        if grant["code_challenge"]:
+            verifier = form.get("code_verifier", "").encode()
+            if b64url(hashlib.sha256(verifier).digest()) != grant["code_challenge"]:
+                raise ClaimsRequestError("the code_verifier does not match the code_challenge")
+        return grant
+
+    def token_response(self, tenant_id: str, form: dict[str, str], *, version: str = "2.0") -> dict:
+        """The token endpoint's answer to a form: `client_credentials` gets an app-only token,
+        `password` and `authorization_code` a delegated one for the user named (no password is
+        checked: this issuer signs whatever its own key directory allows anyway). `claims`, sent
+        here or to the authorize endpoint, is honoured as Entra honours it after a claims
+        challenge (honour_claims_request); `scope` sets the audience (`<audience>/.default`)."""
+        grant = form.get("grant_type")
+        if grant not in ("client_credentials", "password", "authorization_code"):
+            raise ClaimsRequestError("grant_type must be client_credentials, password or authorization_code")
+        if grant == "authorization_code":
+            signed_in = self._redeem(tenant_id, form)
+            form = {**form, "username": signed_in["username"], "claims": form.get("claims") or signed_in["claims"]}
+        scope = next((s for s in form.get("scope", "").split() if s.endswith("/.default")), "")
+        audience = scope.removesuffix("/.default") or DEFAULT_AUDIENCE
+        extra = honour_claims_request(form["claims"]) if form.get("claims") else {"auth_time": int(time.time())}
+        options: dict = {"audience": audience, "version": version, "extra_claims": extra}
+        if grant != "client_credentials":
+            username = form.get("username", "")
+            if not username or len(username) > 256:
+                raise ClaimsRequestError("a delegated grant needs a username")
+            options["object_id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"tenantgate-dev/{tenant_id}/user/{username}"))
+            # Each token request is a sign-in of its own, so a revoked session ends with it.
+            options["extra_claims"] = {"sid": str(uuid.uuid4()), "amr": ["pwd", "mfa"], **extra}
+        else:
+            options["app"] = True
+            extra.pop("auth_time", None)  # an app signs in to no session: Entra's app tokens carry no auth_time
+        if form.get("client_id") and canonical_guid(form["client_id"]):
+            options["app_id"] = canonical_guid(form["client_id"])
+        token = self.mint(tenant_id, **options)
+        return {"token_type": "Bearer", "access_token": token, "expires_in": 3600, "ext_expires_in": 3600,
+                "scope": scope or f"{audience}/.default"}
 
     def _serve_discovery(self, tid: str, version: str) -> dict:
         self.discovery_requests += 1

@@ -74,6 +74,43 @@ class MissingCredentials(Unauthenticated):
                               code="missing_token", headers={"WWW-Authenticate": 'Bearer realm="tenantgate"'})
 
 
+class ClaimsChallenge(GatewayError):
+    """A valid token that lacks what the request needs (an authentication context, a recent
+    enough sign-in) or that tenant data has revoked, sent to a client that declared it can follow
+    a claims challenge (xms_cc cp1): 401 with Entra's `insufficient_claims` WWW-Authenticate
+    (gateway/auth/challenge.py builds it), after which MSAL and azure-identity get a token with
+    those claims and retry. The body is OpenAI's error shape; the message names no claim value
+    of the token."""
+
+    status_code = 401
+    type = "invalid_request_error"
+    code = "insufficient_claims"
+
+    def __init__(self, message: str, www_authenticate: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": www_authenticate})
+
+
+class AuthenticationContextRequired(GatewayError):
+    """The same lack, for a client that cannot follow a challenge: Entra sends challenges only to
+    clients that declared cp1, so others get a 403 naming what they must sign in with."""
+
+    status_code = 403
+    type = "permission_denied"
+    code = "authentication_context_required"
+
+
+class TokenRevoked(Unauthenticated):
+    """A token that tenant data revokes (its principal, its session, or every token of the tenant
+    issued before a time), for a client that cannot follow a challenge: a 401 with the plain
+    invalid_token challenge, so the client signs in again."""
+
+    code = "token_revoked"
+    MESSAGE = "the access token has been revoked; sign in again"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE, code="token_revoked")
+
+
 class PolicyDenied(GatewayError):
     status_code = 403
     type = "permission_denied"

@@ -144,6 +144,11 @@ class EntraVerifier:
         )
 
     @property
+    def authority(self) -> str:
+        """The sign-in authority tokens come from (a claims challenge sends clients back to it)."""
+        return self._authority
+
+    @property
     def jwks_fetch_count(self) -> int:
         """JWKS documents requested over HTTP, all tenants together."""
         return self._keys.fetch_count

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.auth.claims import NO_SESSION_CLAIMS, SessionClaims, session_claims
 from gateway.auth.exceptions import AuthError
 
 _GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
@@ -29,6 +30,8 @@ class Principal:
     roles: tuple[str, ...]
     idtyp: Literal["user", "app"]
     token_version: Literal["1.0", "2.0"]
+    # How and when the caller signed in (Conditional Access reads them; gateway/auth/claims.py).
+    session: SessionClaims = NO_SESSION_CLAIMS
 
     def policy_input(self) -> dict:
         """The `principal` object of the Rego input document."""
@@ -39,6 +42,7 @@ class Principal:
             "idtyp": self.idtyp,
             "scopes": list(self.scopes),
             "roles": list(self.roles),
+            **self.session.policy_input(),
         }
 
     @classmethod
@@ -75,6 +79,7 @@ class Principal:
             roles=roles,
             idtyp="app" if idtyp == "app" else "user",
             token_version=version,
+            session=session_claims(claims),
         )
 
 

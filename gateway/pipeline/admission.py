@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
+from gateway.auth.challenge import challenge_header, claims_request
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
 from gateway.errors import (
     AuditUnavailable,
+    AuthenticationContextRequired,
+    ClaimsChallenge,
     ContextLengthExceeded,
     GatewayError,
     InvalidRequest,
@@ -27,6 +30,7 @@ from gateway.errors import (
     ModelNotFound,
     PolicyDenied,
     RateLimited,
+    TokenRevoked,
     Unavailable,
 )
 from gateway.json_values import json_depth
@@ -47,8 +51,12 @@ logger = logging.getLogger("tenantgate.gateway")
 MODEL_DENIED_REASON = "the requested model is not available to this tenant"
 # policies/limits: a prompt with no room left in the tenant's window; alone, it is answered as 400.
 CONTEXT_DENIED_REASON = re.compile(r"the prompt leaves no room in this tenant's context window of (\d+) tokens")
+# policies/authn: a token without a context the request needs (a deny a new token cures).
+AUTH_CONTEXT_REASON = re.compile(r"this request needs authentication context (c[0-9]{1,2})")
+REVOKED_CHALLENGE = "the access token has been revoked; get a new one with the claims this challenge names"
 QUOTA_STORE_RETRY_S = 2.0
 EMBEDDINGS_ROUTE = "embeddings"
+LISTING_ROUTE = "models.list"  # the route gateway/openai/models asks the policy about
 POLICY_REFUSAL = "the policy engine could not decide this request; it is denied"
 
 
@@ -180,11 +188,61 @@ async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgeme
     exchange.decision = "allow" if judgement.decision.allow else "deny"
     if judgement.decision.logging.metrics_name:  # the tenant's policy lets its name be the label
         exchange.tenant_label = judgement.decision.logging.metrics_name
+    # A model listing asks each model's question of a one-token request: a model that needs a step-up
+    # is left out of it (the policy's deny), and only a revoked token refuses the listing itself.
+    step_up = document.get("request", {}).get("route") != LISTING_ROUTE
+    refusal = authentication_refusal(gateway.verifier.authority, judgement, document.get("principal", {}),
+                                     time.time(), step_up=step_up)
+    if refusal is not None:
+        exchange.decision = "deny"
+        refusal.judgement = judgement  # for the audit record
+        raise refusal
     if not judgement.decision.allow:
         denied = _denial(judgement, document["request"].get("prompt_tokens", 0))
         denied.judgement = judgement  # for the audit record
         raise denied
     return judgement
+
+
+def authentication_refusal(authority: str, judgement: Judgement, principal: dict, now: float, *,
+                           step_up: bool = True) -> GatewayError | None:
+    """Conditional Access, as the decision's authentication section asks: a revoked token, a missing
+    authentication context or a sign-in older than max_age_s is answered with Entra's claims
+    challenge (401) when the client declared cp1, else with a 401 (revoked) or a 403 naming the
+    context. None when the token shows what the request needs, or when the decision denies for a
+    reason no new token would cure (that denial answers instead). The token's auth_time is compared
+    with the clock here, not in Rego, so decisions stay cacheable. Without step_up only revocation
+    is answered here."""
+    decision = judgement.decision
+    needs = decision.authentication
+    if needs.revoked:
+        if needs.challenge:
+            fresh = claims_request([], not_before=int(now))  # a token issued from now on, as Entra's CAE asks
+            return ClaimsChallenge(REVOKED_CHALLENGE, challenge_header(authority, fresh))
+        return TokenRevoked()
+    if not step_up or (not decision.allow
+                       and any(not AUTH_CONTEXT_REASON.fullmatch(reason) for reason in decision.reasons)):
+        return None
+    stale = needs.max_age_s > 0 and not _signed_in_within(principal.get("auth_time"), needs.max_age_s, now)
+    if not needs.missing and not stale:
+        return None
+    wants = list(needs.missing) if not stale else list(needs.contexts)
+    problems = [f"authentication context {', '.join(needs.missing)}"] if needs.missing else []
+    if stale:
+        problems.append(f"a sign-in within the last {needs.max_age_s} seconds")
+    message = "this request needs " + " and ".join(problems)
+    if not needs.challenge:
+        return AuthenticationContextRequired(message + "; sign in with it and retry")
+    request = claims_request(wants, not_before=int(now) if stale else None)
+    return ClaimsChallenge(message, challenge_header(authority, request, max_age_s=needs.max_age_s if stale else 0))
+
+
+def _signed_in_within(auth_time: object, max_age_s: int, now: float) -> bool:
+    """Whether the token's sign-in (auth_time, as validated into the input) is recent enough; a
+    token without one never is (fail closed)."""
+    if isinstance(auth_time, bool) or not isinstance(auth_time, int):
+        return False
+    return now - auth_time <= max_age_s
 
 
 def _denial(judgement: Judgement, prompt_tokens: int) -> GatewayError:

@@ -58,6 +58,29 @@ class ResponsesDecision(_Strict):
     retention_days: Annotated[int, Field(ge=1, le=365)]
 
 
+# An Entra authentication context id (the `acrs` claim's values): c1 to c99.
+AuthContextId = Annotated[str, Field(pattern=r"^c([1-9]|[1-9][0-9])$")]
+
+
+class AuthenticationDecision(_Strict):
+    """What the token must show for this request (policies/authn), and what the gateway may answer
+    when it does not: the contexts needed and those missing, the oldest sign-in accepted (seconds
+    since auth_time, 0: any; the gateway compares it with the clock), whether the tenant's data
+    revokes the token, and whether the client takes a claims challenge (it declared cp1)."""
+
+    contexts: list[AuthContextId] = []
+    missing: list[AuthContextId] = []
+    max_age_s: NonNegativeInt = 0
+    revoked: bool = False
+    challenge: bool = False
+
+    @model_validator(mode="after")
+    def _missing_is_needed(self) -> Self:
+        if not set(self.missing) <= set(self.contexts):
+            raise ValueError("missing names a context that contexts does not")
+        return self
+
+
 class LimitsDecision(_Strict):
     max_tokens: NonNegativeInt
     max_context_tokens: NonNegativeInt
@@ -84,11 +107,15 @@ class Decision(_Strict):
     prompt: PromptDecision
     responses: ResponsesDecision
     limits: LimitsDecision
+    # Optional, so bundles from before it still validate (they require nothing of the token).
+    authentication: AuthenticationDecision = AuthenticationDecision()
 
     @model_validator(mode="after")
     def _deny_carries_a_reason(self) -> Self:
         if not self.allow and not self.reasons:
             raise ValueError("a denied decision must carry at least one reason")
+        if self.allow and (self.authentication.revoked or self.authentication.missing):
+            raise ValueError("an allowed decision cannot revoke the token or miss an authentication context")
         if self.allow and self.limits.max_tokens < 1:
             raise ValueError("an allowed decision must leave max_tokens of at least 1")
         return self

@@ -6,6 +6,7 @@
 #   field could be computed; a deny carries its reasons and the safest settings.
 package tenantgate
 
+import data.tenantgate.authn
 import data.tenantgate.authz
 import data.tenantgate.batching
 import data.tenantgate.cache
@@ -34,6 +35,7 @@ default decision := {
 	},
 	"prompt": {"special_tokens": false},
 	"responses": {"store": false, "retention_days": 30},
+	"authentication": {"contexts": [], "missing": [], "max_age_s": 0, "revoked": false, "challenge": false},
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,
@@ -55,7 +57,7 @@ decision := _allowed if count(_deny_reasons) == 0
 
 decision := _denied if count(_deny_reasons) > 0
 
-_deny_reasons := authz.deny | limits.deny
+_deny_reasons := (authz.deny | limits.deny) | authn.deny
 
 _allowed := {
 	"allow": true,
@@ -70,6 +72,7 @@ _allowed := {
 	},
 	"prompt": {"special_tokens": prompt.special_tokens},
 	"responses": {"store": responses.store, "retention_days": responses.retention_days},
+	"authentication": _authentication,
 	"limits": {
 		"max_tokens": limits.max_tokens,
 		"max_context_tokens": limits.max_context_tokens,
@@ -98,6 +101,7 @@ _denied := {
 	},
 	"prompt": {"special_tokens": false},
 	"responses": {"store": false, "retention_days": 30},
+	"authentication": _authentication,
 	"limits": {
 		"max_tokens": 0,
 		"max_context_tokens": 0,
@@ -113,4 +117,14 @@ _denied := {
 		"max_schema_bytes": 0,
 		"max_schema_depth": 0,
 	},
+}
+
+# What the gateway needs to answer a token that lacks what the request needs (policies/authn):
+# in allowed and denied decisions alike, so a deny for a missing context can become a challenge.
+_authentication := {
+	"contexts": authn.contexts,
+	"missing": authn.missing,
+	"max_age_s": authn.max_age_s,
+	"revoked": authn.revoked,
+	"challenge": authn.challenge,
 }

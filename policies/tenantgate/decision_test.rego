@@ -62,3 +62,10 @@ test_deny_when_a_field_cannot_be_computed if {
 	d.allow == false
 	d.reasons == ["the policy could not reach a decision for this request"]
 }
+
+test_deny_when_the_authentication_data_cannot_be_read if {
+	broken := object.union(_example_tenants, {"c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1": {"authentication": {"tenant": {"contexts": "c1"}}}})
+	d := tenantgate.decision with input as _samples.allow_free_public_shared_cache.input with data.tenants as broken
+	d.allow == false
+	d.reasons == ["the policy could not reach a decision for this request"]
+}

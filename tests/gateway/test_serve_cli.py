@@ -41,12 +41,36 @@ def test_dev_serve_then_token_then_openai_sdk(smollm2_dir: Path) -> None:
                 model="smollm2-135m-instruct", max_tokens=16, temperature=0,
                 messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert reply.choices[0].message.content == "The capital of France is Paris."
+        _restricted_round_trip(f"http://127.0.0.1:{port}", issuer_port, env)
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
     assert "tenantgate token --tenant northwind" in output  # the printed instructions
     assert '"model": "smollm2-135m-instruct"' in output
     assert token not in output  # the server never logs a bearer token
+
+
+def _restricted_round_trip(base_url: str, issuer_port: int, env: dict) -> None:
+    """The example data's Conditional Access (issue 28): northwind's restricted requests need c1. A
+    client without cp1 is told so (403), one with cp1 gets Entra's challenge, and a token that
+    `tenantgate token --claims` minted from the challenge's claims is served."""
+
+    def token(*options: str) -> str:
+        return subprocess.run([TENANTGATE, "token", "--tenant", "northwind", "--issuer",
+                               f"http://127.0.0.1:{issuer_port}", *options],
+                              env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    def restricted(bearer: str) -> httpx.Response:
+        return httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+            "model": "smollm2-135m-instruct", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]},
+            headers={"Authorization": f"Bearer {bearer}", "x-data-classification": "restricted"})
+
+    denied = restricted(token())
+    assert denied.status_code == 403 and "authentication context c1" in denied.json()["error"]["message"]
+    challenged = restricted(token("--xms-cc", "cp1"))
+    assert challenged.status_code == 401, challenged.text
+    claims = challenged.headers["www-authenticate"].split('claims="')[1].split('"')[0]
+    assert restricted(token("--xms-cc", "cp1", "--claims", claims)).status_code == 200
 
 
 def test_production_refuses_the_development_issuer() -> None:

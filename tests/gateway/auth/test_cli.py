@@ -136,3 +136,39 @@ def test_azure_failure_is_one_line_and_exit_1(cache_dir, monkeypatch, capsys) ->
 def test_the_token_command_is_registered_in_tenantgate() -> None:
     args = build_parser().parse_args(["token", "--tenant", "northwind"])
     assert args.func is cmd_token
+
+
+async def test_sign_in_options_become_the_claims_the_gateway_reads(cache_dir, monkeypatch, capsys) -> None:
+    with running_issuer(key_dir=cache_dir / "dev-issuer") as issuer:
+        monkeypatch.setenv("TENANTGATE_DEV_ISSUER_URL", issuer.base_url)
+        argv = ["token", "--tenant", "northwind", "--acrs", "c1", "--acrs", "c7", "--amr", "pwd", "--amr", "mfa",
+                "--xms-cc", "cp1", "--auth-time", "1764800000"]
+        assert run_cli(argv) == 0
+        session = (await verify(issuer, capsys.readouterr().out.strip())).session
+    assert (session.acrs, session.amr, session.xms_cc, session.auth_time) == (
+        ("c1", "c7"), ("pwd", "mfa"), ("cp1",), 1764800000)
+
+
+async def test_a_challenge_claims_value_is_honoured_as_sent(cache_dir, monkeypatch, capsys) -> None:
+    """The base64 a challenge's claims= carries, pasted as it is, gives a token with what it asks."""
+    challenge_claims = "eyJhY2Nlc3NfdG9rZW4iOnsiYWNycyI6eyJlc3NlbnRpYWwiOnRydWUsInZhbHVlIjoiYzEifX19"
+    with running_issuer(key_dir=cache_dir / "dev-issuer") as issuer:
+        monkeypatch.setenv("TENANTGATE_DEV_ISSUER_URL", issuer.base_url)
+        assert run_cli(["token", "--tenant", "northwind", "--xms-cc", "cp1", "--claims", challenge_claims]) == 0
+        session = (await verify(issuer, capsys.readouterr().out.strip())).session
+    assert session.acrs == ("c1",) and session.xms_cc == ("cp1",)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--acrs", "c100"], "--acrs values must match"),
+    (["--acrs", "C1"], "--acrs values must match"),
+    (["--xms-cc", "cp 1"], "--xms-cc values must match"),
+    (["--auth-time", "-5"], "--auth-time must be seconds since the epoch"),
+    (["--claims", "{not json"], "--claims: the claims request is not JSON"),
+    (["--claims", "!!!"], "--claims is neither JSON nor base64 of JSON"),
+    (["--claims", '{"access_token": {"acrs": {"essential": true, "value": "mfa"}}}'],
+     "--claims: the acrs request names no value the issuer knows"),
+])
+def test_unusable_sign_in_options_exit_2(argv, message, cache_dir, capsys) -> None:
+    assert run_cli(["token", "--tenant", "northwind", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -115,6 +115,7 @@ async def test_delegated_token_verifies_into_a_user_principal(version, audience,
         roles=(),
         idtyp="user",
         token_version=version,
+        session=principal.session,  # gateway/auth/claims.py's own tests read it
     )
 
 
@@ -131,7 +132,10 @@ async def test_app_token_verifies_into_an_app_principal(version, audience, issue
         roles=("Inference.Invoke.All",),
         idtyp="app",
         token_version=version,
+        session=principal.session,
     )
+    session = principal.session
+    assert session.iat is not None and session.uti is not None and session.acrs == ()
     assert principal.policy_input() == {
         "tenant_id": FABRIKAM,
         "object_id": OID,
@@ -139,6 +143,7 @@ async def test_app_token_verifies_into_an_app_principal(version, audience, issue
         "idtyp": "app",
         "scopes": [],
         "roles": ["Inference.Invoke.All"],
+        "acrs": [], "amr": [], "xms_cc": [], "iat": session.iat, "uti": session.uti,
     }
 
 

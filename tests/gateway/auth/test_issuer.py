@@ -1,6 +1,10 @@
 """The local issuer: Entra's URL layout, Entra-shaped claims, a key other processes can share."""
 
+import base64
+import hashlib
+import json
 import stat
+import time
 
 import httpx
 import pytest
@@ -101,3 +105,99 @@ def test_an_issuer_on_port_zero_has_no_url_before_it_starts() -> None:
 def test_a_port_in_use_is_an_error_not_a_leak(issuer) -> None:
     with pytest.raises(OSError):
         LocalIssuer(issuer.base_url).start()
+
+
+def _token_claims(answer: httpx.Response) -> dict:
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["token_type"] == "Bearer" and body["expires_in"] == 3600
+    payload = body["access_token"].split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_the_token_endpoint_honours_a_claims_request_as_entra_does(issuer) -> None:
+    claims = json.dumps({"access_token": {"acrs": {"essential": True, "value": "c1"},
+                                          "xms_cc": {"values": ["cp1"]}}})
+    before = int(time.time())
+    answer = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data={
+        "grant_type": "password", "username": "ada@contoso.example", "scope": "api://tenantgate/.default",
+        "claims": claims})
+    token = _token_claims(answer)
+    assert token["acrs"] == ["c1"] and token["xms_cc"] == ["cp1"] and token["aud"] == "api://tenantgate"
+    assert token["auth_time"] >= before and token["scp"] == "Inference.Invoke" and token["ver"] == "2.0"
+
+
+def test_an_nbf_claims_request_gives_a_token_issued_no_earlier(issuer) -> None:
+    later = int(time.time()) + 30
+    claims = json.dumps({"access_token": {"nbf": {"essential": True, "value": str(later)}}})
+    token = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token",
+                                     data={"grant_type": "client_credentials", "claims": claims}))
+    assert token["nbf"] == token["iat"] == later and token["idtyp"] == "app"
+    assert "auth_time" not in token  # no app sign-in session
+
+
+def test_each_user_sign_in_is_a_session_of_its_own_for_a_stable_object_id(issuer) -> None:
+    form = {"grant_type": "password", "username": "ada@contoso.example"}
+    first, second = (_token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form))
+                     for _ in range(2))
+    other = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token",
+                                     data={**form, "username": "grace@contoso.example"}))
+    assert first["oid"] == second["oid"] != other["oid"] and first["sid"] != second["sid"]
+
+
+@pytest.mark.parametrize("form", [
+    {"grant_type": "authorization_code"},
+    {"grant_type": "password"},  # no username
+    {"grant_type": "client_credentials", "claims": "{"},
+    {"grant_type": "client_credentials", "claims": '{"access_token": []}'},
+    {"grant_type": "client_credentials", "claims": '{"access_token": {"acrs": {"values": ["c0"]}}}'},
+    {"grant_type": "client_credentials", "claims": '{"access_token": {"nbf": {"value": "soon"}}}'},
+    {"grant_type": "client_credentials", "claims": "x" * 5000},
+])
+def test_a_token_request_it_cannot_honour_is_a_400(form, issuer) -> None:
+    answer = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form)
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_request"
+
+
+def _authorize(issuer, **query) -> httpx.Response:
+    params = {"response_type": "code", "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+              "redirect_uri": "http://localhost:8765/callback", "state": "s1", **query}
+    return httpx.get(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/authorize", params=params, follow_redirects=False)
+
+
+def _code(redirect: httpx.Response) -> str:
+    assert redirect.status_code == 302, redirect.text
+    location = httpx.URL(redirect.headers["location"])
+    assert (location.host, location.params["state"]) == ("localhost", "s1")
+    return location.params["code"]
+
+
+def test_the_authorize_endpoint_binds_the_claims_and_pkce_to_a_one_time_code(issuer) -> None:
+    verifier = "a-code-verifier-of-forty-three-characters-xx"
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    code = _code(_authorize(issuer, claims='{"access_token":{"acrs":{"essential":true,"value":"c1"}}}',
+                            code_challenge=challenge, code_challenge_method="S256", login_hint="ada@contoso.example"))
+    form = {"grant_type": "authorization_code", "code": code, "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+            "redirect_uri": "http://localhost:8765/callback", "code_verifier": verifier}
+    token = _token_claims(httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form))
+    assert token["acrs"] == ["c1"] and token["scp"] == "Inference.Invoke" and "auth_time" in token
+    again = httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form)
+    assert again.status_code == 400  # a code is redeemed once
+
+
+@pytest.mark.parametrize("change", [{"code_verifier": "another-verifier"}, {"redirect_uri": "http://localhost:1/x"},
+                                    {"client_id": "11111111-1111-4111-8111-111111111111"}])
+def test_a_code_redeemed_by_another_client_or_verifier_is_refused(change, issuer) -> None:
+    verifier = "a-code-verifier-of-forty-three-characters-xx"
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    code = _code(_authorize(issuer, code_challenge=challenge, code_challenge_method="S256"))
+    form = {"grant_type": "authorization_code", "code": code, "client_id": "0d3c7f5e-6b1a-4c2d-9e8f-7a6b5c4d3e2f",
+            "redirect_uri": "http://localhost:8765/callback", "code_verifier": verifier, **change}
+    assert httpx.post(f"{issuer.base_url}/{CONTOSO}/oauth2/v2.0/token", data=form).status_code == 400
+
+
+@pytest.mark.parametrize("query", [{"redirect_uri": "https://attacker.example/cb"}, {"response_type": "token"},
+                                   {"claims": "{"}, {"code_challenge": "x", "code_challenge_method": "plain"}])
+def test_the_authorize_endpoint_redirects_nowhere_but_loopback_and_refuses_bad_requests(query, issuer) -> None:
+    answer = _authorize(issuer, **query)
+    assert answer.status_code == 400 and "location" not in answer.headers

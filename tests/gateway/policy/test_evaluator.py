@@ -76,8 +76,9 @@ def test_evaluation_error_is_a_policy_error_and_engine_recovers(tmp_path: Path) 
     )
     (copy / "tenantgate" / "decision.rego").write_text(
         (copy / "tenantgate" / "decision.rego").read_text().replace(
-            "_deny_reasons := authz.deny | limits.deny",
-            "_deny_reasons := authz.deny | limits.deny | {r | r := data.tenantgate.boom.x; input.boom}",
+            "_deny_reasons := (authz.deny | limits.deny) | authn.deny",
+            "_deny_reasons := ((authz.deny | limits.deny) | authn.deny) | "
+            "{r | r := data.tenantgate.boom.x; input.boom}",
         )
     )
     broken = EmbeddedEvaluator(copy)

@@ -80,6 +80,62 @@ def test_a_deny_rule_that_errors_refuses_in_opa_as_in_regorus(opa_server_factory
         embedded.evaluate(erring)
 
 
+NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"
+REVOKED_OID, REVOKED_SID, CUTOFF = "0b1c2d3e-0000-4000-8000-0000000dead0", "s-revoked", 1764800000
+
+
+def _conditional_access_inputs() -> Iterator[tuple[str, dict]]:
+    """Northwind's restricted request (c1 needed, sign-in within the hour) with the claims Conditional
+    Access reads varied one at a time, well-formed or not (the policy must agree with itself on
+    shapes the gateway would have dropped, too)."""
+    base = SAMPLES["allow_free_restricted_with_context"]["input"]
+    variations = {
+        "acrs": [["c1"], [], "c1", [1], ["c2", "c1"], None],
+        "xms_cc": [["cp1"], [], "cp1", ["cp2"], None],
+        "sid": [REVOKED_SID, "s-other", 7, None],
+        "iat": [CUTOFF - 1, CUTOFF, "1764800000", None],
+        "object_id": [REVOKED_OID],
+    }
+    for claim, values in variations.items():
+        for value in values:
+            principal = {k: v for k, v in base["principal"].items() if k != claim}
+            if value is not None:
+                principal[claim] = value
+            yield f"{claim}={value!r}", {**base, "principal": principal}
+    for classification in ("public", "restricted", "secret"):
+        yield f"classification={classification}", {**base, "request": {**base["request"],
+                                                                      "data_classification": classification}}
+
+
+def test_parity_conditional_access_decisions_identical_in_regorus_and_opa(opa_server_factory, tmp_path) -> None:
+    tenants = json.loads((POLICY_DIR / "data" / "tenants.example.json").read_text())
+    tenants["tenants"][NORTHWIND]["revocations"] = {"principals": [REVOKED_OID], "sessions": [REVOKED_SID],
+                                                    "issued_before": CUTOFF}
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
+    server = opa_server_factory([*modules, str(data_dir / "tenants.json")])
+    embedded = EmbeddedEvaluator(POLICY_DIR, data_dir)
+    differences, outcomes = [], {}
+    with OpaClient(server.url) as opa:
+        for name, document in _conditional_access_inputs():
+            ours, theirs = embedded.evaluate(document), opa.evaluate(document)
+            outcomes[name] = ours["authentication"]
+            if ours != theirs:
+                differences.append(f"{name}: regorus={ours} opa={theirs}")
+    assert not differences, "\n".join(differences)
+    # And the cases say what they should, so agreement is not agreement on nothing.
+    assert outcomes["acrs=['c1']"]["missing"] == [] and outcomes["acrs=[]"]["missing"] == ["c1"]
+    assert outcomes["acrs='c1'"]["missing"] == ["c1"]  # a string is no list of contexts
+    assert outcomes["xms_cc=['cp1']"]["challenge"] is True and outcomes["xms_cc='cp1'"]["challenge"] is False
+    assert outcomes[f"sid={REVOKED_SID!r}"]["revoked"] is True and outcomes["sid=7"]["revoked"] is False
+    assert outcomes[f"iat={CUTOFF - 1}"]["revoked"] is True and outcomes[f"iat={CUTOFF}"]["revoked"] is False
+    assert outcomes["iat='1764800000'"]["revoked"] is False  # a string iat is compared with nothing
+    assert outcomes[f"object_id={REVOKED_OID!r}"]["revoked"] is True
+    assert outcomes["classification=public"]["contexts"] == []
+
+
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
     """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]

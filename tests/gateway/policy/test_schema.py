@@ -70,3 +70,36 @@ def test_parse_decision_reads_json() -> None:
     with pytest.raises(DecisionSchemaError):
         parse_decision(b'{"allow": true}')
     assert parse_decision(Decision.model_validate(ALLOWED).model_dump_json()).allow is True
+
+
+def _with_authentication(allow: bool = True, **section) -> dict:
+    document = copy.deepcopy(ALLOWED)
+    document["allow"] = allow
+    document["authentication"] = {"contexts": [], "missing": [], "max_age_s": 0, "revoked": False,
+                                  "challenge": False, **section}
+    return document
+
+
+def test_a_decision_from_before_the_authentication_section_requires_nothing() -> None:
+    document = copy.deepcopy(ALLOWED)
+    del document["authentication"]
+    authentication = validate_decision(document).authentication
+    assert (authentication.contexts, authentication.max_age_s, authentication.revoked) == ([], 0, False)
+
+
+@pytest.mark.parametrize(("section", "field"), [
+    ({"contexts": ["mfa"]}, "authentication.contexts.0"),
+    ({"contexts": ["c100"]}, "authentication.contexts.0"),
+    ({"max_age_s": -1}, "authentication.max_age_s"),
+    ({"revoked": "false"}, "authentication.revoked"),
+    ({"missing": ["c1"]}, "authentication"),  # missing names a context that contexts does not
+])
+def test_a_malformed_authentication_section_is_refused(section: dict, field: str) -> None:
+    assert any(p.startswith(f"{field}:") for p in _problems(_with_authentication(**section)))
+
+
+@pytest.mark.parametrize("section", [{"revoked": True}, {"contexts": ["c1"], "missing": ["c1"]}])
+def test_an_allowed_decision_cannot_revoke_or_miss_a_context(section: dict) -> None:
+    assert _problems(_with_authentication(**section)) == [
+        "<decision>: Value error, an allowed decision cannot revoke the token or miss an authentication context"]
+    assert validate_decision(_with_authentication(allow=False, **section) | {"reasons": ["x"]})  # a deny may
