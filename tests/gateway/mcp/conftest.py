@@ -1,0 +1,135 @@
+"""An end-to-end MCP gateway: uvicorn on a loopback port fronting the example MCP server (the `mcp`
+package's MCPServer, on loopback too), the repository's policies on a copy of the example tenants,
+and the local Entra-style issuer with real RSA keys. Callers use the official `mcp` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+from devkit.issuer import LocalIssuer
+from devkit.mcp_server import ExampleMcpServer, serving_example
+from devkit.server import serving
+from gateway.app import create_app
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+from gateway.settings import Settings
+
+NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # the example policy's tenant with devtools
+FABRIKAM = "8d4e2b10-7c6f-4a91-b3d5-e6f708192a3b"  # registered, no MCP servers
+AUDIENCE = "api://tenantgate"
+SERVER_KEY = "the-gateways-own-key-for-devtools"
+KEY_ENV = "TENANTGATE_TEST_DEVTOOLS_KEY"
+
+
+@dataclass
+class McpGateway:
+    base_url: str
+    issuer: LocalIssuer
+    upstream: ExampleMcpServer
+    app: object
+    data_dir: Path
+    audit_file: Path
+    audit_key: Path
+
+    @property
+    def url(self) -> str:
+        return self.base_url + "/mcp/devtools"
+
+    def token(self, tenant: str = NORTHWIND, **options) -> str:
+        options.setdefault("scopes", ("Tools.Invoke",))
+        return self.issuer.mint(tenant, audience=options.pop("audience", AUDIENCE), **options)
+
+    def audit_records(self) -> list[dict]:
+        return [e for e in map(json.loads, self.audit_file.read_text().splitlines()) if e["type"] == "record"]
+
+    def tenants(self) -> dict:
+        return json.loads((self.data_dir / "tenants.example.json").read_text())
+
+    def write_tenants(self, data: dict) -> None:
+        """New policy data, waited for until the gateway's policy has reloaded it."""
+        policy = self.app.state.gateway.policy
+        before = policy.revision
+        (self.data_dir / "tenants.example.json").write_text(json.dumps(data))
+        deadline = time.monotonic() + 30
+        while policy.revision == before:
+            assert time.monotonic() < deadline, "the policy did not reload"
+            time.sleep(0.05)
+
+    @asynccontextmanager
+    async def session(self, token: str | None = None, **options) -> AsyncIterator[ClientSession]:
+        """The official client's session (ClientSession over its Streamable HTTP client), initialized."""
+        headers = {"Authorization": f"Bearer {token or self.token(**options)}"}
+        async with create_mcp_http_client(headers=headers) as http:
+            async with streamable_http_client(self.url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+
+@pytest.fixture(scope="module")
+def mcp_gateway(local_issuer: LocalIssuer, tmp_path_factory, monkeypatch_module) -> Iterator[McpGateway]:
+    workdir = tmp_path_factory.mktemp("mcp")
+    data_dir = workdir / "data"
+    data_dir.mkdir()
+    shutil.copy(DEFAULT_POLICY_DIR / "data" / "tenants.example.json", data_dir)
+    monkeypatch_module.setenv(KEY_ENV, SERVER_KEY)
+    with serving_example() as upstream:
+        servers = workdir / "mcp-servers.json"
+        servers.write_text(json.dumps({"servers": [
+            {"name": "devtools", "url": upstream.url, "api_key_env": KEY_ENV, "tools_ttl_s": 0, "timeout_s": 10}]}))
+        settings = Settings(
+            engine="null", served_model_name="demo", embedding_model="", authority=issuer_url(local_issuer),
+            v1_issuer_host=issuer_url(local_issuer), audiences=[AUDIENCE], policy_data_dir=data_dir,
+            policy_reload_interval_s=0.1, metrics_port=0, audit_stdout=False, audit_file=workdir / "audit.jsonl",
+            audit_signing_key=workdir / "audit-signing.pem", mcp_servers_file=servers)
+        app = create_app(settings)
+        with serving(app) as base_url:
+            yield McpGateway(base_url, local_issuer, upstream, app, data_dir, settings.audit_file,
+                             workdir / "audit-signing.pem")
+
+
+def issuer_url(issuer: LocalIssuer) -> str:
+    return issuer.base_url
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def mcp_error(coroutine) -> MCPError:
+    """The MCPError the coroutine ends with (the client raises it inside its task groups)."""
+    try:
+        run(coroutine)
+    except BaseException as exc:
+        found = _first(exc)
+        if found is None:
+            raise
+        return found
+    raise AssertionError("the call succeeded; an MCP error was expected")
+
+
+def _first(exc: BaseException) -> MCPError | None:
+    if isinstance(exc, MCPError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        if (found := _first(inner)) is not None:
+            return found
+    return None
