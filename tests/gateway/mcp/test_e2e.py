@@ -256,3 +256,17 @@ def test_first_sightings_are_in_the_audit_chain_and_it_verifies(mcp_gateway) -> 
     assert report.ok, report.reason
     calls = [r for r in mcp_gateway.audit_records() if r.get("route") == "mcp.tools/call"]
     assert len(calls) >= 8
+
+
+def test_mcp_pin_prints_the_digests_the_gateway_sees_in_the_policy_datas_format(mcp_gateway, tmp_path, capsys) -> None:
+    from gateway.main import main
+
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps({"servers": [{"name": "devtools", "url": mcp_gateway.upstream.url}]}))
+    assert main(["mcp", "pin", "--servers", str(servers)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    pinned = printed["mcp"]["servers"]["devtools"]["tools"]
+    assert set(pinned) == {"echo", "word_count", "delete_repository", "big_result"}
+    seen = {r["tool"]: r["tool_digest"] for r in mcp_gateway.audit_records() if r.get("route") == "mcp.tool"}
+    assert pinned["echo"] == {"digests": [seen["echo"]]}
+    assert main(["mcp", "pin", "--servers", str(servers), "--server", "elsewhere"]) == 2
