@@ -147,7 +147,7 @@ async def post_message(server: str, request: Request) -> Response:
         if content_type != "application/json":
             raise JsonRpcError(INVALID_REQUEST, "the body must be application/json", status=415)
         message = parse_message(await _body(request))
-        reply = await service.handle(principal, server, message, request.headers.get("mcp-session-id"))
+        reply = await service.handle(principal, server, message, request.headers)
     except JsonRpcError as exc:
         if message is not None and message.notification and exc.status < 400:
             return Response(status_code=202)  # a notification gets no response, error or not

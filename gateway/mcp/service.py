@@ -12,9 +12,13 @@ the decision's logging allows redacted content, and then through the redactor.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -46,8 +50,17 @@ logger = logging.getLogger("tenantgate.mcp")
 
 # The handshake revisions this endpoint speaks, newest first; the `mcp` package's client offers the newest.
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18")
+# The stateless revisions (no handshake, no session: each request carries its envelope in params._meta).
+MODERN_VERSIONS = ("2026-07-28",)
+VERSION_META = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
+HEADER_MISMATCH = -32020
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+# 2026-07-28 answers these codes with these statuses (the spec's table); others travel with 200.
+MODERN_STATUS = {INVALID_PARAMS: 400, METHOD_NOT_FOUND: 404}
 POLICY_DENIED = -32001
 SERVER_VERSION = "0.1.0"
+INSTRUCTIONS = "Tools of this server as the tenant's policy allows them."
 QUOTA_STORE_RETRY_S = 2
 
 
@@ -94,9 +107,19 @@ class McpService:
 
     # -- the session -----------------------------------------------------------------------
 
-    async def handle(self, principal: Principal, server_name: str, message: Message, session_id: str | None) -> Reply:
+    async def handle(self, principal: Principal, server_name: str, message: Message,
+                     headers: Mapping[str, str]) -> Reply:
+        """headers: the request's, by lower-case name (mcp-session-id, mcp-protocol-version, mcp-method, mcp-name)."""
         server = self.servers[server_name]  # the router answered an unknown server already
+        if _is_modern(message, headers):
+            try:
+                return await self._modern(principal, server_name, server, message, headers)
+            except JsonRpcError as exc:
+                if exc.status == 200 and exc.code in MODERN_STATUS:
+                    exc.status = MODERN_STATUS[exc.code]
+                raise
         owner = (principal.tenant_id, principal.object_id)
+        session_id = headers.get("mcp-session-id")
         if message.method == "initialize":
             return self._initialize(owner, server_name, message)
         if session_id is None:
@@ -125,9 +148,35 @@ class McpService:
             raise JsonRpcError(INVALID_REQUEST, "the gateway holds as many MCP sessions as it may; retry later",
                                status=503, headers={"Retry-After": "30"}) from None
         result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-                  "serverInfo": {"name": f"tenantgate/{server_name}", "version": SERVER_VERSION},
-                  "instructions": "Tools of this server as the tenant's policy allows them."}
+                  "serverInfo": _server_info(server_name), "instructions": INSTRUCTIONS}
         return Reply(200, _result(message, result), {"Mcp-Session-Id": session.id})
+
+    # -- 2026-07-28: each request on its own --------------------------------------------------
+
+    async def _modern(self, principal: Principal, server_name: str, server: Server, message: Message,
+                      headers: Mapping[str, str]) -> Reply:
+        version = _checked_envelope(message, headers)
+        if version not in MODERN_VERSIONS:
+            raise JsonRpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version", status=400,
+                               data={"supported": list(MODERN_VERSIONS), "requested": version})
+        if message.notification:
+            return Reply(202)
+        if message.method == "server/discover":
+            return Reply(200, _result(message, {
+                "supportedVersions": list(MODERN_VERSIONS), "capabilities": {"tools": {"listChanged": False}},
+                "instructions": INSTRUCTIONS, "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
+                "_meta": {"io.modelcontextprotocol/serverInfo": _server_info(server_name)}}))
+        if message.method == "tools/list":
+            reply = await self._list(principal, server_name, server, message)
+        elif message.method == "tools/call":
+            reply = await self._call(principal, server_name, server, message)
+        else:
+            raise JsonRpcError(METHOD_NOT_FOUND, "method not found: this endpoint serves tools/list and tools/call")
+        result = reply.body["result"] if reply.body is not None else {}
+        # A listing is never to be reused: the policy may list otherwise a moment later.
+        extra = {"ttlMs": 0, "cacheScope": "private"} if message.method == "tools/list" else {}
+        result.update({"resultType": "complete", **extra})
+        return reply
 
     # -- the decision ----------------------------------------------------------------------
 
@@ -290,6 +339,53 @@ class McpService:
     async def digests(self) -> dict[str, dict[str, str]]:
         return {name: {tool: t.digest for tool, t in sorted((await server.catalogue.tools()).items())}
                 for name, server in sorted(self.servers.items())}
+
+
+def _server_info(server_name: str) -> dict:
+    return {"name": f"tenantgate/{server_name}", "version": SERVER_VERSION}
+
+
+def _is_modern(message: Message, headers: Mapping[str, str]) -> bool:
+    """A 2026-07-28-style request: its version in the header or in the envelope, and no session."""
+    if headers.get("mcp-session-id") is not None or message.method == "initialize":
+        return False
+    meta = message.params.get("_meta")
+    return (headers.get("mcp-protocol-version") not in (None, *PROTOCOL_VERSIONS)
+            or (isinstance(meta, dict) and VERSION_META in meta))
+
+
+def _checked_envelope(message: Message, headers: Mapping[str, str]) -> object:
+    """The envelope's protocol version, once the envelope is whole and the routing headers agree with
+    the body (the spec's ladder: a client that disagrees with itself is told so first)."""
+    meta = message.params.get("_meta")
+    if not isinstance(meta, dict) or VERSION_META not in meta or CAPABILITIES_META not in meta:
+        raise JsonRpcError(INVALID_PARAMS, f"params._meta must carry {VERSION_META!r} and {CAPABILITIES_META!r}",
+                           status=400)
+    version = meta[VERSION_META]
+    if headers.get("mcp-protocol-version") != version:
+        raise JsonRpcError(HEADER_MISMATCH, "the MCP-Protocol-Version header does not match params._meta",
+                           status=400)
+    if headers.get("mcp-method") != message.method:
+        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the method", status=400)
+    name = message.params.get("name") if message.method == "tools/call" else None
+    if name is not None and _header_value(headers.get("mcp-name")) != name:
+        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Name header does not match params.name", status=400)
+    if not isinstance(version, str):
+        raise JsonRpcError(INVALID_PARAMS, "the protocol version must be a string", status=400)
+    return version
+
+
+_B64_SENTINEL = re.compile(r"=\?base64\?(?P<payload>[A-Za-z0-9+/]*={0,2})\?=")
+
+
+def _header_value(value: str | None) -> str | None:
+    """A routing header's value: verbatim, or the UTF-8 text of its `=?base64?…?=` form (None if malformed)."""
+    if value is None or (match := _B64_SENTINEL.fullmatch(value)) is None:
+        return value
+    try:
+        return base64.b64decode(match["payload"], validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
 def _denied(decision: ToolsDecision) -> JsonRpcError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -133,3 +133,12 @@ def _first(exc: BaseException) -> MCPError | None:
         if (found := _first(inner)) is not None:
             return found
     return None
+
+
+@asynccontextmanager
+async def modern_client(gateway: McpGateway, token: str | None = None, **options) -> AsyncIterator[Client]:
+    """The official high-level `mcp.Client` in its default mode (auto: server/discover, so 2026-07-28)."""
+    headers = {"Authorization": f"Bearer {token or gateway.token(**options)}"}
+    async with create_mcp_http_client(headers=headers) as http:
+        async with Client(streamable_http_client(gateway.url, http_client=http)) as client:
+            yield client
