@@ -247,6 +247,23 @@ def test_a_result_larger_than_the_policy_allows_is_refused(mcp_gateway) -> None:
         mcp_gateway.write_tenants(original)
 
 
+def test_a_tenant_that_allows_redacted_content_gets_arguments_and_result_redacted(mcp_gateway) -> None:
+    original = mcp_gateway.tenants()
+    redacted = copy.deepcopy(original)
+    redacted["tenants"][NORTHWIND]["logging"] |= {"content": "redacted", "redact": ["/result/structuredContent"]}
+    mcp_gateway.write_tenants(redacted)
+    try:
+        run(_call(mcp_gateway, "word_count", {"text": "mail jane.doe@contoso.com about five words"}))
+        record = [r for r in mcp_gateway.audit_records() if r.get("route") == "mcp.tools/call"][-1]
+        assert record["tool"] == "word_count" and record["outcome"] == "ok"
+        assert record["content"]["arguments"]["text"].startswith("mail [EMAIL:")  # the detector ran
+        assert record["content"]["result"]["content"][0]["text"] == "5"
+        assert "structuredContent" not in record["content"]["result"]  # the decision's pointer removed it
+        assert "jane.doe" not in json.dumps(record)
+    finally:
+        mcp_gateway.write_tenants(original)
+
+
 def test_first_sightings_are_in_the_audit_chain_and_it_verifies(mcp_gateway) -> None:
     _listed(mcp_gateway)
     first = {r["tool"] for r in mcp_gateway.audit_records()
