@@ -34,7 +34,6 @@ class McpServer(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0, le=60)
     max_result_bytes: int = Field(1 << 20, ge=1024, le=MAX_RESULT_BYTES_CEILING)  # read no more from it
     tools_ttl_s: float = Field(30.0, ge=0, le=3600)  # a call re-lists the tools (and their digests) when older
-    max_connections: int = Field(32, ge=1, le=1024)
 
     @property
     def dialect(self) -> None:
