@@ -9,7 +9,7 @@ import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,36 +78,33 @@ class McpGateway:
                     yield session
 
 
-@pytest.fixture(scope="module")
-def mcp_gateway(local_issuer: LocalIssuer, tmp_path_factory, monkeypatch_module) -> Iterator[McpGateway]:
-    workdir = tmp_path_factory.mktemp("mcp")
+@contextmanager
+def running_mcp_gateway(issuer: LocalIssuer, workdir: Path) -> Iterator[McpGateway]:
+    """The gateway (null engine, the example tenants in a copy it may edit) fronting the example MCP
+    server as devtools, with the gateway's own key for it in the environment while it runs."""
     data_dir = workdir / "data"
     data_dir.mkdir()
     shutil.copy(DEFAULT_POLICY_DIR / "data" / "tenants.example.json", data_dir)
-    monkeypatch_module.setenv(KEY_ENV, SERVER_KEY)
-    with serving_example() as upstream:
+    with pytest.MonkeyPatch.context() as patch, serving_example() as upstream:
+        patch.setenv(KEY_ENV, SERVER_KEY)
         servers = workdir / "mcp-servers.json"
         servers.write_text(json.dumps({"servers": [
             {"name": "devtools", "url": upstream.url, "api_key_env": KEY_ENV, "tools_ttl_s": 0, "timeout_s": 10}]}))
         settings = Settings(
-            engine="null", served_model_name="demo", embedding_model="", authority=issuer_url(local_issuer),
-            v1_issuer_host=issuer_url(local_issuer), audiences=[AUDIENCE], policy_data_dir=data_dir,
+            engine="null", served_model_name="demo", embedding_model="", authority=issuer.base_url,
+            v1_issuer_host=issuer.base_url, audiences=[AUDIENCE], policy_data_dir=data_dir,
             policy_reload_interval_s=0.1, metrics_port=0, audit_stdout=False, audit_file=workdir / "audit.jsonl",
             audit_signing_key=workdir / "audit-signing.pem", mcp_servers_file=servers)
         app = create_app(settings)
         with serving(app) as base_url:
-            yield McpGateway(base_url, local_issuer, upstream, app, data_dir, settings.audit_file,
+            yield McpGateway(base_url, issuer, upstream, app, data_dir, workdir / "audit.jsonl",
                              workdir / "audit-signing.pem")
 
 
-def issuer_url(issuer: LocalIssuer) -> str:
-    return issuer.base_url
-
-
 @pytest.fixture(scope="module")
-def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+def mcp_gateway(local_issuer: LocalIssuer, tmp_path_factory) -> Iterator[McpGateway]:
+    with running_mcp_gateway(local_issuer, tmp_path_factory.mktemp("mcp")) as gateway:
+        yield gateway
 
 
 def run(coroutine):
