@@ -11,7 +11,7 @@ from gateway.mcp import McpConfigError, tool_digest
 from gateway.mcp.config import parse_servers
 from gateway.mcp.exceptions import JsonRpcError
 from gateway.mcp.jsonrpc import MAX_DEPTH, parse_message
-from gateway.mcp.sessions import Sessions, SessionFull
+from gateway.mcp.sessions import SessionFull, Sessions
 from gateway.mcp.upstream import ResultTooLarge, _from_sse
 
 A, B = ("t1", "alice"), ("t1", "bob")
