@@ -18,6 +18,9 @@ from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devkit.issuer import LocalIssuer
 from devkit.mcp_server import ExampleMcpServer, serving_example
@@ -42,6 +45,7 @@ class McpGateway:
     data_dir: Path
     audit_file: Path
     audit_key: Path
+    spans: InMemorySpanExporter
 
     @property
     def url(self) -> str:
@@ -95,10 +99,13 @@ def running_mcp_gateway(issuer: LocalIssuer, workdir: Path) -> Iterator[McpGatew
             v1_issuer_host=issuer.base_url, audiences=[AUDIENCE], policy_data_dir=data_dir,
             policy_reload_interval_s=0.1, metrics_port=0, audit_stdout=False, audit_file=workdir / "audit.jsonl",
             audit_signing_key=workdir / "audit-signing.pem", mcp_servers_file=servers)
-        app = create_app(settings)
+        spans = InMemorySpanExporter()
+        tracing = TracerProvider()
+        tracing.add_span_processor(SimpleSpanProcessor(spans))
+        app = create_app(settings, tracing=tracing)
         with serving(app) as base_url:
             yield McpGateway(base_url, issuer, upstream, app, data_dir, workdir / "audit.jsonl",
-                             workdir / "audit-signing.pem")
+                             workdir / "audit-signing.pem", spans)
 
 
 @pytest.fixture(scope="module")

@@ -264,6 +264,25 @@ def test_a_tenant_that_allows_redacted_content_gets_arguments_and_result_redacte
         mcp_gateway.write_tenants(original)
 
 
+def test_each_call_is_an_execute_tool_span_and_a_metric_without_its_arguments(mcp_gateway) -> None:
+    from prometheus_client import generate_latest
+
+    mcp_gateway.spans.clear()
+    run(_call(mcp_gateway, "echo", {"text": "span-canary-41"}))
+    mcp_error(_call(mcp_gateway, "delete_repository", {"name": "span-canary-42"}))
+    spans = {span.name: span for span in mcp_gateway.spans.get_finished_spans()}
+    ok, denied = spans["execute_tool echo"], spans["execute_tool delete_repository"]
+    assert ok.attributes["gen_ai.operation.name"] == "execute_tool" and ok.attributes["gen_ai.tool.name"] == "echo"
+    assert ok.attributes["tenantgate.mcp.outcome"] == "ok" and "error.type" not in ok.attributes
+    assert denied.attributes["error.type"] == "denied"
+    everything = json.dumps([dict(span.attributes) for span in mcp_gateway.spans.get_finished_spans()])
+    assert "span-canary" not in everything
+    metrics = generate_latest(mcp_gateway.app.state.gateway.metrics.registry).decode()
+    assert 'tenantgate_mcp_tool_calls_total{outcome="ok",server="devtools"}' in metrics
+    assert 'tenantgate_mcp_tool_calls_total{outcome="denied",server="devtools"}' in metrics
+    assert "span-canary" not in metrics
+
+
 def test_first_sightings_are_in_the_audit_chain_and_it_verifies(mcp_gateway) -> None:
     _listed(mcp_gateway)
     first = {r["tool"] for r in mcp_gateway.audit_records()
