@@ -287,7 +287,11 @@ class McpService:
 
     async def _run_call(self, principal: Principal, server_name: str, server: Server, message: Message,
                         name: str, arguments: dict, record: dict) -> Reply:
-        tools = await server.catalogue.tools()
+        try:
+            tools = await server.catalogue.tools()
+        except UpstreamFailed:
+            record["outcome"] = "upstream_error"
+            raise
         tool: Tool | None = tools.get(name)
         if tool is None:  # not on the server: the caller's text goes nowhere (not even the record)
             record["outcome"] = "unknown_tool"
@@ -311,6 +315,9 @@ class McpService:
                 record["outcome"] = "result_too_large"
                 raise JsonRpcError(RESULT_TOO_LARGE, "the tool's result is larger than this caller may receive "
                                    f"({decision.tool.max_result_bytes} bytes)") from None
+            except JsonRpcError:  # the server's own error, or its failure: never taken for the gateway's refusal
+                record["outcome"] = "upstream_error"
+                raise
         finally:
             await self.limiter.settle(ticket, 0)
         record["result_bytes"] = size

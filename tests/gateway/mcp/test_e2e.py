@@ -306,3 +306,25 @@ def test_mcp_pin_prints_the_digests_the_gateway_sees_in_the_policy_datas_format(
     seen = {r["tool"]: r["tool_digest"] for r in mcp_gateway.audit_records() if r.get("route") == "mcp.tool"}
     assert pinned["echo"] == {"digests": [seen["echo"]]}
     assert main(["mcp", "pin", "--servers", str(servers), "--server", "elsewhere"]) == 2
+
+
+def test_a_server_that_fails_is_a_json_rpc_error_and_recorded_as_its_failure(mcp_gateway) -> None:
+    # big_result is not in the policy, so it never runs; echo with the server gone: 502, -32002.
+    upstream = mcp_gateway.upstream
+    original_app = upstream.app
+
+    async def broken(scope, receive, send):
+        if scope["type"] != "http":
+            return await original_app(scope, receive, send)
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"boom"})
+
+    upstream.app = broken
+    try:
+        refused = mcp_error(_call(mcp_gateway, "echo", {"text": "hi"}))
+    finally:
+        upstream.app = original_app
+    assert refused.error.code == -32002 and "boom" not in refused.error.message
+    record = [r for r in mcp_gateway.audit_records() if r.get("route") == "mcp.tools/call"][-1]
+    assert record["outcome"] == "upstream_error" and record["status"] == 502
+    assert run(_call(mcp_gateway, "echo", {"text": "back"})).content[0].text == "back"
