@@ -57,7 +57,35 @@ def create_dev_app(settings, **parts):
     from gateway.app import create_app
 
     issuer = LocalIssuer(port=settings.dev_issuer_port, key_dir=dev_issuer_key_dir()) if settings.dev_issuer else None
+    if settings.dev_issuer and settings.mcp_servers_file is None:
+        settings = _with_example_mcp_server(settings)
     return create_app(settings, issuer=issuer, **parts)
+
+
+def _with_example_mcp_server(settings):
+    """The settings with an MCP servers file naming devkit's example server (started here, on loopback,
+    for the life of the process) as `devtools`: /mcp/devtools. Without the `mcp` package (installed by
+    the dev extra) the gateway serves no MCP server, as before."""
+    import atexit
+    import json
+    import logging
+    from contextlib import ExitStack
+
+    from engine.paths import default_cache_dir
+
+    try:
+        from devkit.mcp_server import serving_example
+    except ImportError:
+        logging.getLogger("tenantgate.gateway").warning(
+            "no /mcp/devtools: the example MCP server needs the mcp package (pip install -e '.[dev]')")
+        return settings
+    stack = ExitStack()
+    example = stack.enter_context(serving_example())
+    atexit.register(stack.close)
+    path = default_cache_dir() / "dev-mcp-servers.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"servers": [{"name": "devtools", "url": example.url, "tools_ttl_s": 5}]}))
+    return settings.model_copy(update={"mcp_servers_file": path})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

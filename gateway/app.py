@@ -37,6 +37,8 @@ from gateway.deployments.targets import LoadPoller, ReplicaTarget
 from gateway.error_handlers import install_handlers
 from gateway.inference import EncoderBackend, EngineBackend, InferenceBackend, NullBackend, build_encoder
 from gateway.limits import InProcessLimiter, Limiter
+from gateway.mcp import build_mcp
+from gateway.mcp import router as mcp_router
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
     BodySizeLimit,
@@ -324,6 +326,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
             app.state.gateway = await build_gateway(settings, stack, metrics=app_metrics, backend=backend,
                                                     policy=policy, verifier=verifier, limiter=limiter,
                                                     encoder=encoder, issuer=issuer)
+            app.state.mcp = await build_mcp(app.state.gateway, stack, getattr(app.state, "tracer", None))
             if settings.metrics_port:
                 from gateway.operator import OperatorListener, operator_app
 
@@ -358,6 +361,7 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     for router in [health.router, *openai_routers]:
         app.include_router(router)
     app.add_middleware(PlainRoutes, fastapi_app=app, routers=openai_routers)  # innermost of ours
+    app.include_router(mcp_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)

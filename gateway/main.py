@@ -13,6 +13,7 @@ from engine.cli import run
 from engine.remote.cli import add_parser as add_engine_parser
 from gateway.audit.cli import add_parser as add_audit_parser
 from gateway.cli import add_parser as add_serve_parser
+from gateway.mcp.cli import add_parser as add_mcp_parser
 from gateway.policy.cli import add_parser as add_policy_parser
 from gateway.usage.cli import add_parser as add_usage_parser
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)
     add_audit_parser(sub)
     add_engine_parser(sub)
+    add_mcp_parser(sub)
     add_policy_parser(sub)
     add_serve_parser(sub, dev_app=development.create_dev_app if development else None)
     if development is not None:

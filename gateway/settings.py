@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     # A JSON file mapping served model names to deployments (embedded, tenantgate engine replicas,
     # OpenAI-compatible upstreams); without it the embedded engine serves `model` alone.
     deployments_file: Path | None = None
+    # A JSON file declaring the MCP servers served at /mcp/{name} (docs/mcp.md); without it, none.
+    mcp_servers_file: Path | None = None
     # The Ed25519 key that signs envelopes for tenantgate engine replicas (they hold its public key).
     envelope_signing_key: Path | None = None
     envelope_ttl_s: int = Field(30, ge=1, le=60)

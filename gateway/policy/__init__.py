@@ -7,7 +7,7 @@ from gateway.policy.exceptions import (
     PolicyEvaluationError,
     PolicySyntaxError,
 )
-from gateway.policy.schema import Decision
+from gateway.policy.schema import Decision, ToolsDecision
 
 __all__ = [
     "Decision",
@@ -16,4 +16,5 @@ __all__ = [
     "PolicyError",
     "PolicyEvaluationError",
     "PolicySyntaxError",
+    "ToolsDecision",
 ]

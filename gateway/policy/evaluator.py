@@ -7,10 +7,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.policy.exceptions import PolicyEvaluationError
-from gateway.policy.loader import DEFAULT_POLICY_DIR, ENTRYPOINT, PolicySource, load_source, new_engine, raw_decision
+from gateway.policy.loader import (
+    DEFAULT_POLICY_DIR,
+    ENTRYPOINT,
+    TOOLS_ENTRYPOINT,
+    PolicySource,
+    load_source,
+    new_engine,
+    raw_decision,
+)
 from gateway.policy.prepared import PreparedPolicy, build_engine
 from gateway.policy.reads import InputReads, engine_reads
-from gateway.policy.schema import Decision, parse_decision
+from gateway.policy.schema import Decision, ToolsDecision, parse_decision, parse_tools_decision
 
 
 class EmbeddedEvaluator:
@@ -76,13 +84,19 @@ class EmbeddedEvaluator:
         """Returns the raw decision JSON for an input given as JSON."""
         return raw_decision(self._engine(), input_json)
 
-    def evaluate(self, input_document: Mapping) -> dict:
+    def evaluate(self, input_document: Mapping, entrypoint: str = ENTRYPOINT) -> dict:
         """Returns the decision as a plain dict, unvalidated (for tools and parity checks)."""
-        raw = self.evaluate_json(json.dumps(input_document))
+        raw = (self.evaluate_json(json.dumps(input_document)) if entrypoint == ENTRYPOINT
+               else raw_decision(self._engine(), json.dumps(input_document), entrypoint))
         decision = json.loads(raw)
         if decision is None:
-            raise PolicyEvaluationError(f"{ENTRYPOINT} is undefined")
+            raise PolicyEvaluationError(f"{entrypoint} is undefined")
         return decision
+
+    def decide_tools(self, input_document: Mapping) -> ToolsDecision:
+        """The validated tools decision for one MCP tools/list or tools/call (never cached: the
+        arguments are part of the input); raises a PolicyError (deny) otherwise."""
+        return parse_tools_decision(raw_decision(self._engine(), json.dumps(input_document), TOOLS_ENTRYPOINT))
 
     def decide(self, input_document: Mapping) -> Decision:
         """The validated decision for one request; raises a PolicyError (deny) otherwise."""

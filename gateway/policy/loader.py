@@ -16,6 +16,7 @@ from gateway.encoding import canonical_json
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError, PolicySyntaxError
 
 ENTRYPOINT = "data.tenantgate.decision"
+TOOLS_ENTRYPOINT = "data.tenantgate.tools.decision"  # MCP tools/list and tools/call
 DEFAULT_POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
 
 _ERROR_LOCATION = re.compile(r"-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)")
@@ -161,12 +162,12 @@ def add_policy(engine, path: str, text: str) -> PolicySyntaxError | None:
     return None
 
 
-def raw_decision(engine, input_json: str) -> str:
+def raw_decision(engine, input_json: str, entrypoint: str = ENTRYPOINT) -> str:
     """The decision JSON for one input. An error leaves the engine as good as before (regorus resets
     its evaluation state at the start of each evaluation), so the caller keeps it."""
     try:
         engine.set_input_json(input_json)
-        return engine.eval_rule_as_json(ENTRYPOINT)
+        return engine.eval_rule_as_json(entrypoint)
     except (RuntimeError, ValueError) as exc:
         lines = str(exc).split("Stack backtrace:")[0].strip().splitlines()
         message = lines[-1] if lines else type(exc).__name__

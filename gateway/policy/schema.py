@@ -121,6 +121,36 @@ class Decision(_Strict):
         return self
 
 
+class ToolBudget(_Strict):
+    calls_per_minute: NonNegativeInt  # per tool (per server for a listing), for the tenant and each principal
+    concurrency: NonNegativeInt  # the tenant's calls of this tool in flight at once
+    max_result_bytes: NonNegativeInt  # the largest result the caller may get (the server's own cap applies too)
+    cache: bool  # whether a result may be cached (and so reused for the same arguments)
+
+
+class ToolsLogging(_Strict):
+    content: Literal["none", "redacted"]  # whether a call's arguments and result may reach its record, redacted
+    redact: list[Annotated[str, Field(pattern=r"^/")]]  # pointers into {"arguments", "result"}
+
+
+class ToolsDecision(_Strict):
+    """data.tenantgate.tools.decision: one per MCP tools/list and tools/call (docs/policy-reference.md, "Tools")."""
+
+    allow: bool
+    reasons: list[str]
+    listed: list[str]  # the tools a listing shows; a denied tool is never listed
+    tool: ToolBudget
+    logging: ToolsLogging
+
+    @model_validator(mode="after")
+    def _deny_carries_a_reason(self) -> Self:
+        if not self.allow and not self.reasons:
+            raise ValueError("a denied decision must carry at least one reason")
+        if not self.allow and self.listed:
+            raise ValueError("a denied decision lists no tools")
+        return self
+
+
 def _problems(error: ValidationError) -> list[str]:
     problems = []
     for item in error.errors(include_url=False, include_input=False):
@@ -141,5 +171,20 @@ def validate_decision(document: object) -> Decision:
     """Validates a decision given as a Python value (as parsed from JSON)."""
     try:
         return Decision.model_validate(document, strict=True)
+    except ValidationError as exc:
+        raise DecisionSchemaError(_problems(exc)) from None
+
+
+def parse_tools_decision(document: str | bytes) -> ToolsDecision:
+    """Validates a tools decision given as JSON; raises DecisionSchemaError naming each bad field."""
+    try:
+        return ToolsDecision.model_validate_json(document)
+    except ValidationError as exc:
+        raise DecisionSchemaError(_problems(exc)) from None
+
+
+def validate_tools_decision(document: object) -> ToolsDecision:
+    try:
+        return ToolsDecision.model_validate(document, strict=True)
     except ValidationError as exc:
         raise DecisionSchemaError(_problems(exc)) from None

@@ -21,10 +21,10 @@ import httpx
 from gateway.background import BackgroundTask
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.opa import DECISION_PARAMS, DECISION_PATH, OpaWatch
+from gateway.policy.opa import DECISION_PARAMS, DECISION_PATH, TOOLS_DECISION_PATH, OpaWatch
 from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
 from gateway.policy.reads import describe
-from gateway.policy.schema import Decision, validate_decision
+from gateway.policy.schema import Decision, ToolsDecision, validate_decision, validate_tools_decision
 
 logger = logging.getLogger("tenantgate.policy")
 # How long a tenant whose evaluation errored is refused (503) without evaluating again.
@@ -42,8 +42,15 @@ class Judgement:
     revision: str
 
 
+@dataclass(frozen=True, slots=True)
+class ToolsJudgement:
+    decision: ToolsDecision
+    revision: str
+
+
 class PolicyEngine(Protocol):
     async def decide(self, input_document: Mapping) -> Judgement: ...
+    async def decide_tools(self, input_document: Mapping) -> ToolsJudgement: ...  # data.tenantgate.tools.decision
     def tenant_known(self, tenant_id: str) -> bool | None: ...  # None: the tenant list is not known yet
     def held(self, tenant_id: str) -> bool: ...  # refused without evaluating, for now (its evaluation failed)
     def tenant_enabled(self, tenant_id: str) -> bool | None: ...  # its data says enabled: true (None: not known yet)
@@ -113,6 +120,18 @@ class EmbeddedPolicy:
             # An evaluation that errors costs regorus ~40 ms on this thread, every time: the
             # failing tenant is refused without evaluating for a while, so it cannot spend the
             # loop that every tenant shares. A reload (a new revision) ends the hold.
+            self._failing[tenant] = (evaluator.revision, time.monotonic() + FAILED_EVALUATION_HOLD_S)
+            raise
+
+    async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
+        """The tools decision (MCP tools/list, tools/call), held like decide's when it errors."""
+        evaluator = self._evaluator
+        tenant = _tenant_of(input_document)
+        if self.held(tenant):
+            raise PolicyEvaluationError("this tenant's policy evaluation failed moments ago; retry shortly")
+        try:
+            return ToolsJudgement(evaluator.decide_tools(input_document), evaluator.revision)
+        except PolicyEvaluationError:
             self._failing[tenant] = (evaluator.revision, time.monotonic() + FAILED_EVALUATION_HOLD_S)
             raise
 
@@ -198,9 +217,21 @@ class OpaPolicy:
         self.revision: str | None = None  # the bundles' revision of the last decision (None before the first)
 
     async def decide(self, input_document: Mapping) -> Judgement:
+        body = await self._ask(DECISION_PATH, input_document)
+        judgement = Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
+        self.revision = judgement.revision
+        return judgement
+
+    async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
+        body = await self._ask(TOOLS_DECISION_PATH, input_document)
+        judgement = ToolsJudgement(validate_tools_decision(body["result"]), _opa_revision(body.get("provenance")))
+        self.revision = judgement.revision
+        return judgement
+
+    async def _ask(self, path: str, input_document: Mapping) -> dict:
         try:
             response = await self._client.post(
-                DECISION_PATH, params={**DECISION_PARAMS, "provenance": "true"}, json={"input": input_document}
+                path, params={**DECISION_PARAMS, "provenance": "true"}, json={"input": input_document}
             )
         except httpx.HTTPError as exc:
             self._watch.healthy = False
@@ -214,9 +245,7 @@ class OpaPolicy:
         if not isinstance(body, dict) or "result" not in body:
             raise PolicyEvaluationError("OPA returned no decision (is the bundle active?)")
         self._watch.healthy = True
-        judgement = Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
-        self.revision = judgement.revision
-        return judgement
+        return body
 
     def held(self, tenant_id: str) -> bool:
         return False  # an evaluation that fails costs the sidecar, not this loop

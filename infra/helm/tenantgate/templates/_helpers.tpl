@@ -189,3 +189,21 @@ per InferencePool upstream, then `deployments` from the values, appended per mod
 {{- define "tenantgate.routeName" -}}
 {{- printf "%s-%s" (include "tenantgate.fullname" .root) .pool.poolName | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/*
+The MCP servers file (gateway/mcp/config.py): `mcpServers` from the values, less each entry's
+`egress` (the chart's, not the gateway's). An api_key_file must be a mounted Key Vault secret.
+*/}}
+{{- define "tenantgate.mcpServersFile" -}}
+{{- $mounted := include "tenantgate.upstreamKeySecretNames" . | fromJsonArray -}}
+{{- $servers := list -}}
+{{- range .Values.mcpServers -}}
+{{- with .api_key_file -}}
+{{- if not (and (eq (dir .) (include "tenantgate.gatewaySecretsDir" $)) (has (base .) $mounted)) -}}
+{{- fail (printf "mcpServers: api_key_file %s is not mounted; name the Key Vault secret in azure.upstreamKeySecretNames and use %s/<name>" . (include "tenantgate.gatewaySecretsDir" $)) -}}
+{{- end -}}
+{{- end -}}
+{{- $servers = append $servers (omit . "egress") -}}
+{{- end -}}
+{{- dict "servers" $servers | toPrettyJson -}}
+{{- end -}}

@@ -1,0 +1,215 @@
+"""What the MCP gateway costs: tools/call through /mcp/devtools against calling the same MCP server
+(devkit's example server, the `mcp` package's MCPServer) directly, in alternating rounds.
+
+Both servers run in processes of their own (uvicorn); the client is this process, one keep-alive
+connection per worker, the same JSON-RPC bodies (2025-11-25, a session each) on both paths. The
+gateway's path: token verification (RS256, a local issuer), its session, the server's tool list
+(cached, tools_ttl_s), the tools decision (embedded regorus, evaluated every call: the arguments
+are input), the tool's budget (in-process GCRA), the call upstream with its own credential, and a
+record in the signed audit trail (a file). Printed per round: p50/p99 at concurrency 1 and the
+added p50; req/s at concurrency 32 and the ratio. Target (issue 27): added p50 <= 1 ms.
+
+    .venv/bin/python bench/mcp_overhead.py                 # 1,000 calls per measurement, 2 rounds
+    .venv/bin/python bench/mcp_overhead.py --n 200 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from devkit.issuer import LocalIssuer
+from devkit.server import free_port
+from gateway.policy.loader import DEFAULT_POLICY_DIR
+
+TENANT = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # Northwind Labs in the example data, echo's budget raised
+AUDIENCE = "api://tenantgate"
+TARGET_ADDED_P50_MS = 1.0
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "bench", "version": "1"}}}
+
+
+def bench_data(directory: Path) -> Path:
+    tenants = json.loads((DEFAULT_POLICY_DIR / "data" / "tenants.example.json").read_text())
+    echo = tenants["tenants"][TENANT]["mcp"]["servers"]["devtools"]["tools"]["echo"]
+    echo.update(calls_per_minute=10**9, concurrency=10**6, max_result_bytes=1 << 20)
+    (directory / "tenants.json").write_text(json.dumps(tenants))
+    return directory
+
+
+# -- servers (run as `python bench/mcp_overhead.py --serve mcp|gateway ...`) --------------------
+
+
+def serve_mcp(port: int) -> None:
+    import uvicorn
+
+    from devkit.mcp_server import example_server
+
+    app = example_server().streamable_http_app(json_response=True)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def serve_gateway(port: int, issuer_url: str, data_dir: str, workdir: str, upstream: str) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    servers = Path(workdir) / "mcp-servers.json"
+    servers.write_text(json.dumps({"servers": [{"name": "devtools", "url": upstream, "tools_ttl_s": 30}]}))
+    settings = Settings(engine="null", served_model_name="demo", embedding_model="", authority=issuer_url,
+                        v1_issuer_host=issuer_url, audiences=[AUDIENCE], policy_data_dir=Path(data_dir),
+                        metrics_port=0, policy_reload_interval_s=0, audit_stdout=False,
+                        audit_file=Path(workdir) / "audit.jsonl", audit_signing_key=Path(workdir) / "audit.pem",
+                        mcp_servers_file=servers)
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def start_server(args: list[str], port: int, ready_path: str) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", *args, "--port", str(port)],
+                               cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1)
+            return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server {args[0]} did not start")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+def _result(response: httpx.Response) -> dict:
+    """The JSON-RPC message of a JSON or SSE answer (each path answers one or the other)."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+async def open_session(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, str]:
+    response = await client.post(url, json=INITIALIZE, headers=headers)
+    session = {**headers, "mcp-session-id": response.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    return session
+
+
+async def run_load(url: str, headers: dict[str, str], n: int, concurrency: int) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        session = await open_session(client, url, headers | {"accept": "application/json, text/event-stream"})
+        remaining = iter(range(n))
+
+        async def worker() -> None:
+            for i in remaining:
+                body = {"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+                        "params": {"name": "echo", "arguments": {"text": f"call {i}"}}}
+                started = time.perf_counter()
+                response = await client.post(url, json=body, headers=session)
+                message = _result(response)
+                latencies.append(time.perf_counter() - started)
+                if "result" not in message:
+                    raise RuntimeError(f"call failed: {message}")
+
+        await worker()  # warm the connection and the caches
+        remaining = iter(range(n))
+        latencies.clear()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return latencies, n / elapsed
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=1000, help="calls per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per path")
+    parser.add_argument("--serve", choices=["mcp", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--issuer-url", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "mcp":
+        serve_mcp(args.port)
+        return 0
+    if args.serve == "gateway":
+        serve_gateway(args.port, args.issuer_url, args.data_dir, args.workdir, args.upstream)
+        return 0
+
+    with tempfile.TemporaryDirectory() as tmp, LocalIssuer(port=0) as issuer:
+        workdir = Path(tmp)
+        data_dir = workdir / "data"
+        data_dir.mkdir()
+        bench_data(data_dir)
+        mcp_port, gateway_port = free_port(), free_port()
+        upstream = f"http://127.0.0.1:{mcp_port}/mcp"
+        processes = [start_server(["mcp"], mcp_port, "/")]
+        try:
+            gateway_args = ["gateway", "--issuer-url", issuer.base_url, "--data-dir", str(data_dir),
+                            "--workdir", str(workdir), "--upstream", upstream]
+            processes.append(start_server(gateway_args, gateway_port, "/healthz"))
+            token = issuer.mint(TENANT, audience=AUDIENCE, scopes=("Tools.Invoke",), lifetime_s=86400)
+            paths = {"direct": (upstream, {}),
+                     "gateway": (f"http://127.0.0.1:{gateway_port}/mcp/devtools", {"authorization": f"Bearer {token}"})}
+            results: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rps": []} for name in paths}
+            for round_ in range(args.rounds):
+                order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
+                for name in order:
+                    url, headers = paths[name]
+                    latencies, _ = asyncio.run(run_load(url, headers, args.n, 1))
+                    _, rps = asyncio.run(run_load(url, headers, args.n, 32))
+                    results[name]["p50"].append(percentile(latencies, 0.5) * 1000)
+                    results[name]["p99"].append(percentile(latencies, 0.99) * 1000)
+                    results[name]["rps"].append(rps)
+                    print(f"round {round_ + 1} {name:8s} p50 {results[name]['p50'][-1]:.3f} ms  "
+                          f"p99 {results[name]['p99'][-1]:.3f} ms  {rps:,.0f} req/s at 32  "
+                          f"(load {'/'.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
+        finally:
+            for process in reversed(processes):
+                stop_server(process)
+    direct, gateway = results["direct"], results["gateway"]
+    added = [g - d for g, d in zip(gateway["p50"], direct["p50"])]
+    print(f"\nadded p50 at concurrency 1: {statistics.median(added):.3f} ms (target <= {TARGET_ADDED_P50_MS} ms); "
+          f"added p99: {statistics.median(g - d for g, d in zip(gateway['p99'], direct['p99'])):.3f} ms")
+    print(f"req/s at concurrency 32: gateway {statistics.median(gateway['rps']):,.0f}, direct "
+          f"{statistics.median(direct['rps']):,.0f} "
+          f"({statistics.median(gateway['rps']) / statistics.median(direct['rps']):.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+# METADATA
+# title: Tools
+# description: |
+#   Which MCP tools a caller may list and call on which server, and with what budget: the one
+#   document the gateway asks for per tools/list and per tools/call (data.tenantgate.tools.decision).
+#   A tool is allowed only when the tenant's data allows it by name under the server, its
+#   definition's digest is accepted (pinned in the data, or unchanged since the gateway first saw
+#   it when nothing is pinned), and, for a call, its arguments meet the data's constraints.
+#   Default deny; every reason is safe to show the caller.
+package tenantgate.tools
+
+# METADATA
+# description: The delegated permission a user (delegated) token must carry to use tools.
+required_scope := "Tools.Invoke"
+
+# METADATA
+# description: The application role an app-only token must carry to use tools.
+required_app_role := "Tools.Invoke.All"
+
+# Anything this policy cannot compute ends here: denied, nothing listed, nothing logged.
+default decision := {
+	"allow": false,
+	"reasons": ["the policy could not reach a decision for this request"],
+	"listed": [],
+	"tool": {"calls_per_minute": 0, "concurrency": 0, "max_result_bytes": 0, "cache": false},
+	"logging": {"content": "none", "redact": ["/arguments", "/result"]},
+}
+
+decision := _allowed if count(deny) == 0
+
+decision := _denied if count(deny) > 0
+
+_tenant := data.tenants[input.principal.tenant_id]
+
+_server := _tenant.mcp.servers[input.server]
+
+_call if input.method == "tools/call"
+
+_rule := _server.tools[input.tool.name] if _call
+
+deny contains "the caller's tenant is not registered with this gateway" if not _tenant
+
+deny contains "the caller's tenant is suspended" if _tenant.enabled == false
+
+deny contains "the token carries no object id" if not _has_object_id
+
+deny contains "this MCP server is not available to the tenant" if {
+	_tenant
+	not _server
+}
+
+deny contains "the app-only token lacks the Tools.Invoke.All app role" if {
+	input.principal.idtyp == "app"
+	not _has_app_role
+}
+
+deny contains "the delegated token lacks the Tools.Invoke scope" if {
+	input.principal.idtyp == "user"
+	not _has_scope
+}
+
+deny contains "the token type is not recognised" if not _token_type_known
+
+deny contains "the method is not one this policy governs" if not _method_known
+
+deny contains "the tool is not allowed for this tenant" if {
+	_server
+	_call
+	not _tool_allowed(input.tool)
+}
+
+deny contains "the tool's definition is not the one this tenant's policy accepts" if {
+	_server
+	_call
+	_tool_allowed(input.tool)
+	not _digest_accepted(input.tool)
+}
+
+deny contains sprintf("the argument %s is not allowed by this tenant's policy", [name]) if {
+	_call
+	_rule.arguments
+	some name, value in object.get(input.tool, "arguments", {})
+	not _argument_ok(name, value)
+}
+
+_has_object_id if {
+	is_string(input.principal.object_id)
+	input.principal.object_id != ""
+}
+
+_has_app_role if required_app_role in input.principal.roles
+
+_has_scope if required_scope in input.principal.scopes
+
+_token_type_known if input.principal.idtyp in {"user", "app"}
+
+_method_known if input.method in {"tools/list", "tools/call"}
+
+_tool_allowed(tool) if _server.tools[tool.name].allow == true
+
+# Pinned digests are the only ones accepted; without pins, the definition the gateway first saw.
+_digest_accepted(tool) if tool.digest in _server.tools[tool.name].digests
+
+_digest_accepted(tool) if {
+	not _pinned(tool.name)
+	tool.digest == tool.recorded_digest
+}
+
+_pinned(name) if _server.tools[name].digests
+
+_argument_ok(name, value) if {
+	constraint := _rule.arguments[name]
+	_enum_ok(constraint, value)
+	_length_ok(constraint, value)
+}
+
+_enum_ok(constraint, _) if not constraint.enum
+
+_enum_ok(constraint, value) if value in constraint.enum
+
+_length_ok(constraint, _) if not constraint.max_length
+
+_length_ok(constraint, value) if {
+	is_string(value)
+	count(value) <= constraint.max_length
+}
+
+# METADATA
+# description: The tools a tools/list shows; a denied tool, or one whose definition is not accepted, is withheld.
+listed contains tool.name if {
+	input.method == "tools/list"
+	some tool in input.tools
+	_tool_allowed(tool)
+	_digest_accepted(tool)
+}
+
+# A call's budget is its tool's; a listing's is the server's.
+_limits := _rule if _call
+
+_limits := object.get(_server, "list", {}) if input.method == "tools/list"
+
+_logging := object.get(_tenant, "logging", {})
+
+_content := object.get(_logging, "content", "none")
+
+# With content "none" nothing of a call's arguments or result reaches a record.
+_redact := {p | some p in object.get(_logging, "redact", [])} | {"/arguments", "/result"} if _content == "none"
+
+_redact := {p | some p in object.get(_logging, "redact", [])} if _content != "none"
+
+_allowed := {
+	"allow": true,
+	"reasons": [],
+	"listed": sort(listed),
+	"tool": {
+		"calls_per_minute": object.get(_limits, "calls_per_minute", 60),
+		"concurrency": object.get(_limits, "concurrency", 4),
+		"max_result_bytes": object.get(_limits, "max_result_bytes", 65536),
+		"cache": object.get(_limits, "cache", false),
+	},
+	"logging": {
+		"content": _content,
+		"redact": sort(_redact),
+	},
+}
+
+_denied := {
+	"allow": false,
+	"reasons": sort(deny),
+	"listed": [],
+	"tool": {"calls_per_minute": 0, "concurrency": 0, "max_result_bytes": 0, "cache": false},
+	"logging": {"content": "none", "redact": ["/arguments", "/result"]},
+}
