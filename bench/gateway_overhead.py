@@ -124,7 +124,7 @@ def serve_bare(port: int, body_file: str, stream_file: str) -> None:
 
 
 def start_server(args: list[str], port: int, profile: Path | None = None, script: str = __file__,
-                 env: dict[str, str] | None = None) -> subprocess.Popen:
+                 env: dict[str, str] | None = None, ready_path: str = "/docs") -> subprocess.Popen:
     """`script --serve ARGS --port PORT` in a process of its own, once it answers."""
     command = [sys.executable]
     if profile is not None:
@@ -134,7 +134,7 @@ def start_server(args: list[str], port: int, profile: Path | None = None, script
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            httpx.get(f"http://127.0.0.1:{port}/docs", timeout=1)
+            httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1)
             return process
         except httpx.TransportError:
             time.sleep(0.1)

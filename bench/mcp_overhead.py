@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway_overhead import start_server, stop_server
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 from gateway.policy.loader import DEFAULT_POLICY_DIR
@@ -78,28 +77,6 @@ def serve_gateway(port: int, issuer_url: str, data_dir: str, workdir: str, upstr
                         audit_file=Path(workdir) / "audit.jsonl", audit_signing_key=Path(workdir) / "audit.pem",
                         mcp_servers_file=servers)
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def start_server(args: list[str], port: int, ready_path: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", *args, "--port", str(port)],
-                               cwd=ROOT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1)
-            return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"server {args[0]} did not start")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 # -- the client -------------------------------------------------------------------------------
@@ -177,11 +154,11 @@ def main() -> int:
         bench_data(data_dir)
         mcp_port, gateway_port = free_port(), free_port()
         upstream = f"http://127.0.0.1:{mcp_port}/mcp"
-        processes = [start_server(["mcp"], mcp_port, "/")]
+        processes = [start_server(["mcp"], mcp_port, script=__file__, ready_path="/")]
         try:
             gateway_args = ["gateway", "--issuer-url", issuer.base_url, "--data-dir", str(data_dir),
                             "--workdir", str(workdir), "--upstream", upstream]
-            processes.append(start_server(gateway_args, gateway_port, "/healthz"))
+            processes.append(start_server(gateway_args, gateway_port, script=__file__, ready_path="/healthz"))
             token = issuer.mint(TENANT, audience=AUDIENCE, scopes=("Tools.Invoke",), lifetime_s=86400)
             paths = {"direct": (upstream, {}),
                      "gateway": (f"http://127.0.0.1:{gateway_port}/mcp/devtools", {"authorization": f"Bearer {token}"})}
