@@ -215,16 +215,32 @@ def test_a_revoked_object_id_is_refused_within_one_reload_interval_while_others_
     assert ca_gateway.chat(ada).status_code == 200 and ca_gateway.chat(grace).status_code == 200
     # How an operator revokes: a file beside the tenant registry, merged into it at data.tenants.
     revocations = ca_gateway.data_dir / "revocations.json"
+    policy = ca_gateway.app.state.gateway.policy
+    reloads: list[tuple[float, float, bool]] = []  # each of the watcher's checks: started, ended, reloaded
+    check = policy.reload_if_changed
+
+    async def timed_check() -> bool:
+        started = time.monotonic()
+        reloaded = await check()
+        reloads.append((started, time.monotonic(), reloaded))
+        return reloaded
+
+    policy.reload_if_changed = timed_check
     revocations.write_text(json.dumps({"tenants": {ALPHA: {"revocations": {"principals": [ADA]}}}}))
     written = time.monotonic()
     try:
         while (refused := ca_gateway.chat(ada)).status_code == 200:
             assert time.monotonic() - written < 30, "the revocation never took effect"
             time.sleep(0.02)
-        elapsed = time.monotonic() - written
-        print(f"revocation took effect after {elapsed:.2f} s (reload interval {RELOAD_INTERVAL_S} s)")
-        # One interval to notice the file, plus the reload's own preparation (a process of its own).
-        assert elapsed < RELOAD_INTERVAL_S + 5.0
+        refused_at = time.monotonic()
+        # The first reload after the write is the one that refuses: the watcher noticed the file at its
+        # next check, within one interval, and the new revision served as soon as it was swapped in
+        # (its preparation runs in a process of its own, so the reload itself takes a moment).
+        started, swapped, _ = next(r for r in reloads if r[2] and r[1] > written)
+        print(f"revocation noticed {started - written:.2f} s after the write (interval {RELOAD_INTERVAL_S} s), "
+              f"reloaded in {swapped - started:.2f} s, refused {refused_at - written:.2f} s after the write")
+        assert started - written <= RELOAD_INTERVAL_S + 0.5  # the loop's own scheduling, on a loaded machine
+        assert refused_at - swapped < 1.0  # the first request after the swap
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "token_revoked"
         assert refused.headers["www-authenticate"].startswith('Bearer realm="tenantgate", error="invalid_token"')
         challenged = ca_gateway.chat(ada_cae)
@@ -235,6 +251,7 @@ def test_a_revoked_object_id_is_refused_within_one_reload_interval_while_others_
         listing = httpx.get(ca_gateway.base_url + "/v1/models", headers={"Authorization": f"Bearer {ada}"})
         assert listing.status_code == 401 and listing.json()["error"]["code"] == "token_revoked"
     finally:
+        del policy.reload_if_changed
         revocations.unlink()
         revision = ca_gateway.app.state.gateway.policy.revision
         deadline = time.monotonic() + 30
