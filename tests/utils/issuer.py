@@ -110,5 +110,6 @@ class WorkloadIdentityIssuer(LocalIssuer):
             return JSONResponse({"token_type": "Bearer", "expires_in": 3599, "access_token": self.access_token})
 
         app = super()._app()
-        app.router.routes.append(Route("/{tid}/oauth2/v2.0/token", token, methods=["POST"]))
+        # Ahead of the local issuer's own token endpoint (the development flows' one, same path).
+        app.router.routes.insert(0, Route("/{tid}/oauth2/v2.0/token", token, methods=["POST"]))
         return app
