@@ -145,28 +145,34 @@ class DeploymentsFile(_Strict):
         return [d for deployments in self.models.values() for d in deployments if d.kind == kind]
 
 
-def _problems(error: ValidationError) -> str:
+def validation_problems(error: ValidationError) -> str:
+    """A configuration file's problems, each as its field's path and pydantic's rule (never the value)."""
     return "; ".join(f"{'.'.join(str(p) for p in item['loc']) or '<file>'}: {item['msg']}"
                      for item in error.errors(include_url=False, include_input=False))
+
+
+def read_json_file(path: Path, what: str, error: type[Exception]) -> bytes:
+    """The bytes of the JSON file `path` (`what` names it in errors), or `error` saying why not."""
+    try:
+        document = path.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read the {what} {path}: {exc.strerror}") from None
+    try:
+        json.loads(document)
+    except ValueError as exc:
+        raise error(f"the {what} {path} is not JSON: {exc}") from None
+    return document
 
 
 def parse_deployments(document: str | bytes) -> DeploymentsFile:
     try:
         return DeploymentsFile.model_validate_json(document)
     except ValidationError as exc:
-        raise DeploymentsError(f"invalid deployments: {_problems(exc)}") from None
+        raise DeploymentsError(f"invalid deployments: {validation_problems(exc)}") from None
 
 
 def load_deployments(path: Path) -> DeploymentsFile:
-    try:
-        document = path.read_bytes()
-    except OSError as exc:
-        raise DeploymentsError(f"cannot read the deployments file {path}: {exc.strerror}") from None
-    try:
-        json.loads(document)
-    except ValueError as exc:
-        raise DeploymentsError(f"the deployments file {path} is not JSON: {exc}") from None
-    return parse_deployments(document)
+    return parse_deployments(read_json_file(path, "deployments file", DeploymentsError))
 
 
 def embedded_only(model_name: str | None, encoder_name: str | None = None,

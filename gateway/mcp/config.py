@@ -8,12 +8,12 @@ The caller's token is never among these: the gateway calls each server as itself
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.deployments.config import read_json_file, validation_problems
 from gateway.mcp.exceptions import McpConfigError
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
@@ -67,18 +67,8 @@ def parse_servers(document: str | bytes) -> McpServersFile:
     try:
         return McpServersFile.model_validate_json(document)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in item['loc']) or '<file>'}: {item['msg']}"
-                             for item in exc.errors(include_url=False, include_input=False))
-        raise McpConfigError(f"invalid MCP servers: {problems}") from None
+        raise McpConfigError(f"invalid MCP servers: {validation_problems(exc)}") from None
 
 
 def load_servers(path: Path) -> McpServersFile:
-    try:
-        document = path.read_bytes()
-    except OSError as exc:
-        raise McpConfigError(f"cannot read the MCP servers file {path}: {exc.strerror}") from None
-    try:
-        json.loads(document)
-    except ValueError as exc:
-        raise McpConfigError(f"the MCP servers file {path} is not JSON: {exc}") from None
-    return parse_servers(document)
+    return parse_servers(read_json_file(path, "MCP servers file", McpConfigError))
