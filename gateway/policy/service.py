@@ -11,10 +11,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import httpx
 
@@ -25,6 +25,8 @@ from gateway.policy.opa import DECISION_PARAMS, DECISION_PATH, TOOLS_DECISION_PA
 from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
 from gateway.policy.reads import describe
 from gateway.policy.schema import Decision, ToolsDecision, validate_decision, validate_tools_decision
+
+T = TypeVar("T")
 
 logger = logging.getLogger("tenantgate.policy")
 # How long a tenant whose evaluation errored is refused (503) without evaluating again.
@@ -110,28 +112,25 @@ class EmbeddedPolicy:
         return tuple(signature)
 
     async def decide(self, input_document: Mapping) -> Judgement:
+        return Judgement(*self._held_evaluation(input_document, lambda evaluator: evaluator.decide(input_document)))
+
+    async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
+        """The tools decision (MCP tools/list, tools/call), held like decide's when it errors."""
+        return ToolsJudgement(*self._held_evaluation(input_document,
+                                                     lambda evaluator: evaluator.decide_tools(input_document)))
+
+    def _held_evaluation(self, input_document: Mapping, evaluate: Callable[[EmbeddedEvaluator], T]) -> tuple[T, str]:
+        """`evaluate` with the serving evaluator, and its revision, unless the tenant is held."""
         evaluator = self._evaluator
         tenant = _tenant_of(input_document)
         if self.held(tenant):
             raise PolicyEvaluationError("this tenant's policy evaluation failed moments ago; retry shortly")
         try:
-            return Judgement(evaluator.decide(input_document), evaluator.revision)
+            return evaluate(evaluator), evaluator.revision
         except PolicyEvaluationError:
             # An evaluation that errors costs regorus ~40 ms on this thread, every time: the
             # failing tenant is refused without evaluating for a while, so it cannot spend the
             # loop that every tenant shares. A reload (a new revision) ends the hold.
-            self._failing[tenant] = (evaluator.revision, time.monotonic() + FAILED_EVALUATION_HOLD_S)
-            raise
-
-    async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
-        """The tools decision (MCP tools/list, tools/call), held like decide's when it errors."""
-        evaluator = self._evaluator
-        tenant = _tenant_of(input_document)
-        if self.held(tenant):
-            raise PolicyEvaluationError("this tenant's policy evaluation failed moments ago; retry shortly")
-        try:
-            return ToolsJudgement(evaluator.decide_tools(input_document), evaluator.revision)
-        except PolicyEvaluationError:
             self._failing[tenant] = (evaluator.revision, time.monotonic() + FAILED_EVALUATION_HOLD_S)
             raise
 
