@@ -3,11 +3,14 @@
 Anything missing, unknown or out of range is a policy error, and policy errors deny.
 """
 
-from typing import Annotated, Literal, Self
+from collections.abc import Callable
+from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.policy.exceptions import DecisionSchemaError
+
+M = TypeVar("M", bound=BaseModel)
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -159,32 +162,28 @@ def _problems(error: ValidationError) -> list[str]:
     return problems
 
 
-def parse_decision(document: str | bytes) -> Decision:
-    """Validates a decision given as JSON; raises DecisionSchemaError naming each bad field."""
+def _checked(validate: Callable[[], M]) -> M:
+    """validate()'s model, or DecisionSchemaError naming each bad field."""
     try:
-        return Decision.model_validate_json(document)
+        return validate()
     except ValidationError as exc:
         raise DecisionSchemaError(_problems(exc)) from None
+
+
+def parse_decision(document: str | bytes) -> Decision:
+    """Validates a decision given as JSON; raises DecisionSchemaError naming each bad field."""
+    return _checked(lambda: Decision.model_validate_json(document))
 
 
 def validate_decision(document: object) -> Decision:
     """Validates a decision given as a Python value (as parsed from JSON)."""
-    try:
-        return Decision.model_validate(document, strict=True)
-    except ValidationError as exc:
-        raise DecisionSchemaError(_problems(exc)) from None
+    return _checked(lambda: Decision.model_validate(document, strict=True))
 
 
 def parse_tools_decision(document: str | bytes) -> ToolsDecision:
     """Validates a tools decision given as JSON; raises DecisionSchemaError naming each bad field."""
-    try:
-        return ToolsDecision.model_validate_json(document)
-    except ValidationError as exc:
-        raise DecisionSchemaError(_problems(exc)) from None
+    return _checked(lambda: ToolsDecision.model_validate_json(document))
 
 
 def validate_tools_decision(document: object) -> ToolsDecision:
-    try:
-        return ToolsDecision.model_validate(document, strict=True)
-    except ValidationError as exc:
-        raise DecisionSchemaError(_problems(exc)) from None
+    return _checked(lambda: ToolsDecision.model_validate(document, strict=True))
