@@ -67,7 +67,7 @@ def start_opa(opa: str, policy_dir: Path) -> tuple[subprocess.Popen, str]:
     files = [str(p) for p in rego_files(policy_dir, include_tests=False)]
     process = subprocess.Popen(
         [opa, "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error", *files,
-         str(policy_dir / "data" / "tenants.example.json")],
+         *map(str, sorted((policy_dir / "data").glob("*.json")))],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

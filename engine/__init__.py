@@ -33,12 +33,15 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.encoder import AsyncEncoder, Encoder
     from engine.envelope import (
+        MAX_PUBLIC_SEGMENTS,
         CacheScope,
         ExecutionEnvelope,
         Isolation,
+        PublicSegment,
         isolation_key,
         keyed_digest,
         local_envelope,
+        segment_digest,
         tenant_digest,
     )
     from engine.llm_engine import LLMEngine
@@ -83,7 +86,7 @@ _MODULES = {
     "engine.outputs": ("RequestOutput", "TokenLogprobs"),
     "engine.envelope": (
         "ExecutionEnvelope", "CacheScope", "Isolation", "isolation_key", "keyed_digest", "local_envelope",
-        "tenant_digest",
+        "tenant_digest", "PublicSegment", "segment_digest", "MAX_PUBLIC_SEGMENTS",
     ),
     "engine.tokenizer": ("Tokenizer",),
     "engine.telemetry": (

@@ -10,6 +10,12 @@ also compares the block's token ids (collision guard), so KV is reused only for 
 same tokens at the same positions, in the same namespace, under the same model.
 Requests with cache scope none neither read nor register blocks.
 
+Public prefix segments. When the policy gives a request public segments and its prompt starts
+with exactly one's tokens (public_prefix), the blocks wholly inside the segment chain from the
+segment's root instead: everyone given that segment shares them. The first block after them
+chains from a link of the request's own root and the last public hash (private_link), so no
+block past the segment can match across namespaces, even behind the same public blocks.
+
 Ownership, quotas and shares. Every block in use or cached is charged to the tenant
 that computed it; a tenant at its quota gains no more. Each active tenant has a guaranteed
 share, and which cached block a tenant may take (free first, then the tenant furthest over
@@ -27,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
+from engine.envelope import ExecutionEnvelope, PublicSegment, segment_digest
 from engine.sequence import Sequence
 
 PREFIX_HASH_VERSION = b"tenantgate-prefix/1"
@@ -85,6 +92,25 @@ def chain_hash(prev: bytes, token_ids: array) -> bytes:
     return hashlib.blake2b(prev + token_ids.tobytes(), digest_size=16).digest()
 
 
+def private_link(own_root: bytes, last_public: bytes) -> bytes:
+    """What the first block after a public segment chains from: the request's own root and the
+    public chain so far, so its hash needs both the same segment and the same namespace."""
+    return hashlib.blake2b(b"private\0" + own_root + last_public, digest_size=16).digest()
+
+
+def public_prefix(envelope: ExecutionEnvelope, token_ids: list[int],
+                  block_size: int) -> tuple[PublicSegment | None, int]:
+    """The public segment the prompt starts with exactly (the longest, if several do), and how many
+    of its blocks lie wholly inside it; (None, 0) when none matches or none covers a whole block.
+    One digest of the prompt's prefix per segment the policy gave (at most MAX_PUBLIC_SEGMENTS)."""
+    for segment in sorted(envelope.public_segments, key=lambda s: s.num_tokens, reverse=True):
+        blocks = segment.num_tokens // block_size
+        if blocks and segment.num_tokens <= len(token_ids) and (
+                segment_digest(token_ids[: segment.num_tokens]) == segment.digest):
+            return segment, blocks
+    return None, 0
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, fingerprint: str = "") -> None:
         if num_blocks <= 0 or block_size <= 0:
@@ -120,8 +146,20 @@ class BlockManager:
     # -- prefix cache ---------------------------------------------------------------
 
     def _root(self, seq: Sequence) -> bytes | None:
+        """What block 0 chains from: its public segment's root, else its own namespace's; None: scope none."""
         ns = seq.envelope.cache_namespace
-        return None if ns is None else root_hash(self.fingerprint, seq.envelope.deterministic, ns)
+        if ns is None:
+            return None
+        if seq.public_segment is not None:
+            ns = seq.public_segment.namespace
+        return root_hash(self.fingerprint, seq.envelope.deterministic, ns)
+
+    def _link(self, seq: Sequence, i: int, prev: bytes) -> bytes:
+        """What block i chains from, given the hash before it: past a public segment, the private link."""
+        if i == seq.num_public_blocks and seq.public_segment is not None:
+            ns = cast(bytes, seq.envelope.cache_namespace)
+            return private_link(root_hash(self.fingerprint, seq.envelope.deterministic, ns), prev)
+        return prev
 
     def match_prefix(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
         """Cached blocks holding seq's leading full blocks: (block ids, their chain hashes).
@@ -137,7 +175,7 @@ class BlockManager:
         hashes: list[bytes] = []
         for i in range((seq.num_tokens - 1) // bs):
             tokens = array("q", seq.token_ids[i * bs : (i + 1) * bs])
-            prev = chain_hash(prev, tokens)
+            prev = chain_hash(self._link(seq, i, prev), tokens)
             block_id = self.cached.get(prev)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
@@ -155,7 +193,7 @@ class BlockManager:
             prev = seq.block_hashes[-1]
         for i in range(len(seq.block_hashes), min(seq.num_computed_tokens // bs, len(seq.block_table))):
             tokens = array("q", seq.token_ids[i * bs : (i + 1) * bs])
-            prev = chain_hash(prev, tokens)
+            prev = chain_hash(self._link(seq, i, prev), tokens)
             seq.block_hashes.append(prev)
             block = self.blocks[seq.block_table[i]]
             if prev not in self.cached and block.hash is None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import sys
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import EnvelopeError
@@ -32,7 +35,43 @@ class CacheScope(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-s
 
 
 DIGEST_SIZE = 32
+SEGMENT_DIGEST_VERSION = b"tenantgate-segment/1\0"
+MAX_PUBLIC_SEGMENTS = 16  # a request's matching work at admission is one digest of its prefix per segment
 TENANT_DIGEST_CHARS = 32  # 128 bits: no two tenants' digests meet, in records or in keys built from them
+
+
+@dataclass(frozen=True)
+class PublicSegment:
+    """A prompt prefix the policy made public: its blocks are shared by everyone the policy gives it to.
+
+    digest: segment_digest of the exact token ids; num_tokens: how many. namespace: the keyed
+    digest of the segment's namespace (HMAC under the deployment secret, like cache_namespace).
+    A prompt that starts with exactly these tokens keys the blocks wholly inside them in this
+    namespace; every later block, and every block of a prompt that does not match, stays in
+    the request's own namespace (docs/engine.md, "Public prefix segments").
+    """
+
+    digest: bytes
+    num_tokens: int
+    namespace: bytes
+
+    def __post_init__(self) -> None:
+        for name in ("digest", "namespace"):
+            value = getattr(self, name)
+            if not isinstance(value, bytes) or len(value) != DIGEST_SIZE:
+                raise EnvelopeError(f"public segment {name} must be a {DIGEST_SIZE}-byte digest")
+        if type(self.num_tokens) is not int or self.num_tokens <= 0:
+            raise EnvelopeError(f"public segment num_tokens must be a positive integer, got {self.num_tokens!r}")
+
+
+def segment_digest(token_ids: Iterable[int]) -> bytes:
+    """The digest that names a public segment: SHA-256 of its token ids (64-bit little-endian),
+    versioned. Not keyed: a segment's tokens are public by definition, and the platform or a
+    tenant publishes the digest in policy data (`tenantgate cache segment` prints it)."""
+    ids = array("q", token_ids)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return hashlib.sha256(SEGMENT_DIGEST_VERSION + ids.tobytes()).digest()
 
 
 @dataclass(frozen=True)
@@ -44,6 +83,7 @@ class ExecutionEnvelope:
     deterministic: bool = False
     kv_block_quota: int = 1 << 30
     priority: int = 0
+    public_segments: tuple[PublicSegment, ...] = ()  # needs a namespace: scope none shares nothing
 
     def __post_init__(self) -> None:
         if not isinstance(self.isolation, Isolation):
@@ -62,6 +102,13 @@ class ExecutionEnvelope:
             raise EnvelopeError(f"kv_block_quota must be a positive integer, got {self.kv_block_quota!r}")
         if not isinstance(self.priority, int):
             raise EnvelopeError(f"priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.public_segments, tuple) or not all(
+                isinstance(s, PublicSegment) for s in self.public_segments):
+            raise EnvelopeError("public_segments must be a tuple of PublicSegment")
+        if self.public_segments and self.cache_namespace is None:
+            raise EnvelopeError("public segments need a cache namespace (scope none shares nothing)")
+        if len(self.public_segments) > MAX_PUBLIC_SEGMENTS:
+            raise EnvelopeError(f"at most {MAX_PUBLIC_SEGMENTS} public segments per request")
 
     @property
     def tenant_digest(self) -> str:

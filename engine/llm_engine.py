@@ -11,7 +11,7 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.block_manager import BlockManager, KVStats
+from engine.block_manager import BlockManager, KVStats, public_prefix
 from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
 from engine.errors import ConfigError, RequestError
@@ -88,7 +88,8 @@ class LLMEngine:
             files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights
         )
         self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
-        self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint)
+        self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint,
+                                 config.block_size)
         self._arrivals = itertools.count()
         logger.info(
             "engine ready: %s on %s, weights %s, %d KV blocks of %d tokens, fingerprint %s",
@@ -164,6 +165,7 @@ class LLMEngine:
         for index in range(1, params.n):
             seq.choices.append(Sequence(request_id, token_ids, params.for_choice(index), self.max_model_len,
                                         arrival, envelope, choice_index=index))
+        segment, public_blocks = public_prefix(envelope, token_ids, self.config.block_size)
         grammars: Seq[llguidance.LLMatcher | None] = [None] * len(seq.choices)
         if params.json_schema is not None:
             grammar = grammar or self.grammars.compile(params.json_schema, envelope)
@@ -175,6 +177,7 @@ class LLMEngine:
             choice.detokenizer = IncrementalDetokenizer(self.tokenizer, choice.params.stop,
                                                         choice.params.skip_special_tokens)
             choice.grammar = grammar
+            choice.public_segment, choice.num_public_blocks = segment, public_blocks
         return seq
 
     def enqueue(self, seq: Sequence) -> None:

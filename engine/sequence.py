@@ -6,7 +6,7 @@ import enum
 import time
 from typing import Any, NamedTuple
 
-from engine.envelope import ExecutionEnvelope, Isolation
+from engine.envelope import ExecutionEnvelope, Isolation, PublicSegment
 from engine.sampling_params import SamplingParams
 
 
@@ -72,6 +72,10 @@ class Sequence:
         # Chain hashes of the full blocks registered (or matched) so far, in order.
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        # The public segment the prompt starts with (block_manager.public_prefix) and the blocks
+        # wholly inside it, which are keyed in the segment's namespace: set once, before admission.
+        self.public_segment: PublicSegment | None = None
+        self.num_public_blocks = 0
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.top_margins: list[float] = []  # top-1 minus top-2 logit of the first steps

@@ -71,6 +71,10 @@ class RequestRecord:
     choices: int = 1
     shared_prefix_blocks: int = 0  # the prompt's KV blocks the choices held together, computed once
     finish_reasons: tuple[str, ...] = ()  # n > 1: each choice's, in order
+    # The public segment the prompt started with (its digest, hex; "" none) and the prompt tokens
+    # keyed in its namespace (the blocks wholly inside it): shared with everyone given the segment.
+    public_segment: str = ""
+    public_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,10 +118,11 @@ class Recorder:
     """Builds the engine's x- and s-records and hands them to its sinks. `sinks` is the engine's
     own list, read at each record, so a sink appended to it later receives what follows."""
 
-    def __init__(self, sinks: list[RecordSink], key: bytes, fingerprint: str) -> None:
+    def __init__(self, sinks: list[RecordSink], key: bytes, fingerprint: str, block_size: int) -> None:
         self.sinks = sinks
         self._key = key
         self._fingerprint = fingerprint
+        self._block_size = block_size
         self._step_index = 0
 
     def prompt_digest(self, prompt: str | Seq[int]) -> str:
@@ -228,6 +233,8 @@ class Recorder:
             choices=len(choices),
             shared_prefix_blocks=seq.num_shared_blocks,
             finish_reasons=tuple(reasons) if len(choices) > 1 else (),
+            public_segment=seq.public_segment.digest.hex() if seq.public_segment is not None else "",
+            public_tokens=seq.num_public_blocks * self._block_size,
         )
         for sink in self.sinks:
             sink.request(record)

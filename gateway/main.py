@@ -12,6 +12,7 @@ from engine.cli import add_parser as add_generate_parser
 from engine.cli import run
 from engine.remote.cli import add_parser as add_engine_parser
 from gateway.audit.cli import add_parser as add_audit_parser
+from gateway.cache_cli import add_parser as add_cache_parser
 from gateway.cli import add_parser as add_serve_parser
 from gateway.mcp.cli import add_parser as add_mcp_parser
 from gateway.policy.cli import add_parser as add_policy_parser
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     development = _development_commands()
     add_generate_parser(sub)
     add_audit_parser(sub)
+    add_cache_parser(sub)
     add_engine_parser(sub)
     add_mcp_parser(sub)
     add_policy_parser(sub)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.envelope import CacheScope, ExecutionEnvelope, Isolation
+from engine.envelope import CacheScope, ExecutionEnvelope, Isolation, PublicSegment
 from engine.outputs import RequestOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.telemetry import RequestRecord
@@ -24,6 +24,7 @@ INFO_PATH = "/v1/engine/info"
 NDJSON = "application/x-ndjson"
 
 _ENVELOPE_FIELDS = {f.name for f in dataclasses.fields(ExecutionEnvelope)}
+_SEGMENT_FIELDS = {f.name for f in dataclasses.fields(PublicSegment)}
 # keep_logits is for in-process tests only: raw logit rows never travel.
 _PARAMS_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"keep_logits"}
 _RECORD_FIELDS = {f.name for f in dataclasses.fields(RequestRecord)}
@@ -58,6 +59,8 @@ def envelope_to_json(envelope: ExecutionEnvelope) -> dict:
         "deterministic": envelope.deterministic,
         "kv_block_quota": envelope.kv_block_quota,
         "priority": envelope.priority,
+        "public_segments": [{"digest": s.digest.hex(), "num_tokens": s.num_tokens, "namespace": s.namespace.hex()}
+                            for s in envelope.public_segments],
     }
 
 
@@ -73,6 +76,16 @@ def envelope_from_json(document: object) -> ExecutionEnvelope:
     except ValueError:
         raise ValueError("envelope.cache_scope or envelope.isolation is not a known value") from None
     namespace = d["cache_namespace"]
+    if not isinstance(d["public_segments"], list):
+        raise ValueError("envelope.public_segments must be a list")
+    segments = []
+    for segment in d["public_segments"]:
+        s = _fields(segment, _SEGMENT_FIELDS, "envelope.public_segments[]")
+        if type(s["num_tokens"]) is not int:
+            raise ValueError("envelope.public_segments[].num_tokens must be an integer")
+        segments.append(PublicSegment(digest=_hex(s["digest"], "public_segments[].digest"),
+                                      num_tokens=s["num_tokens"],
+                                      namespace=_hex(s["namespace"], "public_segments[].namespace")))
     return ExecutionEnvelope(  # its own checks (digest sizes, scope none without a namespace) still run
         cache_namespace=None if namespace is None else _hex(namespace, "cache_namespace"),
         cache_scope=scope,
@@ -81,6 +94,7 @@ def envelope_from_json(document: object) -> ExecutionEnvelope:
         deterministic=d["deterministic"],
         kv_block_quota=d["kv_block_quota"],
         priority=d["priority"],
+        public_segments=tuple(segments),
     )
 
 

@@ -6,7 +6,7 @@ the namespace digest, isolation and priority mean the same on every kind of depl
 
 from __future__ import annotations
 
-from engine import CacheScope, ExecutionEnvelope, Isolation, isolation_key, keyed_digest
+from engine import CacheScope, ExecutionEnvelope, Isolation, PublicSegment, isolation_key, keyed_digest
 from gateway.policy.schema import Decision
 
 
@@ -23,4 +23,8 @@ def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decisi
         deterministic=decision.batching.deterministic,
         kv_block_quota=decision.limits.kv_blocks,
         priority=decision.limits.priority,
+        public_segments=tuple(
+            PublicSegment(digest=bytes.fromhex(s.digest), num_tokens=s.tokens,
+                          namespace=keyed_digest(namespace_key, "namespace:" + s.namespace))
+            for s in decision.cache.segments),
     )

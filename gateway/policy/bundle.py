@@ -1,7 +1,8 @@
 """Builds OPA bundles and has OPA sign them.
 
 A bundle is a tar.gz holding the policy modules (tests left out), the tenant data under
-`tenants`, a `.manifest` (revision = content digest, roots) and a `.signatures.json`. The
+`tenants` and the platform's public prefix segments under `platform_segments`, a `.manifest`
+(revision = content digest, roots) and a `.signatures.json`. The
 signature is `opa build --signing-key`'s: OPA is what verifies the bundle, so OPA computes the
 file hashes it checks (JSON over its key-sorted structure, the rest over its bytes) and signs
 them. Without an OPA binary no bundle is built: a signer of our own would have to mirror OPA's
@@ -21,7 +22,8 @@ from gateway.policy.exceptions import BundleError
 from gateway.policy.loader import DEFAULT_POLICY_DIR, load_source
 from gateway.policy.opa import OPA_VERSION, find_opa
 
-ROOTS = ["tenantgate", "tenants", "system/log"]
+DATA_ROOTS = ("tenants", "platform_segments")
+ROOTS = ["tenantgate", *DATA_ROOTS, "system/log"]
 OPA_BUILD_TIMEOUT_S = 120.0
 
 
@@ -45,11 +47,12 @@ def bundle_files(policy_dir: Path = DEFAULT_POLICY_DIR, data_dir: Path | None = 
         Path(path).relative_to(policy_dir).as_posix(): text.encode()
         for path, text in source.modules.items()
     }
-    if set(source.data) - {"tenants"}:
-        raise BundleError("bundle data may only hold the top-level key 'tenants'")
-    files["tenants/data.json"] = json.dumps(
-        source.data.get("tenants", {}), sort_keys=True, separators=(",", ":")
-    ).encode()
+    if set(source.data) - set(DATA_ROOTS):
+        raise BundleError(f"bundle data may only hold the top-level keys {', '.join(DATA_ROOTS)}")
+    for root in DATA_ROOTS:
+        files[f"{root}/data.json"] = json.dumps(
+            source.data.get(root, {}), sort_keys=True, separators=(",", ":")
+        ).encode()
     manifest = {"revision": source.revision, "roots": ROOTS}
     files[".manifest"] = json.dumps(manifest, sort_keys=True).encode()
     return files, source.revision

@@ -8,21 +8,34 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine import MAX_PUBLIC_SEGMENTS
 from gateway.policy.exceptions import DecisionSchemaError
 
 M = TypeVar("M", bound=BaseModel)
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
+MAX_SEGMENT_TOKENS = 1 << 20
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class SegmentDecision(_Strict):
+    """A public prefix segment (policies/cache): the digest of its exact token ids
+    (engine.segment_digest, hex), how many, and the namespace its whole blocks are keyed in."""
+
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    tokens: Annotated[int, Field(ge=1, le=MAX_SEGMENT_TOKENS)]
+    namespace: Annotated[str, Field(pattern=r"^segment:.+")]
+
+
 class CacheDecision(_Strict):
     scope: Literal["tenant", "principal", "shared", "none"]
     # "tenant:<tenant_id>", "principal:<tenant_id>:<object_id>", "shared", or "" for none.
     namespace: str
+    # Optional, so bundles from before segments still validate.
+    segments: Annotated[list[SegmentDecision], Field(max_length=MAX_PUBLIC_SEGMENTS)] = []
 
     @model_validator(mode="after")
     def _namespace_matches_scope(self) -> Self:
@@ -33,6 +46,8 @@ class CacheDecision(_Strict):
             raise ValueError('namespace must be "shared" when scope is shared')
         if prefix and (not self.namespace.startswith(prefix) or self.namespace == prefix):
             raise ValueError(f"namespace must start with {prefix!r} when scope is {self.scope}")
+        if self.segments and self.scope not in ("tenant", "principal"):
+            raise ValueError("segments need scope tenant or principal (shared shares all, none nothing)")
         return self
 
 

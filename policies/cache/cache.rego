@@ -4,6 +4,13 @@
 #   Which prefix-cache entries a request may reuse. The namespace is a plain
 #   string here ("tenant:<tenant_id>", "principal:<tenant_id>:<object_id>",
 #   "shared", or "" for no cache); the engine keys it with an HMAC.
+#
+#   Public prefix segments: exact token sequences (a platform system prompt, a
+#   tool list) whose whole KV blocks everyone given the segment shares, while the
+#   rest of the prompt stays in the request's own scope. A tenant may use the
+#   platform's segments it names (data.platform_segments) and publishes its own
+#   for its principals; only tenant and principal scopes take them (shared
+#   shares everything already, none shares nothing).
 package tenantgate.cache
 
 _tenant := data.tenants[input.principal.tenant_id]
@@ -40,3 +47,20 @@ notes contains "non-public data: shared prefix cache narrowed to the tenant" if 
 	_tenant.cache_scope == "shared"
 	scope == "tenant"
 }
+
+_segmented if scope in {"tenant", "principal"}
+
+# A platform segment the tenant opted into: one namespace for every tenant that did.
+segments contains _segment(s, ["segment", "platform", s.digest]) if {
+	_segmented
+	some name in _tenant.cache_segments.platform
+	s := data.platform_segments[name]
+}
+
+# The tenant's own segment: shared by its principals (the difference under principal scope).
+segments contains _segment(s, ["segment", "tenant", input.principal.tenant_id, s.digest]) if {
+	_segmented
+	some s in _tenant.cache_segments.own
+}
+
+_segment(s, parts) := {"digest": s.digest, "tokens": s.tokens, "namespace": concat(":", parts)}

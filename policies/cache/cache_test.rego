@@ -68,3 +68,53 @@ test_deny_cache_for_unknown_tenant if {
 	c.scope == "none"
 	c.namespace == ""
 }
+
+_digest_a := "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+_digest_b := "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+_platform := {"assistant": {"digest": _digest_a, "tokens": 1024}, "unused": {"digest": _digest_b, "tokens": 64}}
+
+_segmented_tenants := {
+	"t-tenant": {"cache_scope": "tenant", "cache_segments": {"platform": ["assistant"]}},
+	"t-principal": {"cache_scope": "principal", "cache_segments": {"own": {"kb": {"digest": _digest_b, "tokens": 96}}}},
+	"t-shared": {"cache_scope": "shared", "cache_segments": {"platform": ["assistant"]}},
+	"t-plain": {"cache_scope": "tenant"},
+}
+
+_segments(tenant_id, classification) := result if {
+	result := cache.segments with input as _input(tenant_id, classification)
+		with data.tenants as _segmented_tenants
+		with data.platform_segments as _platform
+}
+
+test_allow_platform_segment_the_tenant_opted_into if {
+	_segments("t-tenant", "internal") == {{"digest": _digest_a, "tokens": 1024, "namespace": concat(":", ["segment", "platform", _digest_a])}}
+}
+
+test_allow_own_segment_shared_by_the_tenants_principals if {
+	_segments("t-principal", "confidential") == {{"digest": _digest_b, "tokens": 96, "namespace": concat(":", ["segment", "tenant", "t-principal", _digest_b])}}
+}
+
+test_deny_segments_without_opt_in if {
+	_segments("t-plain", "internal") == set()
+}
+
+test_deny_segments_for_restricted_data if {
+	_segments("t-tenant", "restricted") == set()
+}
+
+test_deny_segments_where_everything_is_shared if {
+	_segments("t-shared", "public") == set()
+}
+
+test_allow_segments_when_shared_scope_is_narrowed if {
+	count(_segments("t-shared", "confidential")) == 1
+}
+
+test_deny_unknown_platform_segment if {
+	tenants := {"t": {"cache_scope": "tenant", "cache_segments": {"platform": ["missing"]}}}
+	segments := cache.segments with input as _input("t", "internal") with data.tenants as tenants
+		with data.platform_segments as _platform
+	segments == set()
+}

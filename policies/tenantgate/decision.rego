@@ -19,7 +19,7 @@ import data.tenantgate.responses
 default decision := {
 	"allow": false,
 	"reasons": ["the policy could not reach a decision for this request"],
-	"cache": {"scope": "none", "namespace": ""},
+	"cache": {"scope": "none", "namespace": "", "segments": []},
 	"batching": {"isolation": "exclusive", "deterministic": false},
 	"logging": {
 		"content": "none",
@@ -62,7 +62,7 @@ _deny_reasons := (authz.deny | limits.deny) | authn.deny
 _allowed := {
 	"allow": true,
 	"reasons": sort((((cache.notes | batching.notes) | (logging.notes | limits.notes)) | (prompt.notes | responses.notes))),
-	"cache": {"scope": cache.scope, "namespace": cache.namespace},
+	"cache": {"scope": cache.scope, "namespace": cache.namespace, "segments": sort([s | some s in cache.segments])},
 	"batching": {"isolation": batching.isolation, "deterministic": batching.deterministic},
 	"logging": {
 		"content": logging.content,
@@ -93,7 +93,7 @@ _allowed := {
 _denied := {
 	"allow": false,
 	"reasons": sort(_deny_reasons),
-	"cache": {"scope": "none", "namespace": ""},
+	"cache": {"scope": "none", "namespace": "", "segments": []},
 	"batching": {"isolation": "exclusive", "deterministic": false},
 	"logging": {
 		"content": "none", "redact": sort(logging.base_redact), "retention_days": 30,

@@ -5,11 +5,14 @@ import data.tenantgate
 # The example tenants shipped beside the policies; OPA loads policies/data/*.json at data.data.
 _example_tenants := data.data.tenants
 
+_example_segments := data.data.platform_segments
+
 # Each policies/samples/<name>.json holds {"<name>": {"description", "input", "expected"}}.
 _samples := data.samples
 
 _decide(sample) := decision if {
 	decision := tenantgate.decision with input as sample.input with data.tenants as _example_tenants
+		with data.platform_segments as _example_segments
 }
 
 _mismatched contains name if {
@@ -51,7 +54,7 @@ test_deny_empty_input if {
 	d := tenantgate.decision with input as {} with data.tenants as _example_tenants
 	d.allow == false
 	"the caller's tenant is not registered with this gateway" in d.reasons
-	d.cache == {"scope": "none", "namespace": ""}
+	d.cache == {"scope": "none", "namespace": "", "segments": []}
 	d.batching.isolation == "exclusive"
 	d.limits.max_tokens == 0
 }

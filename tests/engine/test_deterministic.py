@@ -17,7 +17,7 @@ import torch
 
 from engine.model_runner import cpu_has_native_bf16
 from engine.sampling_params import SamplingParams
-from tests.utils.envelopes import envelope
+from tests.utils.envelopes import envelope, segment
 
 NUM_REQUESTS = 50
 
@@ -149,6 +149,30 @@ def test_penalized_and_biased_deterministic_requests_stay_bit_identical_under_lo
             for step, (a, b) in enumerate(zip(result.logits, reference.logits)):
                 assert torch.equal(a, b), f"case {case}, step {step}: logits differ"
     assert changed > cases // 2, "the penalties and biases seldom changed the tokens: the test proves little"
+
+
+def test_public_segment_blocks_give_every_tenant_the_same_bits(engines) -> None:
+    """A public block computed once, by whichever tenant came first, is the block each tenant's own
+    cold run would have computed: tokens and logits bit for bit, crowded, chunked or not."""
+    engines, _ = engines
+    rng = random.Random(77)
+    system = [rng.randrange(2, 500) for _ in range(40)]  # two whole blocks of 16, and 8 tokens over
+    public = (segment(system),)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, keep_logits=True)
+    for e, engine in enumerate(engines):
+        hits = 0
+        for t in range(4):
+            prompt = system + [rng.randrange(2, 500) for _ in range(rng.randrange(1, 40))]
+            cold = engine.generate([prompt], params, envelope(f"cold-{e}-{t}", deterministic=True))[0]
+            shared = run_crowded(engine, rng, prompt, params,
+                                 envelope(f"segment-{e}-{t}", deterministic=True, segments=public), 3)
+            assert cold.num_cached_tokens == 0
+            assert shared.token_ids == cold.token_ids, f"engine {e}, tenant {t}: tokens differ"
+            for step, (a, b) in enumerate(zip(shared.logits, cold.logits, strict=True)):
+                assert torch.equal(a, b), f"engine {e}, tenant {t}, step {step}: logits differ"
+            hits += shared.num_cached_tokens == 32
+        assert hits >= 3  # the first tenant computed the public blocks; the others read them
+        engine.check_invariants()
 
 
 def test_smollm2_is_bit_identical_alone_crowded_cached_chunked_and_preempted(smollm2_dir) -> None:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections import Counter
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine import EnvelopeError, segment_digest
+from engine.block_manager import BlockManager, public_prefix
 from engine.llm_engine import RequestError
 from engine.sampling_params import SamplingParams
 from engine.telemetry import ListSink
+from gateway.policy.exceptions import DecisionSchemaError
 from tests.engine.test_block_manager import compute_and_cache, make_seq
-from tests.utils.envelopes import envelope
+from tests.utils.envelopes import envelope, segment
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = list(range(2, 90))  # 88 tokens: five full blocks of 16 and a tail
@@ -183,3 +186,98 @@ def test_a_flood_past_the_pool_leaves_a_neighbours_share_alone(tiny_dir, make_en
     for step in sink.steps:
         evicted.update(dict(step.kv_evicted))
     assert evicted[b.tenant_digest] > 0 and a.tenant_digest not in evicted  # b recycled its own cache, never a's
+
+
+# -- public prefix segments ---------------------------------------------------------
+
+SYSTEM = list(range(300, 340))  # a 40-token public segment: two whole blocks of 16 and 8 tokens over
+
+
+def with_segment(seq, block_size):
+    seq.public_segment, seq.num_public_blocks = public_prefix(seq.envelope, seq.token_ids, block_size)
+    return seq
+
+
+def test_public_segment_blocks_are_shared_and_the_rest_stays_in_the_tenants_scope() -> None:
+    bm = BlockManager(64, 4)
+    public = (segment(SYSTEM),)
+    question = [7, 8, 9, 10, 11, 12, 13, 14, 15]
+    a = with_segment(make_seq("a", 49, envelope("t1", segments=public), tokens=SYSTEM + question), 4)
+    assert a.num_public_blocks == 10  # 40 tokens: ten whole blocks of 4
+    compute_and_cache(bm, a)
+    # Another tenant given the same segment, with the very same question: only the public blocks match.
+    b = with_segment(make_seq("b", 49, envelope("t2", segments=public), tokens=SYSTEM + question), 4)
+    ids, hashes = bm.match_prefix(b)
+    assert len(ids) == 10
+    # The same tenant matches on, past the segment, through the same public blocks.
+    again = with_segment(make_seq("c", 49, envelope("t1", segments=public), tokens=SYSTEM + question), 4)
+    ids_again, hashes_again = bm.match_prefix(again)
+    assert len(ids_again) == 12 and ids_again[:10] == ids and hashes_again[:10] == hashes
+
+
+def test_without_the_segment_in_the_decision_nothing_is_shared() -> None:
+    bm = BlockManager(64, 4)
+    public = (segment(SYSTEM),)
+    compute_and_cache(bm, with_segment(make_seq("a", 44, envelope("t1", segments=public), tokens=SYSTEM + [1] * 4), 4))
+    # t2's decision names no segment, and t3's names another: neither reads t1's blocks.
+    plain = with_segment(make_seq("b", 44, envelope("t2"), tokens=SYSTEM + [1] * 4), 4)
+    other = with_segment(make_seq("c", 44, envelope("t3", segments=(segment(SYSTEM[:32]),)),
+                                  tokens=SYSTEM + [1] * 4), 4)
+    assert plain.public_segment is None and bm.match_prefix(plain)[0] == []
+    assert other.num_public_blocks == 8 and bm.match_prefix(other)[0] == []
+    # And a's blocks are not in t2's own namespace either: a's first block is keyed in the segment's.
+    compute_and_cache(bm, plain)
+    assert bm.match_prefix(with_segment(make_seq("d", 44, envelope("t2"), tokens=SYSTEM + [1] * 4), 4))[0]
+
+
+def test_a_prompt_that_differs_from_the_segment_in_one_token_shares_nothing() -> None:
+    bm = BlockManager(64, 4)
+    public = (segment(SYSTEM),)
+    compute_and_cache(bm, with_segment(make_seq("a", 44, envelope("t1", segments=public), tokens=SYSTEM + [1] * 4), 4))
+    changed = SYSTEM[:39] + [3]  # the last token of the segment differs
+    b = with_segment(make_seq("b", 44, envelope("t2", segments=public), tokens=changed + [1] * 4), 4)
+    assert b.public_segment is None
+    assert bm.match_prefix(b)[0] == []
+
+
+def test_the_longest_matching_segment_wins_and_partial_blocks_stay_private() -> None:
+    env = envelope("t1", segments=(segment(SYSTEM[:16]), segment(SYSTEM), segment(SYSTEM + [99])))
+    found, blocks = public_prefix(env, SYSTEM + [5, 6], 16)
+    assert found is not None and found.num_tokens == 40 and blocks == 2  # 41 tokens do not match; 8 left over
+    assert public_prefix(envelope("t1", segments=(segment(SYSTEM[:10]),)), SYSTEM, 16) == (None, 0)  # no whole block
+
+
+def test_segments_need_a_namespace_and_are_bounded() -> None:
+    with pytest.raises(DecisionSchemaError, match="segments need scope tenant or principal"):
+        envelope("t1", scope="none", segments=(segment(SYSTEM),))
+    with pytest.raises(DecisionSchemaError, match="segments need scope"):
+        envelope("t1", scope="shared", segments=(segment(SYSTEM),))
+    with pytest.raises(DecisionSchemaError, match="segments"):
+        envelope("t1", segments=tuple(segment(SYSTEM[:i]) for i in range(1, 18)))
+    with pytest.raises(EnvelopeError, match="need a cache namespace"):
+        dataclasses.replace(envelope("t1", scope="none"), public_segments=envelope(
+            "t1", segments=(segment(SYSTEM),)).public_segments)
+
+
+def test_engine_shares_a_platform_system_prompt_across_tenants_and_records_it(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir))
+    sink = ListSink()
+    engine.sinks.append(sink)
+    public = (segment(SYSTEM),)
+    question_a, question_b = [3] * 20, [4] * 20
+    reference_b = run(make_engine(model=str(tiny_dir)), "ref", SYSTEM + question_b, envelope("t2"))[1]
+    first, _ = run(engine, "a", SYSTEM + question_a, envelope("t1", segments=public))
+    second, tokens_b = run(engine, "b", SYSTEM + question_b, envelope("t2", segments=public))
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 32  # the two whole blocks inside the segment, computed by t1
+    assert tokens_b == reference_b  # the shared KV is the KV t2 would have computed
+    # t2's own suffix is cached for t2 only: t1 asking the same hits the public blocks alone.
+    third, _ = run(engine, "c", SYSTEM + question_b, envelope("t1", segments=public))
+    assert third.num_cached_tokens == 32
+    records = {r.request_id: r for r in sink.requests}
+    digest = segment_digest(SYSTEM).hex()
+    assert [(records[i].public_segment, records[i].public_tokens) for i in "abc"] == [(digest, 32)] * 3
+    plain, _ = run(engine, "d", SYSTEM + question_b, envelope("t2"))
+    assert plain.num_cached_tokens == 0
+    assert (records_d := [r for r in sink.requests if r.request_id == "d"][0]).public_segment == ""
+    assert records_d.public_tokens == 0

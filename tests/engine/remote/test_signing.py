@@ -21,7 +21,7 @@ from engine.remote import (
     load_public_keys,
 )
 from engine.remote.signing import CLOCK_LEEWAY_S, ReplayCache, body_digest
-from tests.utils.envelopes import envelope
+from tests.utils.envelopes import envelope, segment
 from tests.utils.signing import write_key_pair
 
 NOW = 1_750_000_000.0
@@ -68,6 +68,12 @@ def test_a_signed_envelope_round_trips_with_its_request_id(signer, verifier) -> 
 def test_an_envelope_without_a_cache_namespace_round_trips(signer, verifier) -> None:
     private = envelope(scope="none")
     assert verifier.verify(signer.sign(private, "req-1", body(), now=NOW), body(), now=NOW)[0] == private
+
+
+def test_an_envelope_with_public_segments_round_trips_signed(signer, verifier) -> None:
+    segmented = envelope(segments=(segment(list(range(40))), segment(list(range(20)), owner="tenant:tenant-a")))
+    assert len(segmented.public_segments) == 2
+    assert verifier.verify(signer.sign(segmented, "req-1", body(), now=NOW), body(), now=NOW)[0] == segmented
 
 
 def test_a_token_signed_by_another_key_with_a_trusted_kid_is_a_bad_signature(signer, verifier) -> None:
@@ -199,6 +205,9 @@ def test_the_envelope_json_refuses_unknown_missing_and_ill_typed_fields() -> Non
     document = envelope_to_json(ENV)
     assert envelope_from_json(document) == ENV
     for bad in ({**document, "tenant": "x"}, {k: v for k, v in document.items() if k != "priority"},
-                {**document, "kv_block_quota": True}, {**document, "isolation_key": "00"}):
+                {**document, "kv_block_quota": True}, {**document, "isolation_key": "00"},
+                {**document, "public_segments": {}}, {**document, "public_segments": [{"digest": "00"}]},
+                {**document, "public_segments": [{"digest": "00" * 32, "num_tokens": "8", "namespace": "00" * 32}]},
+                {**document, "public_segments": [{"digest": "00" * 32, "num_tokens": 0, "namespace": "00" * 32}]}):
         with pytest.raises(ValueError):
             envelope_from_json(bad)

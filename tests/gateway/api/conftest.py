@@ -4,6 +4,7 @@ encoder, the repository's policies with test tenants, and a local Entra-style is
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -57,6 +58,16 @@ class Gateway:
 
     def audit_records(self) -> list[dict]:
         return [e for e in map(json.loads, self.audit_file.read_text().splitlines()) if e["type"] == "record"]
+
+    def audit_record(self, request_id: str, timeout_s: float = 5.0) -> dict:
+        """The request's audit record, once written (it waits for the engine's x-record)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in self.audit_records():
+                if record["request_id"] == request_id:
+                    return record
+            time.sleep(0.02)
+        raise AssertionError(f"no audit record for {request_id}")
 
     def token(self, tenant: str = ALPHA, **options) -> str:
         return self.issuer.mint(tenant, audience=options.pop("audience", AUDIENCE), **options)

@@ -3,8 +3,6 @@ which policy, what ran (the engine's x-record), usage and outcome; refusals too.
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
@@ -15,13 +13,7 @@ CHAT = [{"role": "user", "content": "Which revision judged this request?"}]
 
 
 def _record(gateway, request_id: str, timeout_s: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for record in gateway.audit_records():
-            if record["request_id"] == request_id:
-                return record
-        time.sleep(0.02)
-    raise AssertionError(f"no audit record for {request_id}")
+    return gateway.audit_record(request_id, timeout_s)
 
 
 def test_a_completed_request_is_recorded_with_the_engines_x_record(gateway) -> None:

@@ -15,7 +15,7 @@ from gateway.deployments.dialects import (
     unmet_cache_scope,
     unsupported_fields,
 )
-from tests.utils.envelopes import envelope
+from tests.utils.envelopes import envelope, segment
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 MESSAGES = CHAT_BODY["messages"]
@@ -79,6 +79,16 @@ def test_vllm_salts_follow_the_namespace_not_the_caller():
     assert salts[0] != salts[1]  # tenant scope: one namespace per tenant
     assert salts[2] == salts[3] != salts[0]  # shared scope: one namespace for all
     assert compile_request(deployment("vllm"), a, "m").json["cache_salt"] == salts[0]  # stable: reuse works
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_a_segmented_decision_falls_back_to_the_private_scope_for_the_whole_prompt(dialect):
+    # One salt per request: the public segment cannot be keyed apart from the private suffix, so the
+    # salt is the request's own namespace's, as if no segment had been given (docs/upstreams.md).
+    public = (segment(list(range(64))),)
+    salts = [compile_request(deployment(dialect), upstream_call(tenant=t, segments=s), "m").json["cache_salt"]
+             for t, s in (("tenant-a", public), ("tenant-a", ()), ("tenant-b", public))]
+    assert salts[0] == salts[1] != salts[2]
 
 
 def test_vllm_scope_none_gets_a_fresh_random_salt_each_request():

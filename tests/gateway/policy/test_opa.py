@@ -39,7 +39,8 @@ def test_opa_test_passes_the_same_rego_tests(opa_bin: str) -> None:
 
 def test_parity_every_sample_identical_in_regorus_and_opa(opa_server_factory) -> None:
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
-    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json")])
+    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json"),
+                                  str(POLICY_DIR / "data" / "platform_segments.example.json")])
     embedded = EmbeddedEvaluator(POLICY_DIR)
     differences = []
     with OpaClient(server.url) as opa:
@@ -139,7 +140,8 @@ def test_parity_conditional_access_decisions_identical_in_regorus_and_opa(opa_se
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
     """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
-    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json")])
+    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json"),
+                                  str(POLICY_DIR / "data" / "platform_segments.example.json")])
     tenants = json.loads((POLICY_DIR / "data" / "tenants.example.json").read_text())["tenants"]
 
     async def enabled() -> tuple[bool | None, dict[str, bool | None]]:
@@ -197,7 +199,8 @@ def test_opa_activates_signed_bundle_and_answers_decisions(
 
     status = httpx.get(server.url + "/v1/data/system/bundles").json()["result"]
     assert status["tenantgate"]["manifest"]["revision"] == revision
-    assert set(status["tenantgate"]["manifest"]["roots"]) == {"tenantgate", "tenants", "system/log"}
+    roots = {"tenantgate", "tenants", "platform_segments", "system/log"}
+    assert set(status["tenantgate"]["manifest"]["roots"]) == roots
 
     embedded = EmbeddedEvaluator(POLICY_DIR)
     assert revision == embedded.revision

@@ -103,7 +103,8 @@ def test_embedded_policy_service_decides_tools_with_its_revision() -> None:
 
 def test_parity_tools_decisions_identical_in_regorus_and_opa(opa_server_factory, embedded) -> None:
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
-    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json")])
+    server = opa_server_factory([*modules, str(POLICY_DIR / "data" / "tenants.example.json"),
+                                  str(POLICY_DIR / "data" / "platform_segments.example.json")])
     differences = []
     with httpx.Client(base_url=server.url, timeout=5) as client:
         for name, document in sorted(INPUTS.items()):
