@@ -9,6 +9,11 @@ Each decision is checked as it is timed: a tenant's own pinned tool is allowed w
 another tenant's pin is refused, a tool it denies is refused, a listing shows exactly its allowed
 tools. Target (issue 27): p99 <= 1 ms per decision, embedded.
 
+Two clocks per decision: wall time, and the thread's CPU time (time.thread_time_ns). On a shared
+VM the wall p99 is mostly the OS handing the core to another process mid-decision (it grows with
+the load average, not with the data); the CPU time is what the decision itself costs. Both print,
+with the load average; the verdict names the clock it is on.
+
     .venv/bin/python bench/mcp_tools_scale.py                  # 10,000 tenants, 5,000 decisions
     .venv/bin/python bench/mcp_tools_scale.py --tenants 1000 --decisions 1000
 """
@@ -129,18 +134,22 @@ def main() -> int:
         gc.freeze()
         for document_, _ in work[:200]:  # warm
             evaluator.decide_tools(document_)
-        times, wrong = [], 0
+        times, cpu, wrong = [], [], 0
         for document_, check in work:
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time_ns()
             decision = evaluator.decide_tools(document_)
+            cpu.append((time.thread_time_ns() - started_cpu) / 1e9)
             times.append(time.perf_counter() - started)
             wrong += not check(decision.model_dump())
-        p99 = report("embedded", times)
+        p99 = report("wall", times)
+        p99_cpu = report("cpu", cpu)
         if wrong:
             print(f"{wrong} decisions were wrong")
             return 1
-    verdict = "meets" if p99 <= TARGET_P99_MS else "misses"
-    print(f"every decision as expected; embedded p99 {p99:.3f} ms {verdict} the {TARGET_P99_MS} ms target")
+    for clock, value in (("wall", p99), ("cpu", p99_cpu)):
+        verdict = "meets" if value <= TARGET_P99_MS else "misses"
+        print(f"every decision as expected; embedded {clock} p99 {value:.3f} ms {verdict} "
+              f"the {TARGET_P99_MS} ms target")
     return 0
 
 
