@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     deployments_file: Path | None = None
     # A JSON file declaring the MCP servers served at /mcp/{name} (docs/mcp.md); without it, none.
     mcp_servers_file: Path | None = None
+    # The gateway's base URL as its callers reach it (https://gateway.example.com, behind Front Door):
+    # MCP's protected-resource metadata and 401 challenges name it. Empty: each request's own Host,
+    # and the metadata is then never cacheable, since a Host header is the caller's to write.
+    public_url: str = Field("", pattern=r"^(https?://[^/?#\s]+(/[^?#\s]*)?)?$")
     # The Ed25519 key that signs envelopes for tenantgate engine replicas (they hold its public key).
     envelope_signing_key: Path | None = None
     envelope_ttl_s: int = Field(30, ge=1, le=60)

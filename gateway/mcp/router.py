@@ -39,7 +39,8 @@ def _service(request: Request) -> McpService | None:
 
 
 def _base_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
+    """The configured public URL; else the request's own (its Host header: the caller's to write)."""
+    return request.app.state.gateway.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/")
 
 
 def _metadata_url(request: Request, server: str) -> str:
@@ -74,7 +75,8 @@ async def protected_resource_metadata(server: str, request: Request) -> Response
         "scopes_supported": [_scope(request)],
         "bearer_methods_supported": ["header"],
         "resource_name": f"tenantgate MCP server {server}",
-    }, headers={"Cache-Control": "public, max-age=300"})
+    }, headers={"Cache-Control": "public, max-age=300" if request.app.state.gateway.settings.public_url
+                else "no-store"})  # a document naming a caller-written Host must not reach a shared cache
 
 
 async def _principal(request: Request, server: str) -> Principal | Response:

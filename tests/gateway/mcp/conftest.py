@@ -83,7 +83,7 @@ class McpGateway:
 
 
 @contextmanager
-def running_mcp_gateway(issuer: LocalIssuer, workdir: Path) -> Iterator[McpGateway]:
+def running_mcp_gateway(issuer: LocalIssuer, workdir: Path, **overrides) -> Iterator[McpGateway]:
     """The gateway (null engine, the example tenants in a copy it may edit) fronting the example MCP
     server as devtools, with the gateway's own key for it in the environment while it runs."""
     data_dir = workdir / "data"
@@ -98,7 +98,7 @@ def running_mcp_gateway(issuer: LocalIssuer, workdir: Path) -> Iterator[McpGatew
             engine="null", served_model_name="demo", embedding_model="", authority=issuer.base_url,
             v1_issuer_host=issuer.base_url, audiences=[AUDIENCE], policy_data_dir=data_dir,
             policy_reload_interval_s=0.1, metrics_port=0, audit_stdout=False, audit_file=workdir / "audit.jsonl",
-            audit_signing_key=workdir / "audit-signing.pem", mcp_servers_file=servers)
+            audit_signing_key=workdir / "audit-signing.pem", mcp_servers_file=servers, **overrides)
         spans = InMemorySpanExporter()
         tracing = TracerProvider()
         tracing.add_span_processor(SimpleSpanProcessor(spans))

@@ -8,10 +8,13 @@ import copy
 import json
 
 import httpx
+import pytest
+from pydantic import ValidationError
 
 from gateway.audit import verify_files
 from gateway.mcp import tool_digest
-from tests.gateway.mcp.conftest import FABRIKAM, NORTHWIND, SERVER_KEY, mcp_error, run
+from gateway.settings import Settings
+from tests.gateway.mcp.conftest import FABRIKAM, NORTHWIND, SERVER_KEY, mcp_error, run, running_mcp_gateway
 
 DEVTOOLS = ("mcp", "servers", "devtools", "tools")
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -103,6 +106,32 @@ def test_no_token_is_401_naming_the_resource_metadata(mcp_gateway) -> None:
     of_tenant = httpx.get(metadata_url, params={"tenant": NORTHWIND}, timeout=10).json()
     assert of_tenant["authorization_servers"] == [f"{mcp_gateway.issuer.base_url}/{NORTHWIND}/v2.0"]
     assert httpx.get(metadata_url.replace("devtools", "nothing"), timeout=10).status_code == 404
+
+
+def test_a_forged_host_is_named_back_only_to_its_sender_never_cached(mcp_gateway) -> None:
+    metadata_url = f"{mcp_gateway.base_url}/.well-known/oauth-protected-resource/mcp/devtools"
+    response = httpx.get(metadata_url, headers={"Host": "evil.example"}, timeout=10)
+    assert response.json()["resource"] == "http://evil.example/mcp/devtools"  # no public URL configured
+    assert response.headers["cache-control"] == "no-store"
+
+
+def test_a_configured_public_url_is_named_whatever_the_host(local_issuer, tmp_path) -> None:
+    with running_mcp_gateway(local_issuer, tmp_path, public_url="https://gateway.example.com/") as gateway:
+        challenge = httpx.post(f"{gateway.base_url}/mcp/devtools", json=INITIALIZE, timeout=10,
+                               headers={"Host": "evil.example", "Accept": "application/json, text/event-stream"})
+        assert challenge.status_code == 401
+        metadata = "https://gateway.example.com/.well-known/oauth-protected-resource/mcp/devtools"
+        assert f'resource_metadata="{metadata}"' in challenge.headers["www-authenticate"]
+        document = httpx.get(f"{gateway.base_url}/.well-known/oauth-protected-resource/mcp/devtools",
+                             headers={"Host": "evil.example"}, timeout=10)
+        assert document.json()["resource"] == "https://gateway.example.com/mcp/devtools"
+        assert document.headers["cache-control"] == "public, max-age=300"
+
+
+def test_a_public_url_that_is_not_a_base_url_is_refused() -> None:
+    for bad in ("gateway.example.com", "https://gateway.example.com/?x=1", "ftp://gateway.example.com"):
+        with pytest.raises(ValidationError):
+            Settings(public_url=bad)
 
 
 def test_a_token_for_another_audience_is_401(mcp_gateway) -> None:
