@@ -11,6 +11,7 @@ added p50; req/s at concurrency 32 and the ratio. Target (issue 27): added p50 <
 
     .venv/bin/python bench/mcp_overhead.py                 # 1,000 calls per measurement, 2 rounds
     .venv/bin/python bench/mcp_overhead.py --n 200 --rounds 1
+    .venv/bin/python bench/mcp_overhead.py --profile       # the gateway under cProfile (figures inflated)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway_overhead import start_server, stop_server
+from bench.gateway_overhead import print_profile, start_server, stop_server
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 from gateway.policy.loader import DEFAULT_POLICY_DIR
@@ -139,6 +140,8 @@ def main() -> int:
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help="run the gateway under cProfile and print where "
+                                                                "its time goes (its figures are then no measurement)")
     args = parser.parse_args()
     if args.serve == "mcp":
         serve_mcp(args.port)
@@ -158,7 +161,8 @@ def main() -> int:
         try:
             gateway_args = ["gateway", "--issuer-url", issuer.base_url, "--data-dir", str(data_dir),
                             "--workdir", str(workdir), "--upstream", upstream]
-            processes.append(start_server(gateway_args, gateway_port, script=__file__, ready_path="/healthz"))
+            profile = workdir / "gateway.prof" if args.profile else None
+            processes.append(start_server(gateway_args, gateway_port, profile, script=__file__, ready_path="/healthz"))
             token = issuer.mint(TENANT, audience=AUDIENCE, scopes=("Tools.Invoke",), lifetime_s=86400)
             paths = {"direct": (upstream, {}),
                      "gateway": (f"http://127.0.0.1:{gateway_port}/mcp/devtools", {"authorization": f"Bearer {token}"})}
@@ -178,6 +182,8 @@ def main() -> int:
         finally:
             for process in reversed(processes):
                 stop_server(process)
+        if profile is not None:
+            print_profile(profile, 40)
     direct, gateway = results["direct"], results["gateway"]
     added = [g - d for g, d in zip(gateway["p50"], direct["p50"])]
     print(f"\nadded p50 at concurrency 1: {statistics.median(added):.3f} ms (target <= {TARGET_ADDED_P50_MS} ms); "
