@@ -14,7 +14,10 @@ times in rotating order; the medians and the per-round ratios are printed.
 
 --workload segments: what public prefix segments buy (issue 29). --tenants tenants (32) each send
 --per-tenant requests made of one --system-tokens platform system prompt (1,024) and a private
-question of 16-64 tokens, 16-32 output tokens. Three ways, alternating, each round in fresh namespaces:
+question of 16-64 tokens, 16-32 output tokens, --concurrency (8) of them in flight at a time (a
+closed loop: each finished request lets the next one in, tenants interleaved), as clients would
+send them; all at once, every tenant would prefill the cold prompt side by side in the contended
+steps, and nobody could read anybody's blocks. Three ways, alternating, each round in fresh namespaces:
 all-shared (one namespace for everyone), tenant (a namespace per tenant: the system prompt is
 prefilled once per tenant) and tenant+segment (a namespace per tenant, the system prompt a public
 segment: its whole blocks are prefilled once and shared). Printed: output tokens/s, the ratio to
@@ -75,6 +78,18 @@ def segment_envelope(tenant: int, mode: str, tag: str, system: list[int]) -> Exe
     )
 
 
+def closed_loop(engine: LLMEngine, prompts, params, envelopes, concurrency: int) -> None:
+    """Every request run, at most `concurrency` in flight: the next is added as one finishes."""
+    pending = list(range(len(prompts)))[::-1]
+    in_flight = 0
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            i = pending.pop()
+            engine.add_request(f"r{i}", prompts[i], params[i], envelopes[i])
+            in_flight += 1
+        in_flight -= sum(1 for output in engine.step() if output.finished)
+
+
 def segments_workload(args: argparse.Namespace, engine: LLMEngine) -> None:
     vocab = engine.model_config.vocab_size
     rng = random.Random(args.seed)
@@ -86,7 +101,7 @@ def segments_workload(args: argparse.Namespace, engine: LLMEngine) -> None:
     output_tokens = sum(p.max_tokens for p in params)
     print(f"model {args.model}, {engine.runner.device}: {len(prompts)} requests from {args.tenants} tenants, "
           f"a {len(system)}-token system prompt each, {sum(map(len, prompts))} prompt tokens, "
-          f"{output_tokens} output tokens")
+          f"{output_tokens} output tokens, {args.concurrency} in flight")
     engine.generate(prompts[:2], params[:2], [segment_envelope(0, "tenant+segment", "warm-up", system)] * 2)
     rates: dict[str, list[float]] = {mode: [] for mode in SEGMENT_MODES}
     hits: dict[str, int] = {}
@@ -98,7 +113,7 @@ def segments_workload(args: argparse.Namespace, engine: LLMEngine) -> None:
             load = os.getloadavg()[0]
             before = engine.scheduler.num_prefix_hit_tokens
             start = time.perf_counter()
-            engine.generate(prompts, params, envelopes)
+            closed_loop(engine, prompts, params, envelopes, args.concurrency)
             rates[mode].append(output_tokens / (time.perf_counter() - start))
             hits[mode] = engine.scheduler.num_prefix_hit_tokens - before
             print(f"round {round_} {mode:>15}: {rates[mode][-1]:7.1f} output tok/s, "
@@ -120,6 +135,7 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=32, help="segments: tenants")
     parser.add_argument("--per-tenant", type=int, default=2, help="segments: requests per tenant")
     parser.add_argument("--system-tokens", type=int, default=1024, help="segments: the system prompt's tokens")
+    parser.add_argument("--concurrency", type=int, default=8, help="segments: requests in flight at a time")
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="all-shared,all-tenant,all-exclusive,all-deterministic")
