@@ -7,7 +7,8 @@ engine deployment, or one OpenAI-compatible deployment. For each request the rou
    dedicated to the tenant for tenant or exclusive isolation, a cache knob for the scope);
    none left is a 403 that says why: never a silent downgrade;
 2. orders them by rendezvous hashing of the cache namespace digest, so a namespace's prefixes
-   stay warm on one replica (scope none spreads by request id);
+   stay warm on one replica (scope none spreads by request id); a request given public prefix
+   segments by its longest segment's namespace instead, so the tenants sharing it meet;
 3. moves targets over their load bound (Mirrokni et al.'s consistent hashing with bounded
    loads) and targets whose breaker is open behind the rest, and keeps the first few.
 """
@@ -51,6 +52,16 @@ class _Health:
     in_flight: int = 0
 
 
+def routing_key(envelope: ExecutionEnvelope) -> bytes | None:
+    """What a request's replica is chosen by (rendezvous hashing): the cache namespace, so a namespace's
+    prefixes stay on one replica; with public segments, the longest segment's namespace, so the
+    tenants that share it reach the replica that holds it (bounded load still spreads them).
+    None: scope none, nothing to keep together."""
+    if envelope.public_segments:
+        return max(envelope.public_segments, key=lambda s: (s.num_tokens, s.digest)).namespace
+    return envelope.cache_namespace
+
+
 class Router:
     def __init__(self, *, max_attempts: int = 3, breaker_failures: int = 3, breaker_open_s: float = 10.0,
                  load_factor: float = 1.25, metrics=None, clock=time.monotonic) -> None:
@@ -76,7 +87,7 @@ class Router:
                 reasons.append(reason)
         if not eligible:
             raise PolicyDenied(reasons, revision)
-        key = envelope.cache_namespace or request_id.encode()
+        key = routing_key(envelope) or request_id.encode()
         ordered = sorted(eligible, key=lambda t: hashlib.sha256(key + b"\0" + t.name.encode()).digest(), reverse=True)
         now = self._clock()
         loads = {t.name: self.load(t) for t in ordered}

@@ -214,3 +214,21 @@ def test_a_dead_replica_fails_over_before_output_and_ends_streams_with_an_error(
         assert response.status_code == 503
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["type"] == "service_unavailable"
+
+
+def test_tenants_given_a_public_segment_meet_on_one_replica_and_share_only_its_blocks(running: Cluster) -> None:
+    # Alpha and Theta are given the api tests' platform segment (tests/gateway/api/data): their
+    # requests are routed by the segment's namespace, so Theta reads the public blocks Alpha computed.
+    from tests.gateway.api.test_cache_segments import QUESTION, SEGMENTS
+    from tests.gateway.api.test_cache_segments import SYSTEM as PUBLIC_SYSTEM
+
+    public_tokens = SEGMENTS["assistant"]["tokens"] // 16 * 16
+    first = running.client(ALPHA).chat.completions.create(model="demo", messages=[PUBLIC_SYSTEM, QUESTION],
+                                                          max_tokens=1, temperature=0)
+    second = running.client(THETA).chat.completions.create(model="demo", messages=[PUBLIC_SYSTEM, QUESTION],
+                                                           max_tokens=1, temperature=0)
+    records = running.records(first, second)
+    assert records[first.id]["deployment"] == records[second.id]["deployment"]
+    engine = records[second.id]["engine"]  # the replica's x-record, the segment carried in the signed envelope
+    assert engine["public_segment"] == SEGMENTS["assistant"]["digest"] and engine["public_tokens"] == public_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens == public_tokens
