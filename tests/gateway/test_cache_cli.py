@@ -60,3 +60,13 @@ def test_unusable_messages_are_refused_with_the_reason(tmp_path: Path, capsys: p
 def test_a_missing_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "segment", "--model", "demo", "--text", str(tmp_path / "absent.txt")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_example_platform_segment_is_the_default_models_rendering_of_its_messages(smollm2_dir: Path) -> None:
+    from gateway.cache_cli import segment_tokens
+    from gateway.policy.loader import DEFAULT_POLICY_DIR
+
+    example = json.loads((DEFAULT_POLICY_DIR / "data" / "platform_segments.example.json").read_text())
+    assistant = example["platform_segments"]["assistant"]
+    ids = segment_tokens(Tokenizer.from_dir(smollm2_dir), assistant["messages"])
+    assert (segment_digest(ids).hex(), len(ids)) == (assistant["digest"], assistant["tokens"])
