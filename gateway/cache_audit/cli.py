@@ -155,6 +155,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             http.add_argument("--namespace-field", metavar="FIELD",
                               help="the body field the server partitions its cache by (cache_salt for vLLM and "
                                    "SGLang); without it, both namespaces send the same request (llama.cpp)")
+            http.add_argument("--api-key-file", type=Path, metavar="FILE",
+                              help=f"the server's API key, sent as a bearer token (default ${API_KEY_ENV})")
             http.add_argument("--extra-body", type=_json_object, metavar="JSON",
                               help='more body fields, e.g. \'{"cache_prompt": true}\'')
             http.set_defaults(func=_audit, build=_upstream)
@@ -215,7 +217,13 @@ async def _replica(args: argparse.Namespace):
 async def _upstream(args: argparse.Namespace):
     from gateway.cache_audit import OpenAITarget, text_prefixes
 
-    api_key = os.environ.get(API_KEY_ENV)
+    if args.api_key_file is not None:
+        try:
+            api_key: str | None = args.api_key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise _Unusable(f"cannot read the API key file {args.api_key_file}: {exc.strerror}") from None
+    else:
+        api_key = os.environ.get(API_KEY_ENV)
     target = OpenAITarget(args.url, args.model, route=args.route, namespace_field=args.namespace_field,
                           bearer={"a": api_key, "b": api_key} if api_key else None, extra_body=args.extra_body,
                           timeout_s=args.timeout)

@@ -116,11 +116,13 @@ class OpenAITarget:
     the first user message; the chat template puts the same tokens before it every time).
     `namespace_field`: the body field whose value stands for the namespace ("cache_salt"), or None
     when the server has none. `bearer`: a token per namespace (the gateway), or one for both
-    (an upstream's API key), or None."""
+    (an upstream's API key), or None. `headers`: more request headers (the gateway's
+    X-Data-Classification, say)."""
 
     def __init__(self, base_url: str, model: str, *, route: str = "completions",
                  namespace_field: str | None = None, bearer: Mapping[str, str] | None = None,
-                 extra_body: Mapping[str, object] | None = None, suffix_words: int = 4,
+                 extra_body: Mapping[str, object] | None = None, headers: Mapping[str, str] | None = None,
+                 suffix_words: int = 4,
                  timeout_s: float = 60.0, seed: int | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         if route not in ("completions", "chat.completions"):
@@ -135,6 +137,7 @@ class OpenAITarget:
         self._salts = {name: secrets.token_hex(16) for name in (VICTIM, ATTACKER)}
         self._bearer = dict(bearer) if bearer is not None else None
         self._extra = dict(extra_body or {})
+        self._headers = dict(headers or {})
         self._suffix_words = suffix_words
         self._rng = random.Random(seed)
         self._client = httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", transport=transport, trust_env=False,
@@ -153,7 +156,7 @@ class OpenAITarget:
         return body
 
     async def __call__(self, prompt: str, namespace: str) -> float:
-        headers = {"accept": "text/event-stream"}
+        headers = {**self._headers, "accept": "text/event-stream"}
         if self._bearer is not None:
             headers["authorization"] = f"Bearer {self._bearer[namespace]}"
         body = self.body(prompt, namespace)
