@@ -2,7 +2,8 @@
 with a bearer token each: the demo engine behind it, the policy deciding each tenant's scope.
 
 Alpha and Theta get cache scope tenant: no leak, the control significant. Gamma's public data
-gets scope shared; two principals of Gamma (two tokens, as two callers) share it: a leak."""
+gets scope shared; two principals of Gamma (two tokens, as two callers) share it: a leak. Alpha
+0.001, so the no-leak test fails by chance in at most 0.1% of runs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ BUDGET = AuditBudget(trials=14, max_requests=80, max_seconds=150)
 async def _audit(gateway, bearer: dict[str, str], **options):
     target = OpenAITarget(gateway.base_url + "/v1", "demo", bearer=bearer, timeout_s=60, **options)
     try:
-        return await run_audit(target, text_prefixes(PREFIX_WORDS), budget=BUDGET)
+        return await run_audit(target, text_prefixes(PREFIX_WORDS), budget=BUDGET, alpha=0.001)
     finally:
         await target.aclose()
 

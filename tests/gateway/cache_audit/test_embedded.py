@@ -3,8 +3,8 @@ does, and in both runs the positive control (the same namespace) is significant.
 
 The demo model on one CPU thread, 64-token prefixes (4 blocks): a miss prefills 68 tokens, a hit 4,
 about 200 ms against 50 ms here, so 16 trials separate hits from misses completely (p ~ 1e-8)
-while a run stays near 10 s. The no-leak test fails by chance in at most 1% of runs (alpha 0.01:
-the cross probes and the misses are exchangeable when namespaces hold)."""
+while a run stays near 10 s. The tests use alpha 0.001: when namespaces hold, the cross probes and
+the misses are exchangeable, so the no-leak test fails by chance in at most 0.1% of runs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gateway.cache_audit import AuditBudget, TokenTarget, Verdict, audit_envelop
 
 PREFIX_TOKENS = 64
 BUDGET = AuditBudget(trials=16, max_requests=80, max_seconds=120)
+ALPHA = 0.001
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def engine(demo_model_dir: Path) -> Iterator[AsyncLLMEngine]:
 async def _audit(engine: AsyncLLMEngine, *, shared: bool):
     vocab = engine.engine.model_config.vocab_size
     target = TokenTarget(engine.generate, audit_envelopes(shared=shared), vocab_size=vocab)
-    return await run_audit(target, token_prefixes(PREFIX_TOKENS, vocab), budget=BUDGET)
+    return await run_audit(target, token_prefixes(PREFIX_TOKENS, vocab), budget=BUDGET, alpha=ALPHA)
 
 
 async def test_tenant_scope_does_not_leak_and_the_control_sees_hits(engine: AsyncLLMEngine) -> None:
