@@ -11,8 +11,9 @@ verdict with the KS statistics, p-values, sample sizes and median times (--json:
 never a prompt, a token or a key. --textfile and --pushgateway export the result as Prometheus
 gauges (tenantgate_cache_audit_*), which the shipped TenantgateCacheLeak alert reads.
 
-Exit codes: 0 no leak found, 1 the cache crosses namespaces (leak), 2 unusable arguments or a
-deployment that failed a probe, 3 inconclusive (the positive control was not significant).
+Exit codes: 0 no leak found, 1 the cache crosses namespaces (leak), 2 unusable arguments, a
+deployment that failed a probe, or gauges that could not be written (the verdict is printed
+first), 3 inconclusive (the positive control was not significant).
 """
 
 from __future__ import annotations
