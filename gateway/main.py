@@ -1,5 +1,6 @@
 """The `tenantgate` command line: serve the gateway, run an engine replica, mint development
-tokens, work with policies, audit trails and usage reports, and generate from a local model."""
+tokens, work with policies, audit trails and usage reports, audit a deployment's prefix cache, and
+generate from a local model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from engine.cli import add_parser as add_generate_parser
 from engine.cli import run
 from engine.remote.cli import add_parser as add_engine_parser
 from gateway.audit.cli import add_parser as add_audit_parser
-from gateway.cache_cli import add_parser as add_cache_parser
+from gateway.cache.cli import add_parser as add_cache_parser
 from gateway.cli import add_parser as add_serve_parser
 from gateway.mcp.cli import add_parser as add_mcp_parser
 from gateway.policy.cli import add_parser as add_policy_parser

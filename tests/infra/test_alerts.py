@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from engine import PrometheusSink
+from gateway.cache import AuditResult, Comparison, Verdict
+from gateway.cache.metrics import audit_registry
 from gateway.metrics import GatewayMetrics
 from tests.infra.conftest import (
     CHART,
@@ -39,6 +41,7 @@ REQUIRED_ALERTS = {
     "audit sink errors": "TenantgateAuditSinkErrors",
     "KV pressure": "TenantgateKvCachePressure",
     "deny-rate spikes per tenant": "TenantgateTenantDenySpike",
+    "a deployment's prefix cache crossing namespaces (issue 29)": "TenantgateCacheLeak",
 }
 # Labels Prometheus adds to every scraped series (the PodMonitor's target labels).
 TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance"}
@@ -132,7 +135,7 @@ def test_rules_have_no_for_and_a_known_severity() -> None:
 
 
 def _exported_metrics() -> dict[str, str]:
-    """Every sample name the gateway and the engine export, and its family's type."""
+    """Every sample name the gateway, the engine and the cache audit (pushed) export, and its family's type."""
     metrics = GatewayMetrics()
     metrics.watch_audit(SimpleNamespace(sink_errors=0, accepting=True, held=0, refused=0),
                         SimpleNamespace(pending=0, dropped=0))
@@ -140,10 +143,13 @@ def _exported_metrics() -> dict[str, str]:
     pool = SimpleNamespace(num_free_blocks=8, num_cached_blocks=0, num_held_blocks=0)
     scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0, block_manager=pool)
     PrometheusSink(metrics.registry).watch(SimpleNamespace(scheduler=scheduler, kv_usage=lambda: 0.0))
+    comparison = Comparison(1.0, 1e-9, 20, 20, 0.01, 0.05)
+    audit = audit_registry("vllm-a", AuditResult(Verdict.LEAK, 0.01, comparison, comparison, 20, 84, 10.0, "trials"))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
     return {
         family.name + suffix: family.type
-        for family in metrics.registry.collect()
+        for registry in (metrics.registry, audit)
+        for family in registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
 
@@ -195,7 +201,7 @@ def test_rules_and_dashboard_use_only_exported_metrics(source: str) -> None:
     known_labels = {"le", "route", "status", "decision", "tenant", "code", "check", "backend", "reason", "target",
                     "when", "gen_ai_token_type", "revision", "scope", "state", "regime", "lane", "finish_reason",
                     "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model",
-                    "error_type", "outcome"}
+                    "error_type", "outcome", "deployment"}
     assert labels - known_labels <= TARGET_LABELS, sorted(labels - known_labels - TARGET_LABELS)
 
 
@@ -376,3 +382,50 @@ def test_dashboard_config_map_holds_the_dashboard_for_grafanas_sidecar(rendered_
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert config_map["metadata"]["annotations"] == {"grafana_folder": "tenantgate"}
     assert json.loads(config_map["data"]["tenantgate.json"]) == _dashboard()
+
+
+def test_cache_audits_are_cron_jobs_that_push_to_the_pushgateway(rendered_manifests: dict[str, Path]) -> None:
+    objects = _objects(rendered_manifests["monitoring"].read_text(encoding="utf-8"))
+    jobs = _of_kind(objects, "CronJob")
+    assert set(jobs) == {"-cache-audit-vllm-a", "-cache-audit-llamacpp"}
+    assert jobs["-cache-audit-llamacpp"]["spec"]["schedule"] == "41 * * * *"
+    job = jobs["-cache-audit-vllm-a"]["spec"]
+    assert job["schedule"] == "17 3 * * *" and job["concurrencyPolicy"] == "Forbid"
+    assert job["jobTemplate"]["spec"]["backoffLimit"] == 0  # a leak (exit 1) is not retried
+    assert job["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 900 + 300
+    pod = job["jobTemplate"]["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "cache-audit"
+    assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    [container] = pod["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["command"] == ["tenantgate"]
+    assert container["args"] == [
+        "cache", "audit", "upstream", "--url=http://vllm.inference.svc.cluster.local:8000/v1",
+        "--model=qwen2.5-7b-instruct", "--namespace-field=cache_salt", "--deployment=vllm-a", "--trials=30",
+        "--max-requests=400", "--max-seconds=900", "--prefix-tokens=256",
+        "--pushgateway=http://prometheus-pushgateway.monitoring.svc.cluster.local:9091",
+        "--api-key-file=/mnt/api-key/api-key",
+    ]
+    # The API key as a file from the Secret, never in the environment.
+    assert {"name": "api-key", "mountPath": "/mnt/api-key", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "api-key", "secret": {"secretName": "vllm-api-key", "items": [
+        {"key": "api-key", "path": "api-key"}]}} in pod["spec"]["volumes"]
+    assert "--api-key-file" not in " ".join(jobs["-cache-audit-llamacpp"]["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]["containers"][0]["args"])
+    # Out of the audit pods: the two upstreams' pods and the Pushgateway's, each on its URL's port.
+    egress = _of_kind(objects, "NetworkPolicy")["-cache-audit-egress"]["spec"]
+    assert egress["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "cache-audit"
+    assert egress["policyTypes"] == ["Egress"]
+    assert [(rule["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+             rule["to"][0]["podSelector"]["matchLabels"], rule["ports"][0]["port"]) for rule in egress["egress"]] == [
+        ("inference", {"app": "vllm"}, 8000), ("inference", {"app": "llama-server"}, 8080),
+        ("monitoring", {"app.kubernetes.io/name": "prometheus-pushgateway"}, 9091),
+    ]
+
+
+def test_chart_runs_no_cache_audit_by_default(rendered_manifests: dict[str, Path]) -> None:
+    for mode in ("embedded", "remote", "production"):
+        objects = _objects(rendered_manifests[mode].read_text(encoding="utf-8"))
+        assert not [o for o in objects if "cache-audit" in o["metadata"]["name"]], mode

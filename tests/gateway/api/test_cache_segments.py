@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from engine import segment_digest
-from gateway.cache_cli import segment_tokens
+from gateway.cache.segment import segment_tokens
 from tests.gateway.api.conftest import ALPHA, IOTA, THETA
 
 SEGMENTS = json.loads((Path(__file__).parent / "data" / "platform_segments.json").read_text())["platform_segments"]

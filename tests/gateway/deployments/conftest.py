@@ -30,12 +30,24 @@ def llama_server_binary() -> Path:
 @pytest.fixture(scope="module")
 def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """llama-server on 127.0.0.1 with one slot, so a repeated prompt meets its own KV."""
+    yield from _serve_llama(smollm2_gguf, tmp_path_factory, threads=2)
+
+
+@pytest.fixture(scope="module")
+def llama_server_one_thread(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same on one thread, for timing tests: on a loaded machine, ggml's threads wait for each
+    other at every graph node, so a 4-token prompt can take as long as a 50-token one; one thread
+    keeps a request's time proportional to its work."""
+    yield from _serve_llama(smollm2_gguf, tmp_path_factory, threads=1)
+
+
+def _serve_llama(gguf: Path, tmp_path_factory: pytest.TempPathFactory, *, threads: int) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(llama_server_binary()), "-m", str(smollm2_gguf), "--host", "127.0.0.1", "--port", str(port),
-             "-t", "2", "-np", "1", "-c", "2048", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
+            [str(llama_server_binary()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+             "-t", str(threads), "-np", "1", "-c", "2048", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

@@ -24,11 +24,10 @@ EXIT_OK, EXIT_USAGE = 0, 2
 PROBE_TURN = {"role": "user", "content": "?"}  # any next turn: the segment must be a prefix of what follows
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    cache = subparsers.add_parser("cache", help="prefix cache: public segments", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = cache.add_subparsers(dest="cache_command", required=True)
-    segment = commands.add_parser("segment", help="digest and length of a public prefix segment")
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """`segment` under `tenantgate cache` (gateway/cache/cli.py)."""
+    segment = commands.add_parser("segment", help="digest and length of a public prefix segment",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     segment.add_argument("--model", default=None, help="model whose tokenizer and chat template render it "
                                                        "(default: the engine's default model)")
     source = segment.add_mutually_exclusive_group(required=True)

@@ -63,7 +63,7 @@ def test_a_missing_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_the_example_platform_segment_is_the_default_models_rendering_of_its_messages(smollm2_dir: Path) -> None:
-    from gateway.cache_cli import segment_tokens
+    from gateway.cache.segment import segment_tokens
     from gateway.policy.loader import DEFAULT_POLICY_DIR
 
     example = json.loads((DEFAULT_POLICY_DIR / "data" / "platform_segments.example.json").read_text())
