@@ -44,6 +44,9 @@ class ExecutionEnvelope:
     deterministic: bool = False
     kv_block_quota: int = 1 << 30
     priority: int = 0
+    # The engine may draft tokens from the request's own context and verify them in one step
+    # (engine/speculation.py); never in the deterministic lane, whatever this says.
+    speculative: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.isolation, Isolation):
@@ -62,6 +65,8 @@ class ExecutionEnvelope:
             raise EnvelopeError(f"kv_block_quota must be a positive integer, got {self.kv_block_quota!r}")
         if not isinstance(self.priority, int):
             raise EnvelopeError(f"priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.speculative, bool):
+            raise EnvelopeError(f"speculative must be a boolean, got {self.speculative!r}")
 
     @property
     def tenant_digest(self) -> str:

@@ -58,13 +58,16 @@ def envelope_to_json(envelope: ExecutionEnvelope) -> dict:
         "deterministic": envelope.deterministic,
         "kv_block_quota": envelope.kv_block_quota,
         "priority": envelope.priority,
-    }
+    } | ({"speculative": True} if envelope.speculative else {})  # so a replica from before it takes the rest
 
 
 def envelope_from_json(document: object) -> ExecutionEnvelope:
+    if isinstance(document, dict) and "speculative" not in document:  # from a gateway before it: no speculation
+        document = document | {"speculative": False}
     d = _fields(document, _ENVELOPE_FIELDS, "envelope")
-    if not isinstance(d["deterministic"], bool):
-        raise ValueError("envelope.deterministic must be a boolean")
+    for flag in ("deterministic", "speculative"):
+        if not isinstance(d[flag], bool):
+            raise ValueError(f"envelope.{flag} must be a boolean")
     for name in ("kv_block_quota", "priority"):
         if type(d[name]) is not int:
             raise ValueError(f"envelope.{name} must be an integer")
@@ -81,6 +84,7 @@ def envelope_from_json(document: object) -> ExecutionEnvelope:
         deterministic=d["deterministic"],
         kv_block_quota=d["kv_block_quota"],
         priority=d["priority"],
+        speculative=d["speculative"],
     )
 
 

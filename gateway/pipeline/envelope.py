@@ -23,4 +23,5 @@ def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decisi
         deterministic=decision.batching.deterministic,
         kv_block_quota=decision.limits.kv_blocks,
         priority=decision.limits.priority,
+        speculative=decision.batching.speculative,
     )

@@ -70,6 +70,20 @@ def test_an_envelope_without_a_cache_namespace_round_trips(signer, verifier) -> 
     assert verifier.verify(signer.sign(private, "req-1", body(), now=NOW), body(), now=NOW)[0] == private
 
 
+def test_a_speculative_envelope_round_trips_signed_and_one_from_before_it_does_not_speculate(signer,
+                                                                                              verifier) -> None:
+    speculative = envelope(speculative=True)
+    assert envelope_to_json(speculative)["speculative"] is True
+    assert verifier.verify(signer.sign(speculative, "req-1", body(), now=NOW), body(), now=NOW)[0] == speculative
+    # A gateway from before the field sends none (and a replica from before it gets none when off).
+    older = envelope_to_json(envelope())
+    assert "speculative" not in older
+    assert envelope_from_json(older) == envelope()
+    assert not envelope_from_json(older).speculative
+    with pytest.raises(ValueError, match="envelope.speculative must be a boolean"):
+        envelope_from_json(older | {"speculative": "yes"})
+
+
 def test_a_token_signed_by_another_key_with_a_trusted_kid_is_a_bad_signature(signer, verifier) -> None:
     forger = EnvelopeSigner(Ed25519PrivateKey.generate())
     assert refused(verifier, forger.encode(claims_of(signer)), body()) == "bad_signature"
