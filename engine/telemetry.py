@@ -71,6 +71,9 @@ class RequestRecord:
     choices: int = 1
     shared_prefix_blocks: int = 0  # the prompt's KV blocks the choices held together, computed once
     finish_reasons: tuple[str, ...] = ()  # n > 1: each choice's, in order
+    # Speculation (engine/speculation.py): draft tokens verified, and those the model agreed with
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class StepRecord:
     kv_tenants: tuple[tuple[str, int, int, int], ...] = ()
     # (tenant digest, cached blocks of that tenant evicted for this step's allocations) per tenant that lost any
     kv_evicted: tuple[tuple[str, int], ...] = ()
+    # Speculation: draft tokens this step verified (in num_tokens), and those the model agreed with
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class RecordSink(Protocol):
@@ -169,6 +175,8 @@ class Recorder:
                 sorted((tenant_digest(t), u.held, u.cached, u.share) for t, u in scheduler.tenant_kv_usage().items())
             ),
             kv_evicted=tuple(sorted((tenant_digest(t), n) for t, n in scheduler.take_evictions().items())),
+            num_draft_tokens=batch.num_draft_tokens,
+            num_accepted_tokens=batch.num_accepted_tokens,
         )
         for sink in self.sinks:
             sink.step(record)
@@ -228,6 +236,8 @@ class Recorder:
             choices=len(choices),
             shared_prefix_blocks=seq.num_shared_blocks,
             finish_reasons=tuple(reasons) if len(choices) > 1 else (),
+            draft_tokens=sum(c.num_draft_tokens for c in choices),
+            accepted_tokens=sum(c.num_accepted_tokens for c in choices),
         )
         for sink in self.sinks:
             sink.request(record)
@@ -386,6 +396,10 @@ class _EngineCollector:
                                 "or preempted)", value=len(scheduler.waiting))
         yield CounterMetricFamily("tenantgate_engine_preemptions", "Sequences preempted to free KV blocks",
                                   value=scheduler.num_preemptions)
+        yield CounterMetricFamily("tenantgate_engine_spec_draft_tokens", "Draft tokens verified by speculative "
+                                  "decoding (prompt lookup)", value=scheduler.num_draft_tokens)
+        yield CounterMetricFamily("tenantgate_engine_spec_accepted_tokens", "Draft tokens the model agreed with",
+                                  value=scheduler.num_accepted_tokens)
         pool = scheduler.block_manager  # lengths only: safe beside the stepping engine thread
         blocks = GaugeMetricFamily("tenantgate_kv_blocks", "KV blocks by state", labels=["state"])
         for state, value in (("free", pool.num_free_blocks), ("cached", pool.num_cached_blocks),

@@ -149,5 +149,7 @@ def record_to_json(record: RequestRecord) -> dict:
 
 
 def record_from_json(document: object) -> RequestRecord:
+    if isinstance(document, dict):  # a replica from before speculation counted none
+        document = {"draft_tokens": 0, "accepted_tokens": 0} | document
     d = _fields(document, _RECORD_FIELDS, "record")
     return RequestRecord(**(d | {"top_margins": tuple(d["top_margins"]), "finish_reasons": tuple(d["finish_reasons"])}))
