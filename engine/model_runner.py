@@ -501,10 +501,14 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end] + draft if draft else seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if num_new == 1:
-                decode_rows.append(row)
-                decode_tables.append(table)
-                decode_lens.append(end)
+            if num_new == 1 or draft:
+                # A draft's rows attend as decodes, each to the keys up to its own position (all of the
+                # step's K/V is written before any is read): the kernel a one-token step runs, so each
+                # row's attention is what decoding that token alone computes.
+                for j in range(num_new):
+                    decode_rows.append(row + j)
+                    decode_tables.append(table)
+                    decode_lens.append(start + j + 1)
             elif paged:
                 for values, value in zip(chunks, (row, num_new, end, table)):
                     values.append(value)  # type: ignore[attr-defined]  # each list takes its own kind
