@@ -357,6 +357,21 @@ class BlockManager:
         seq.num_borrowed_blocks = 0
         self._holders.pop(seq.seq_id, None)
 
+    def free_tail(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's blocks past those that cover num_tokens slots (a rejected draft's). They
+        were allocated for this sequence alone and never filled up to registration: no other
+        holder, no hash."""
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table[-1]]
+            if block.ref_count != 1 or block.hash is not None:
+                raise AllocatorError(f"block {block.block_id} of {seq.seq_id!r} is shared or cached; not a draft's")
+            seq.block_table.pop()
+            block.ref_count = 0
+            self._release(block)
+        if not seq.block_table:
+            self._holders.pop(seq.seq_id, None)
+
     def _remove_evictable(self, block: Block) -> None:
         del self.evictable[block.block_id]
         own = self._evictable_by_owner[block.owner]  # type: ignore[index]  # an evictable block has an owner

@@ -215,6 +215,10 @@ class EngineConfig:
     weights: str = "auto"
     # CPU threads for the model; None: the CPUs this process may run on (affinity and cgroup quota).
     threads: int | None = None
+    # Prompt-lookup speculation (engine/speculation.py): at most this many draft tokens verified
+    # beside a lone decode, for requests whose envelope allows it. 0: never. Three keeps the step
+    # at four rows, where the quantized kernels still read codes in place (docs/engine.md).
+    num_speculative_tokens: int = 3
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -245,6 +249,9 @@ class EngineConfig:
             raise ConfigError(f"grammar_workers must be a positive integer, got {self.grammar_workers!r}")
         if not isinstance(self.grammar_cache_size, int) or self.grammar_cache_size < 0:
             raise ConfigError(f"grammar_cache_size must be a non-negative integer, got {self.grammar_cache_size!r}")
+        spec = self.num_speculative_tokens
+        if not isinstance(spec, int) or isinstance(spec, bool) or not 0 <= spec <= 16:
+            raise ConfigError(f"num_speculative_tokens must be an integer from 0 to 16, got {spec!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len!r}")
 

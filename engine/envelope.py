@@ -84,6 +84,9 @@ class ExecutionEnvelope:
     kv_block_quota: int = 1 << 30
     priority: int = 0
     public_segments: tuple[PublicSegment, ...] = ()  # needs a namespace: scope none shares nothing
+    # The engine may draft tokens from the request's own context and verify them in one step
+    # (engine/speculation.py); never in the deterministic lane, whatever this says.
+    speculative: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.isolation, Isolation):
@@ -109,6 +112,8 @@ class ExecutionEnvelope:
             raise EnvelopeError("public segments need a cache namespace (scope none shares nothing)")
         if len(self.public_segments) > MAX_PUBLIC_SEGMENTS:
             raise EnvelopeError(f"at most {MAX_PUBLIC_SEGMENTS} public segments per request")
+        if not isinstance(self.speculative, bool):
+            raise EnvelopeError(f"speculative must be a boolean, got {self.speculative!r}")
 
     @property
     def tenant_digest(self) -> str:

@@ -232,7 +232,7 @@ class LLMEngine:
         start = time.monotonic()
         results = self.runner.run(batch)  # the forward pass, then the sampler
         end = time.monotonic()
-        self.scheduler.advance(batch, start, end)
+        self.scheduler.advance(batch, start, end, [len(r.accepted) if r is not None else 0 for r in results])
         outputs = self._postprocess(batch, results)
         self.recorder.step(batch, (end - start) * 1000, self.scheduler)
         return outputs
@@ -242,16 +242,27 @@ class LLMEngine:
         for seq, result in zip(batch.seqs, results):
             if result is None:
                 continue
-            token = result.token_id
-            seq.append_token(token)
-            if seq.grammar is not None:
-                seq.grammar.consume_token(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = time.monotonic()
-            if len(seq.top_margins) < NUM_MARGIN_STEPS:
-                seq.top_margins.append(round(result.margin, 6))
-            text = seq.detokenizer.add(token)
-            reason = self._finish_reason(seq, token)
+            # A verified draft: its accepted tokens joined the sequence already (Scheduler.advance);
+            # they count here one by one, as if each had had its own step, and the first that ends
+            # the request drops the rest.
+            del seq.token_ids[seq.num_tokens - len(result.accepted):]
+            text = ""
+            new_token_ids = []
+            reason: FinishReason | None = None
+            for sample in (*result.accepted, result):
+                token = sample.token_id
+                seq.append_token(token)
+                new_token_ids.append(token)
+                if seq.grammar is not None:
+                    seq.grammar.consume_token(token)
+                if seq.first_token_time is None:
+                    seq.first_token_time = time.monotonic()
+                if len(seq.top_margins) < NUM_MARGIN_STEPS:
+                    seq.top_margins.append(round(sample.margin, 6))
+                text += seq.detokenizer.add(token)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    break
             if reason is not None:
                 if not seq.detokenizer.stopped:
                     text += seq.detokenizer.flush()
@@ -261,7 +272,7 @@ class LLMEngine:
             outputs.append(
                 RequestOutput(
                     request_id=seq.request_id,
-                    new_token_ids=[token],
+                    new_token_ids=new_token_ids,
                     new_text=text,
                     num_prompt_tokens=seq.num_prompt_tokens,
                     num_output_tokens=seq.num_output_tokens,

@@ -341,11 +341,19 @@ class ModelRunner:
         if sample_rows:
             rows = hidden[self._tensor(sample_rows)]
             logits = self.model.compute_logits(rows, self._logit_row_sizes if meta.row_sizes else None)
-            outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
-            masks = (pending[0], pending[1].result()) if pending is not None else None
-            samples = self.sampler.sample(logits, [s.seq_id for s in seqs], [s.params for s in seqs], outputs, masks)
-            for i, sample in zip(sampling, samples):
-                results[i] = sample
+            if len(sample_rows) > len(seqs):  # a sequence verifies a draft: its rows come last (_prepare)
+                width = 1 + len(seqs[-1].draft_token_ids)
+                logits, verify = logits[:-width], logits[-width:]
+                seqs, drafting = seqs[:-1], seqs[-1]
+                results[sampling.pop()] = self.sampler.verify(verify, drafting.draft_token_ids, drafting.seq_id,
+                                                              drafting.params)
+            if seqs:
+                outputs = [s.output_token_ids if s.params.penalized else [] for s in seqs]
+                masks = (pending[0], pending[1].result()) if pending is not None else None
+                samples = self.sampler.sample(logits, [s.seq_id for s in seqs], [s.params for s in seqs], outputs,
+                                              masks)
+                for i, sample in zip(sampling, samples):
+                    results[i] = sample
         return results
 
     def invariant_row_sizes(self) -> tuple[int, ...]:
@@ -484,17 +492,23 @@ class ModelRunner:
         prefills: list[PrefillSpan] = []
         sample_rows: list[int] = []
         sampling: list[int] = []
+        drafting: tuple[int, range] | None = None
         for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             row = len(input_ids)
             table = seq.block_table
-            input_ids.extend(seq.token_ids[start:end])
+            draft = seq.draft_token_ids  # verified after the next token, one row each (engine/speculation.py)
+            input_ids.extend(seq.token_ids[start:end] + draft if draft else seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if num_new == 1:
-                decode_rows.append(row)
-                decode_tables.append(table)
-                decode_lens.append(end)
+            if num_new == 1 or draft:
+                # A draft's rows attend as decodes, each to the keys up to its own position (all of the
+                # step's K/V is written before any is read): the kernel a one-token step runs, so each
+                # row's attention is what decoding that token alone computes.
+                for j in range(num_new):
+                    decode_rows.append(row + j)
+                    decode_tables.append(table)
+                    decode_lens.append(start + j + 1)
             elif paged:
                 for values, value in zip(chunks, (row, num_new, end, table)):
                     values.append(value)  # type: ignore[attr-defined]  # each list takes its own kind
@@ -510,9 +524,14 @@ class ModelRunner:
                     key_groups = self._chunk_keys(row, start, end)
                 block_ids = torch.tensor(blocks, device=dev)
                 prefills.append(PrefillSpan(row, row + num_new, end, block_ids, mask, key_groups))
-            if end == seq.num_tokens:
+            if draft:  # the next token's row and each draft token's, after every other sequence's row
+                drafting = (i, range(row + num_new - 1 - len(draft), row + num_new))
+            elif end == seq.num_tokens:
                 sample_rows.append(row + num_new - 1)
                 sampling.append(i)
+        if drafting is not None:
+            sampling.append(drafting[0])
+            sample_rows.extend(drafting[1])
 
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),

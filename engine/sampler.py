@@ -32,6 +32,8 @@ class SampleResult:
     logits: torch.Tensor | None = None  # raw float32 row, only with SamplingParams.keep_logits
     # top-1 minus top-2 logit after bias and penalties, before a grammar mask: how close the step was to a tie
     margin: float = 0.0
+    # Speculation: the draft tokens accepted before this token, each with its margin (Sampler.verify)
+    accepted: tuple[SampleResult, ...] = ()
 
 
 class Sampler:
@@ -99,6 +101,47 @@ class Sampler:
             SampleResult(tok, logprobs.get(i), logits[i].cpu().clone() if params[i].keep_logits else None, margins[i])
             for i, tok in enumerate(chosen_ids)
         ]
+
+
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, draft: list[int], request_id: str,
+               params: SamplingParams) -> SampleResult:
+        """The tokens a draft yields: logits [1 + k, vocab], row j the model's distribution after the
+        draft's first j tokens. Greedy: the longest prefix of the draft that is the argmax at each
+        row, then the argmax where it stops. Sampled: draft token j is accepted with probability
+        p_j(d_j) under the warped distribution; on rejection the token comes from p_j with d_j
+        removed (renormalised), and after a whole accepted draft from p_k. That is speculative
+        sampling with a draft distribution that is all on d_j (Leviathan et al., 2023), so each
+        token is distributed as sampling it alone would be. Only requests without bias, penalties,
+        grammar or logprobs verify (engine/speculation.py)."""
+        logits = logits.float()
+        top2 = logits.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        if params.greedy:
+            chosen = logits.argmax(dim=-1).tolist()
+            accepted = 0
+            while accepted < len(draft) and chosen[accepted] == draft[accepted]:
+                accepted += 1
+            token = chosen[accepted]
+        else:
+            probs = warp_logits(logits, [params] * len(logits)).softmax(dim=-1)
+            gen = self.generator_for(request_id, params)
+            accepted, token = 0, -1
+            for j, d in enumerate(draft):
+                if float(torch.rand((), generator=gen)) < float(probs[j, d]):
+                    accepted += 1
+                    continue
+                residual = probs[j].clone()
+                residual[d] = 0
+                if not float(residual.sum()) > 0:  # p(d) rounded to just below 1: nothing else to draw
+                    accepted += 1
+                    continue
+                token = int(inverse_cdf(residual[None], torch.rand((1,), generator=gen))[0])
+                break
+            else:
+                token = int(inverse_cdf(probs[-1:], torch.rand((1,), generator=gen))[0])
+        kept = tuple(SampleResult(d, None, None, margins[j]) for j, d in enumerate(draft[:accepted]))
+        return SampleResult(token, None, None, margins[accepted], kept)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

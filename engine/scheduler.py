@@ -41,6 +41,7 @@ from engine.block_manager import BlockManager, KVStats, TenantKV
 from engine.config import EngineConfig
 from engine.envelope import Isolation
 from engine.sequence import SHARED_LANE, FinishReason, Lane, Sequence, SequenceStatus
+from engine.speculation import may_speculate, propose_draft
 
 RECENT_SERVICE_S = 10.0  # the time constant of a tenant's recent engine time (see _light_tenants)
 LIGHT_SHARE = 0.5  # a tenant served less than this share of the most served one's recent time is light
@@ -55,6 +56,9 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)  # came from the waiting queue this step
     lane: Lane = SHARED_LANE
+    # Speculation: draft tokens in num_new_tokens, and (once it ran) those the model agreed with
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def deterministic(self) -> bool:
@@ -103,6 +107,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_chunked_prefills = 0
         self.num_prefix_hit_tokens = 0
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.num_draft_tokens = 0  # drafted and verified so far (engine/speculation.py)
+        self.num_accepted_tokens = 0  # of those, the ones the model agreed with
         self._peak_kv = block_manager.stats()
 
     def add(self, seq: Sequence) -> None:
@@ -253,11 +260,33 @@ class Scheduler:
         if len(tenants) > 1:  # the leftover: only what free and cached blocks allow, never a preemption
             self._grow_into([*prefills, *batch.admitted], batch, step_budget, None, spare=True)
             self._admit_waiting(lane, batch, step_budget, None, last_resort, only)
+        self._draft(batch, step_budget)
 
         self.lane_service[lane] += batch.num_tokens
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             self.tenant_service[seq.tenant] += n
         return batch
+
+    def _draft(self, batch: ScheduledBatch, step_budget: int) -> None:
+        """A lone decode (a single stream: the step is one sequence's one token) that may speculate
+        verifies a draft from its own context beside its next token. Only when the step is alone:
+        beside other rows the draft's rows would slow everyone's step for one sequence's gain. The
+        draft never makes the sequence outgrow max_tokens or its context, and it gets blocks only
+        where they are to be had without preempting anyone."""
+        if self.num_speculative_tokens <= 0 or len(batch.seqs) != 1 or batch.preempted:
+            return
+        seq = batch.seqs[0]
+        if batch.num_new_tokens[0] != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or not may_speculate(seq):
+            return
+        # The draft and the token after it are all output if accepted: k + 1 more tokens at most.
+        k = min(self.num_speculative_tokens, step_budget - 1, seq.params.max_tokens - seq.num_output_tokens - 1,
+                seq.max_total_tokens - seq.num_tokens - 1)
+        draft = propose_draft(seq.token_ids, k)
+        if not draft or not self.block_manager.allocate(seq, seq.num_tokens + len(draft)):
+            return
+        seq.draft_token_ids = draft
+        batch.num_new_tokens[0] += len(draft)
+        batch.num_draft_tokens += len(draft)
 
     def charge(self, batch: ScheduledBatch, step_ms: float) -> None:
         """Charge each tenant in the batch its share of the step's time, by its tokens in it: the
@@ -356,15 +385,26 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
 
-    def advance(self, batch: ScheduledBatch, start: float, end: float) -> None:
+    def advance(self, batch: ScheduledBatch, start: float, end: float, num_accepted: list[int] | None = None) -> None:
         """The batch ran from start to end: meter its KV and engine time, count its computed
         tokens, publish the blocks they filled to the prefix cache, and fork the choices of a
-        request whose shared prompt is now computed."""
+        request whose shared prompt is now computed. num_accepted: per sequence, the draft tokens
+        the model agreed with (see _draft); they join the sequence, and the KV of the rest is
+        given up: not counted as computed, its blocks past the next token's freed, never cached."""
         step_ms = (end - start) * 1000
         self.observe_step(batch.num_tokens, step_ms)
         self.charge(batch, step_ms)
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             seq.charge_kv(start)  # until the step began at the old count; from then with this step's blocks
+            if seq.draft_token_ids:
+                accepted = num_accepted[i] if num_accepted is not None else 0
+                num_new -= len(seq.draft_token_ids) - accepted
+                seq.token_ids.extend(seq.draft_token_ids[:accepted])
+                self._count_draft(seq, accepted)
+                batch.num_accepted_tokens += accepted
+                # Blocks for the tokens computed and the one the model chose next; rejected rows' KV
+                # past them goes, and what stays of it is overwritten before anything reads it.
+                self.block_manager.free_tail(seq, seq.num_computed_tokens + num_new + 1)
             seq.charge_kv(end)
             seq.engine_ms += step_ms
             seq.num_computed_tokens += num_new
@@ -374,6 +414,13 @@ class Scheduler:
         stats = self.block_manager.stats()  # the peak, before finished sequences give their blocks back
         if stats.num_used_blocks >= self._peak_kv.num_used_blocks:
             self._peak_kv = stats
+
+    def _count_draft(self, seq: Sequence, accepted: int) -> None:
+        seq.num_draft_tokens += len(seq.draft_token_ids)
+        seq.num_accepted_tokens += accepted
+        self.num_draft_tokens += len(seq.draft_token_ids)
+        self.num_accepted_tokens += accepted
+        seq.draft_token_ids = []
 
     def _num_seats(self) -> int:
         return sum(seq.num_seats for seq in self.running)

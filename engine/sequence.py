@@ -97,6 +97,11 @@ class Sequence:
         self.num_borrowed_blocks = 0
         self.num_shared_blocks = 0  # choice 0: the blocks the choices shared at the fork
         self.grammar: Any = None
+        # Speculation (engine/speculation.py): the draft this step verifies after the next token,
+        # and the drafted and accepted tokens so far.
+        self.draft_token_ids: list[int] = []
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
 
     def __repr__(self) -> str:
         return (

@@ -75,6 +75,9 @@ class RequestRecord:
     # keyed in its namespace (the blocks wholly inside it): shared with everyone given the segment.
     public_segment: str = ""
     public_tokens: int = 0
+    # Speculation (engine/speculation.py): draft tokens verified, and those the model agreed with
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class StepRecord:
     kv_tenants: tuple[tuple[str, int, int, int], ...] = ()
     # (tenant digest, cached blocks of that tenant evicted for this step's allocations) per tenant that lost any
     kv_evicted: tuple[tuple[str, int], ...] = ()
+    # Speculation: draft tokens this step verified (in num_tokens), and those the model agreed with
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class RecordSink(Protocol):
@@ -174,6 +180,8 @@ class Recorder:
                 sorted((tenant_digest(t), u.held, u.cached, u.share) for t, u in scheduler.tenant_kv_usage().items())
             ),
             kv_evicted=tuple(sorted((tenant_digest(t), n) for t, n in scheduler.take_evictions().items())),
+            num_draft_tokens=batch.num_draft_tokens,
+            num_accepted_tokens=batch.num_accepted_tokens,
         )
         for sink in self.sinks:
             sink.step(record)
@@ -235,6 +243,8 @@ class Recorder:
             finish_reasons=tuple(reasons) if len(choices) > 1 else (),
             public_segment=seq.public_segment.digest.hex() if seq.public_segment is not None else "",
             public_tokens=seq.num_public_blocks * self._block_size,
+            draft_tokens=sum(c.num_draft_tokens for c in choices),
+            accepted_tokens=sum(c.num_accepted_tokens for c in choices),
         )
         for sink in self.sinks:
             sink.request(record)
@@ -393,6 +403,10 @@ class _EngineCollector:
                                 "or preempted)", value=len(scheduler.waiting))
         yield CounterMetricFamily("tenantgate_engine_preemptions", "Sequences preempted to free KV blocks",
                                   value=scheduler.num_preemptions)
+        yield CounterMetricFamily("tenantgate_engine_spec_draft_tokens", "Draft tokens verified by speculative "
+                                  "decoding (prompt lookup)", value=scheduler.num_draft_tokens)
+        yield CounterMetricFamily("tenantgate_engine_spec_accepted_tokens", "Draft tokens the model agreed with",
+                                  value=scheduler.num_accepted_tokens)
         pool = scheduler.block_manager  # lengths only: safe beside the stepping engine thread
         blocks = GaugeMetricFamily("tenantgate_kv_blocks", "KV blocks by state", labels=["state"])
         for state, value in (("free", pool.num_free_blocks), ("cached", pool.num_cached_blocks),

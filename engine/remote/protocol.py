@@ -59,15 +59,18 @@ def envelope_to_json(envelope: ExecutionEnvelope) -> dict:
         "deterministic": envelope.deterministic,
         "kv_block_quota": envelope.kv_block_quota,
         "priority": envelope.priority,
-        "public_segments": [{"digest": s.digest.hex(), "num_tokens": s.num_tokens, "namespace": s.namespace.hex()}
-                            for s in envelope.public_segments],
-    }
+    } | ({"speculative": True} if envelope.speculative else {}) | (  # so a replica from before them takes the rest
+        {"public_segments": [{"digest": s.digest.hex(), "num_tokens": s.num_tokens, "namespace": s.namespace.hex()}
+                             for s in envelope.public_segments]} if envelope.public_segments else {})
 
 
 def envelope_from_json(document: object) -> ExecutionEnvelope:
+    if isinstance(document, dict):  # from a gateway before them: no speculation, no public segments
+        document = {"speculative": False, "public_segments": []} | document
     d = _fields(document, _ENVELOPE_FIELDS, "envelope")
-    if not isinstance(d["deterministic"], bool):
-        raise ValueError("envelope.deterministic must be a boolean")
+    for flag in ("deterministic", "speculative"):
+        if not isinstance(d[flag], bool):
+            raise ValueError(f"envelope.{flag} must be a boolean")
     for name in ("kv_block_quota", "priority"):
         if type(d[name]) is not int:
             raise ValueError(f"envelope.{name} must be an integer")
@@ -95,6 +98,7 @@ def envelope_from_json(document: object) -> ExecutionEnvelope:
         kv_block_quota=d["kv_block_quota"],
         priority=d["priority"],
         public_segments=tuple(segments),
+        speculative=d["speculative"],
     )
 
 
@@ -159,5 +163,7 @@ def record_to_json(record: RequestRecord) -> dict:
 
 
 def record_from_json(document: object) -> RequestRecord:
+    if isinstance(document, dict):  # a replica from before speculation counted none
+        document = {"draft_tokens": 0, "accepted_tokens": 0} | document
     d = _fields(document, _RECORD_FIELDS, "record")
     return RequestRecord(**(d | {"top_margins": tuple(d["top_margins"]), "finish_reasons": tuple(d["finish_reasons"])}))

@@ -27,4 +27,5 @@ def envelope_for_decision(namespace_key: bytes, tenant_id: str, decision: Decisi
             PublicSegment(digest=bytes.fromhex(s.digest), num_tokens=s.tokens,
                           namespace=keyed_digest(namespace_key, "namespace:" + s.namespace))
             for s in decision.cache.segments),
+        speculative=decision.batching.speculative,
     )

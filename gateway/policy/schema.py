@@ -54,6 +54,16 @@ class CacheDecision(_Strict):
 class BatchingDecision(_Strict):
     isolation: Literal["shared", "tenant", "exclusive"]
     deterministic: bool
+    # Whether the engine may draft tokens from the request's own context and verify them in one
+    # step (docs/engine.md, "Speculative decoding"). Optional, so bundles from before it still
+    # validate: absent, it does not.
+    speculative: bool = False
+
+    @model_validator(mode="after")
+    def _deterministic_never_speculates(self) -> Self:
+        if self.deterministic and self.speculative:
+            raise ValueError("speculative must be false in the deterministic lane")
+        return self
 
 
 class LoggingDecision(_Strict):

@@ -20,7 +20,7 @@ default decision := {
 	"allow": false,
 	"reasons": ["the policy could not reach a decision for this request"],
 	"cache": {"scope": "none", "namespace": "", "segments": []},
-	"batching": {"isolation": "exclusive", "deterministic": false},
+	"batching": {"isolation": "exclusive", "deterministic": false, "speculative": false},
 	"logging": {
 		"content": "none",
 		"redact": [
@@ -63,7 +63,11 @@ _allowed := {
 	"allow": true,
 	"reasons": sort((((cache.notes | batching.notes) | (logging.notes | limits.notes)) | (prompt.notes | responses.notes))),
 	"cache": {"scope": cache.scope, "namespace": cache.namespace, "segments": sort([s | some s in cache.segments])},
-	"batching": {"isolation": batching.isolation, "deterministic": batching.deterministic},
+	"batching": {
+		"isolation": batching.isolation,
+		"deterministic": batching.deterministic,
+		"speculative": batching.speculative,
+	},
 	"logging": {
 		"content": logging.content,
 		"redact": logging.redact,
@@ -94,7 +98,7 @@ _denied := {
 	"allow": false,
 	"reasons": sort(_deny_reasons),
 	"cache": {"scope": "none", "namespace": "", "segments": []},
-	"batching": {"isolation": "exclusive", "deterministic": false},
+	"batching": {"isolation": "exclusive", "deterministic": false, "speculative": false},
 	"logging": {
 		"content": "none", "redact": sort(logging.base_redact), "retention_days": 30,
 		"metrics_name": logging.metrics_name, # one label per tenant, allowed or denied

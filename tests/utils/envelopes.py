@@ -24,22 +24,22 @@ def segment(token_ids: list[int], owner: str = "platform") -> dict:
 
 def decision(tenant: str = "tenant-a", scope: str = "tenant", isolation: str = "shared", deterministic: bool = False,
              quota: int = 1 << 30, priority: int = 0, principal: str = "user-1",
-             segments: tuple[dict, ...] = ()) -> Decision:
+             segments: tuple[dict, ...] = (), speculative: bool = False) -> Decision:
     """An allowed decision with these settings (the rest as in a policy sample)."""
     names = {"tenant": f"tenant:{tenant}", "principal": f"principal:{tenant}:{principal}", "shared": "shared",
              "none": ""}
     document = copy.deepcopy(_ALLOWED)
     document["cache"] = {"scope": scope, "namespace": names[scope], "segments": list(segments)}
-    document["batching"] = {"isolation": isolation, "deterministic": deterministic}
+    document["batching"] = {"isolation": isolation, "deterministic": deterministic, "speculative": speculative}
     document["limits"] |= {"kv_blocks": quota, "priority": priority}
     return validate_decision(document)
 
 
 def envelope(tenant: str = "tenant-a", scope: str = "tenant", isolation: str = "shared", deterministic: bool = False,
              quota: int = 1 << 30, priority: int = 0, principal: str = "user-1",
-             segments: tuple[dict, ...] = ()) -> ExecutionEnvelope:
+             segments: tuple[dict, ...] = (), speculative: bool = False) -> ExecutionEnvelope:
     return envelope_for_decision(SECRET, tenant, decision(tenant, scope, isolation, deterministic, quota, priority,
-                                                          principal, segments))
+                                                          principal, segments, speculative))
 
 
 ENV = envelope()

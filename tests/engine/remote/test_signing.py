@@ -74,6 +74,21 @@ def test_an_envelope_with_public_segments_round_trips_signed(signer, verifier) -
     segmented = envelope(segments=(segment(list(range(40))), segment(list(range(20)), owner="tenant:tenant-a")))
     assert len(segmented.public_segments) == 2
     assert verifier.verify(signer.sign(segmented, "req-1", body(), now=NOW), body(), now=NOW)[0] == segmented
+    assert "public_segments" not in envelope_to_json(envelope())  # a replica from before them takes the rest
+
+
+def test_a_speculative_envelope_round_trips_signed_and_one_from_before_it_does_not_speculate(signer,
+                                                                                              verifier) -> None:
+    speculative = envelope(speculative=True)
+    assert envelope_to_json(speculative)["speculative"] is True
+    assert verifier.verify(signer.sign(speculative, "req-1", body(), now=NOW), body(), now=NOW)[0] == speculative
+    # A gateway from before the field sends none (and a replica from before it gets none when off).
+    older = envelope_to_json(envelope())
+    assert "speculative" not in older
+    assert envelope_from_json(older) == envelope()
+    assert not envelope_from_json(older).speculative
+    with pytest.raises(ValueError, match="envelope.speculative must be a boolean"):
+        envelope_from_json(older | {"speculative": "yes"})
 
 
 def test_a_token_signed_by_another_key_with_a_trusted_kid_is_a_bad_signature(signer, verifier) -> None:

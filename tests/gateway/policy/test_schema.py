@@ -103,3 +103,14 @@ def test_an_allowed_decision_cannot_revoke_or_miss_a_context(section: dict) -> N
     assert _problems(_with_authentication(**section)) == [
         "<decision>: Value error, an allowed decision cannot revoke the token or miss an authentication context"]
     assert validate_decision(_with_authentication(allow=False, **section) | {"reasons": ["x"]})  # a deny may
+
+
+def test_speculation_is_optional_and_never_beside_the_deterministic_lane() -> None:
+    document = copy.deepcopy(ALLOWED)
+    assert validate_decision(document).batching.speculative is document["batching"]["speculative"]
+    del document["batching"]["speculative"]  # a bundle from before the field
+    assert validate_decision(document).batching.speculative is False
+    document["batching"] |= {"deterministic": True, "speculative": True}
+    assert _problems(document) == ["batching: Value error, speculative must be false in the deterministic lane"]
+    document["batching"]["speculative"] = "yes"
+    assert any(p.startswith("batching.speculative") for p in _problems(document))
