@@ -141,7 +141,8 @@ def _exported_metrics() -> dict[str, str]:
                         SimpleNamespace(pending=0, dropped=0))
     metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0))
     pool = SimpleNamespace(num_free_blocks=8, num_cached_blocks=0, num_held_blocks=0)
-    scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0, block_manager=pool)
+    scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0, block_manager=pool, num_draft_tokens=0,
+                                num_accepted_tokens=0)
     PrometheusSink(metrics.registry).watch(SimpleNamespace(scheduler=scheduler, kv_usage=lambda: 0.0))
     comparison = Comparison(1.0, 1e-9, 20, 20, 0.01, 0.05)
     audit = audit_registry("vllm-a", AuditResult(Verdict.LEAK, 0.01, comparison, comparison, 20, 84, 10.0, "trials"))
