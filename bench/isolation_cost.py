@@ -78,6 +78,17 @@ def segment_envelope(tenant: int, mode: str, tag: str, system: list[int]) -> Exe
     )
 
 
+def print_medians(rates: dict[str, list[float]], names, width: int) -> float:
+    """Each run's median output tok/s and its ratio to all-shared, per round too; returns all-shared's."""
+    shared = statistics.median(rates["all-shared"])
+    for name in names:
+        rate = statistics.median(rates[name])
+        rounds = " ".join(f"{r / s:.2f}" for r, s in zip(rates[name], rates["all-shared"]))
+        print(f"{name:>{width}}: median {rate:7.1f} output tok/s  {rate / shared:.2f}x of all-shared  "
+              f"(per round: {rounds})")
+    return shared
+
+
 def closed_loop(engine: LLMEngine, prompts, params, envelopes, concurrency: int) -> None:
     """Every request run, at most `concurrency` in flight: the next is added as one finishes."""
     pending = list(range(len(prompts)))[::-1]
@@ -118,12 +129,7 @@ def segments_workload(args: argparse.Namespace, engine: LLMEngine) -> None:
             hits[mode] = engine.scheduler.num_prefix_hit_tokens - before
             print(f"round {round_} {mode:>15}: {rates[mode][-1]:7.1f} output tok/s, "
                   f"{hits[mode]} prompt tokens from the cache, load {load:.2f}", flush=True)
-    shared = statistics.median(rates["all-shared"])
-    for mode in SEGMENT_MODES:
-        rate = statistics.median(rates[mode])
-        rounds = " ".join(f"{r / s:.2f}" for r, s in zip(rates[mode], rates["all-shared"]))
-        print(f"{mode:>15}: median {rate:7.1f} output tok/s  {rate / shared:.2f}x of all-shared  "
-              f"(per round: {rounds})")
+    print_medians(rates, SEGMENT_MODES, 15)
     ratios = [r / s for r, s in zip(rates["tenant+segment"], rates["all-shared"])]
     print(f"tenant+segment / all-shared, median of rounds: {statistics.median(ratios):.2f}x (target >= 0.9x)")
 
@@ -177,12 +183,7 @@ def main() -> None:
             start = time.perf_counter()
             engine.generate(prompts, params, envelopes)
             rates[name].append(output_tokens / (time.perf_counter() - start))
-    shared = statistics.median(rates["all-shared"])
-    for name in selected:
-        rate = statistics.median(rates[name])
-        rounds = " ".join(f"{r / s:.2f}" for r, s in zip(rates[name], rates["all-shared"]))
-        print(f"{name:>18}: median {rate:7.1f} output tok/s  {rate / shared:.2f}x of all-shared  "
-              f"(per round: {rounds})")
+    shared = print_medians(rates, selected, 18)
     if "all-deterministic" in rates:
         cost = 1 - statistics.median(rates["all-deterministic"]) / shared
         print(f"deterministic lane cost: {cost:.0%} (target <= 20%)")

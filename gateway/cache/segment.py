@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from gateway.deployments.config import read_json_file
+
 EXIT_OK, EXIT_USAGE = 0, 2
 PROBE_TURN = {"role": "user", "content": "?"}  # any next turn: the segment must be a prefix of what follows
 
@@ -38,12 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _read_json_array(path: Path, what: str) -> list:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{what}: {path} is not JSON: {exc}") from None
+    value = json.loads(read_json_file(path, f"{what} file", ValueError))
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise ValueError(f"{what}: {path} must hold a JSON array of objects")
     return value
