@@ -360,8 +360,9 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     openai_routers = [chat_router, completions_router, embeddings_router, models_router, responses_router]
     for router in [health.router, *openai_routers]:
         app.include_router(router)
-    app.add_middleware(PlainRoutes, fastapi_app=app, routers=openai_routers)  # innermost of ours
     app.include_router(mcp_router)
+    app.add_middleware(PlainRoutes, fastapi_app=app, routers=openai_routers,
+                       request_routers=(mcp_router,))  # innermost of ours
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app_metrics)
     app.add_middleware(RequestTracing)

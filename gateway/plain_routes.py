@@ -11,6 +11,9 @@ dependency that needs only the Request) is dispatched here instead:
 3. the body is validated against the endpoint's model, with FastAPI's error locations;
 4. the endpoint is called, and any exception is answered by the app's own exception handlers.
 
+A route of the request shape (an endpoint that takes only string path parameters and the Request,
+with no dependencies: /mcp/{server}) is matched by its own path pattern and called with them.
+
 The route stays declared in FastAPI: the OpenAPI document, the endpoint, its dependency and the
 error handlers are the same objects; only the dispatch differs. Every other request, and every
 request while the app has dependency overrides, goes on to FastAPI.
@@ -108,23 +111,73 @@ class PlainRoute:
         return await self.route.endpoint(**{self.body_name: body, self.dependency_name: dependency})
 
 
-class PlainRoutes:
-    """Dispatches the plain routes of `routers` (see the module's docstring), which `fastapi_app`
-    includes as they are (no prefix, no dependencies of its own); everything else goes on to `app`."""
+@dataclass(frozen=True, slots=True)
+class RequestRoute:
+    """A route FastAPI declares whose endpoint takes string path parameters and the Request only."""
 
-    def __init__(self, app: ASGIApp, fastapi_app: FastAPI, routers: list[APIRouter]) -> None:
+    route: APIRoute
+    request_name: str
+
+    @classmethod
+    def of(cls, route: APIRoute) -> RequestRoute | None:
+        dependant = route.dependant
+        if route.response_model is not None or dependant.dependencies or dependant.body_params:
+            return None
+        if dependant.query_params or dependant.header_params or dependant.cookie_params:
+            return None
+        if dependant.request_param_name is None or not inspect.iscoroutinefunction(dependant.call):
+            return None
+        if any(param.field_info.annotation is not str for param in dependant.path_params):
+            return None  # FastAPI would convert and validate it
+        if any(convertor.regex != "[^/]+" for convertor in route.param_convertors.values()):
+            return None  # only plain {name} segments: the match is then the value, as Starlette's
+        return cls(route, dependant.request_param_name)
+
+    def match(self, scope: Scope) -> dict[str, str] | None:
+        if scope["method"] not in self.route.methods:  # type: ignore[operator]  # an APIRoute's are a set
+            return None
+        match = self.route.path_regex.match(scope["path"])
+        return match.groupdict() if match is not None else None
+
+    async def respond(self, request: Request) -> Response:
+        return await self.route.endpoint(**request.path_params, **{self.request_name: request})
+
+
+class PlainRoutes:
+    """Dispatches the plain routes of `routers` and the request routes of `request_routers` (see
+    the module's docstring), which `fastapi_app` includes as they are (no prefix, no dependencies
+    of its own); everything else goes on to `app`."""
+
+    def __init__(self, app: ASGIApp, fastapi_app: FastAPI, routers: list[APIRouter],
+                 request_routers: tuple[APIRouter, ...] = ()) -> None:
         self.app = app
         self.fastapi_app = fastapi_app
         found = (PlainRoute.of(route) for router in routers for route in router.routes if isinstance(route, APIRoute))
         self.routes = {plain.route.path: plain for plain in found if plain is not None}
+        requests = (RequestRoute.of(route) for router in request_routers for route in router.routes
+                    if isinstance(route, APIRoute))
+        self.request_routes = [route for route in requests if route is not None]
+
+    def _find(self, scope: Scope) -> tuple[PlainRoute | RequestRoute, dict[str, str]] | None:
+        if scope["type"] != "http":
+            return None
+        plain = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
+        if plain is not None:
+            return plain, {}
+        for route in self.request_routes:
+            params = route.match(scope)
+            if params is not None:
+                return route, params
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        plain = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if plain is None or self.fastapi_app.dependency_overrides:
+        found = self._find(scope)
+        if found is None or self.fastapi_app.dependency_overrides:
             await self.app(scope, receive, send)
             return
+        plain, params = found
         scope["route"] = plain.route  # as FastAPI's router sets it: the span's http.route
-        scope.setdefault("path_params", {})
+        scope["path_params"] = params
         request = Request(scope, receive, send)
         try:
             response = await plain.respond(request)
