@@ -4,9 +4,10 @@
 Both servers run in processes of their own (uvicorn); the client is this process, one keep-alive
 connection per worker, the same JSON-RPC bodies (2025-11-25, a session each) on both paths. The
 gateway's path: token verification (RS256, a local issuer), its session, the server's tool list
-(cached, tools_ttl_s), the tools decision (embedded regorus, evaluated every call: the arguments
-are input), the tool's budget (in-process GCRA), the call upstream with its own credential, and a
-record in the signed audit trail (a file). Printed per round: p50/p99 at concurrency 1 and the
+(cached, tools_ttl_s), the tools decision (embedded regorus, cached by what it reads) and the
+arguments package (evaluated every call: the arguments are its input), the tool's budget
+(in-process GCRA), the call upstream with its own credential, and a record in the signed audit
+trail (a file). Printed per round: p50/p99 at concurrency 1 and the
 added p50; req/s at concurrency 32 and the ratio. Target (issue 27): added p50 <= 1 ms.
 
     .venv/bin/python bench/mcp_overhead.py                 # 1,000 calls per measurement, 2 rounds

@@ -3,11 +3,13 @@
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.loader import (
+    ARGUMENTS_ENTRYPOINT,
     DEFAULT_POLICY_DIR,
     ENTRYPOINT,
     TOOLS_ENTRYPOINT,
@@ -18,7 +20,16 @@ from gateway.policy.loader import (
 )
 from gateway.policy.prepared import PreparedPolicy, build_engine
 from gateway.policy.reads import InputReads, engine_reads
-from gateway.policy.schema import Decision, ToolsDecision, parse_decision, parse_tools_decision
+from gateway.policy.schema import (
+    Decision,
+    ToolsDecision,
+    parse_argument_denials,
+    parse_decision,
+    parse_tools_decision,
+    with_argument_denials,
+)
+
+T = TypeVar("T")
 
 
 class EmbeddedEvaluator:
@@ -30,9 +41,10 @@ class EmbeddedEvaluator:
     thread (the gateway's loop builds one a slice at a time) may be given as `engine`.
     An evaluation error is that input's alone: the engine stays, and the next input is
     judged as if the error had never happened. With cache_size > 0, decisions are cached by
-    what the policy reads of the input (reads.py: a field no rule refers to never misses the
-    cache); the policy revision is part of the key, so a reload never serves a stale decision.
-    A revision that calls a builtin of the clock, chance or the network is never cached.
+    what the entrypoint's packages read of the input (reads.py: a field no rule they reach refers
+    to never misses the cache); the policy revision is part of the key, so a reload never serves
+    a stale decision. A revision that calls a builtin of the clock, chance or the network is
+    never cached. The request decision and the tools decision have a cache each.
     """
 
     def __init__(
@@ -48,11 +60,13 @@ class EmbeddedEvaluator:
         self._local = threading.local()
         self._local.engine = engine if engine is not None else _new_engine(self._source)  # errors surface here
         if isinstance(self._source, PreparedPolicy):
-            self._reads = self._source.reads
+            self._reads, self._tools_reads = self._source.reads, self._source.tools_reads
         else:
-            self._reads = engine_reads(self._local.engine)
-        self._cache_size = cache_size if self._reads.cacheable else 0
+            self._reads = engine_reads(self._local.engine, ENTRYPOINT)
+            self._tools_reads = engine_reads(self._local.engine, TOOLS_ENTRYPOINT)
+        self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        self._tools_cache: OrderedDict[tuple[str, str], ToolsDecision] = OrderedDict()
         self._cache_lock = threading.Lock()
 
     @property
@@ -61,8 +75,13 @@ class EmbeddedEvaluator:
 
     @property
     def reads(self) -> InputReads:
-        """What this revision's policy reads of its input (the decision cache's key)."""
+        """What this revision's request decision reads of its input (the decision cache's key)."""
         return self._reads
+
+    @property
+    def tools_reads(self) -> InputReads:
+        """What this revision's tools decision reads of its input (the tools cache's key)."""
+        return self._tools_reads
 
     @property
     def source(self) -> PolicySource | PreparedPolicy:
@@ -94,26 +113,39 @@ class EmbeddedEvaluator:
         return decision
 
     def decide_tools(self, input_document: Mapping) -> ToolsDecision:
-        """The validated tools decision for one MCP tools/list or tools/call (never cached: the
-        arguments are part of the input); raises a PolicyError (deny) otherwise."""
-        return parse_tools_decision(raw_decision(self._engine(), json.dumps(input_document), TOOLS_ENTRYPOINT))
+        """The validated tools decision for one MCP tools/list or tools/call; raises a PolicyError
+        (deny) otherwise. The decision is cached (it never reads a call's arguments); a call it
+        allows is then judged on its arguments, every time."""
+        decision = self._cached(self._tools_cache, self._tools_reads, input_document, lambda: parse_tools_decision(
+            raw_decision(self._engine(), json.dumps(input_document), TOOLS_ENTRYPOINT)))
+        if not decision.allow or input_document.get("method") != "tools/call":
+            return decision
+        raw = raw_decision(self._engine(), json.dumps(input_document), ARGUMENTS_ENTRYPOINT)
+        if raw == "null":  # no arguments package: no call can be judged, so none is allowed
+            raise PolicyEvaluationError(f"{ARGUMENTS_ENTRYPOINT} is undefined")
+        return with_argument_denials(decision, parse_argument_denials(raw))
 
     def decide(self, input_document: Mapping) -> Decision:
         """The validated decision for one request; raises a PolicyError (deny) otherwise."""
-        if not self._cache_size:
-            return parse_decision(self.evaluate_json(json.dumps(input_document)))
-        key = (self.revision, self._reads.key(input_document))
+        return self._cached(self._cache, self._reads, input_document,
+                            lambda: parse_decision(self.evaluate_json(json.dumps(input_document))))
+
+    def _cached(self, cache: OrderedDict[tuple[str, str], T], reads: InputReads, input_document: Mapping,
+                evaluate: Callable[[], T]) -> T:
+        if not self._cache_size or not reads.cacheable:
+            return evaluate()
+        key = (self.revision, reads.key(input_document))
         with self._cache_lock:
-            cached = self._cache.get(key)
+            cached = cache.get(key)
             if cached is not None:
-                self._cache.move_to_end(key)
+                cache.move_to_end(key)
                 return cached
-        decision = parse_decision(self.evaluate_json(json.dumps(input_document)))
+        value = evaluate()
         with self._cache_lock:
-            self._cache[key] = decision
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return decision
+            cache[key] = value
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        return value
 
 
 def _new_engine(source: PolicySource | PreparedPolicy):

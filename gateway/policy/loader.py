@@ -17,6 +17,7 @@ from gateway.policy.exceptions import PolicyError, PolicyEvaluationError, Policy
 
 ENTRYPOINT = "data.tenantgate.decision"
 TOOLS_ENTRYPOINT = "data.tenantgate.tools.decision"  # MCP tools/list and tools/call
+ARGUMENTS_ENTRYPOINT = "data.tenantgate.tools.arguments.denials"  # a tools/call the tools decision allows
 DEFAULT_POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
 
 _ERROR_LOCATION = re.compile(r"-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)")

@@ -20,6 +20,7 @@ logger = logging.getLogger("tenantgate.policy")
 OPA_VERSION = "1.22.3"
 DECISION_PATH = "/v1/data/tenantgate/decision"
 TOOLS_DECISION_PATH = "/v1/data/tenantgate/tools/decision"
+ARGUMENTS_PATH = "/v1/data/tenantgate/tools/arguments/denials"
 # OPA by default treats a built-in's error (a division by a string, say) as undefined, so a deny rule
 # whose body errors simply does not deny: it fails open, where regorus raises and the gateway
 # refuses (503). Strict built-in errors make OPA answer 500 instead, which the gateway refuses too.

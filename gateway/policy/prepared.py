@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.loader import ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
+from gateway.policy.loader import ENTRYPOINT, TOOLS_ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
 from gateway.policy.reads import InputReads, engine_reads
 from gateway.policy.schema import validate_decision
 
@@ -34,7 +34,7 @@ SLICE_BYTES = 64 * 1024  # of data JSON per slice: well under a millisecond of r
 class PreparedPolicy:
     """What the loop needs of a checked revision: its digest, the module texts, the data as JSON
     slices that merge into the whole document, the registered tenants and the enabled ones, and
-    what its modules read of the input (reads.py)."""
+    what its request and tools decisions read of the input (reads.py)."""
 
     revision: str
     modules: dict[str, str]
@@ -42,6 +42,7 @@ class PreparedPolicy:
     tenant_ids: frozenset[str]
     enabled_tenant_ids: frozenset[str] = frozenset()  # those whose data says enabled: true
     reads: InputReads = InputReads.whole()
+    tools_reads: InputReads = InputReads.whole()
 
 
 def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPolicy, object]:
@@ -61,7 +62,8 @@ def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPol
     )
     del source, tenants
     engine = build_engine(prepared)
-    prepared = replace(prepared, reads=engine_reads(engine))
+    prepared = replace(prepared, reads=engine_reads(engine, ENTRYPOINT),
+                       tools_reads=engine_reads(engine, TOOLS_ENTRYPOINT))
     samples = load_samples(Path(policy_dir)).items()
     problem = next((p for name, (_, sample) in samples if (p := _sample_problem(engine, name, sample["input"]))), None)
     if problem is not None:
@@ -92,8 +94,7 @@ def write_prepared(policy_dir: str, data_dir: str, out: BinaryIO) -> None:
         return
     header = {"revision": prepared.revision, "modules": prepared.modules, "tenants": sorted(prepared.tenant_ids),
               "enabled": sorted(prepared.enabled_tenant_ids), "slices": len(prepared.data_slices),
-              "reads": sorted(prepared.reads.paths), "cacheable": prepared.reads.cacheable,
-              "uncacheable_because": prepared.reads.uncacheable_because}
+              "reads": prepared.reads.to_json(), "tools_reads": prepared.tools_reads.to_json()}
     out.write(json.dumps(header).encode() + b"\n")
     for text in prepared.data_slices:  # ASCII JSON (json.dumps escapes the rest): never a newline inside
         out.write(text.encode() + b"\n")
@@ -135,11 +136,10 @@ async def _read_prepared(stream: asyncio.StreamReader) -> PreparedPolicy | None:
         if not line.endswith(b"\n"):
             return None  # cut short
         slices.append(line[:-1].decode())
-    reads = InputReads(frozenset(tuple(path) for path in header["reads"]), cacheable=header["cacheable"],
-                       uncacheable_because=header["uncacheable_because"])
     return PreparedPolicy(revision=header["revision"], modules=header["modules"], data_slices=tuple(slices),
                           tenant_ids=frozenset(header["tenants"]), enabled_tenant_ids=frozenset(header["enabled"]),
-                          reads=reads)
+                          reads=InputReads.from_json(header["reads"]),
+                          tools_reads=InputReads.from_json(header["tools_reads"]))
 
 
 def _sample_problem(engine, name: str, input_document: dict) -> str | None:

@@ -18,6 +18,13 @@ The analysis over-approximates, which keeps the key sound:
 - `with input… as …` replaces the input for the rules it calls, so its target is not a read;
 - a policy that calls a builtin whose answer is not a function of its arguments (the clock,
   randomness, the network) is not cached at all.
+
+An entrypoint reads only through the packages it can reach: its own package, and every package a
+module of a reached package refers to under `data` (an import, a reference, a `with`). A reference
+reaches a package when it names the package or anything inside it (`data.tenantgate.authz.deny`),
+or names a package above it whole (`data.tenantgate`, `data`), or names a rule of a package above
+it (so `data.tenantgate.tools.decision` reaches `tenantgate.tools`, not `tenantgate`, which has no
+rule `tools`). So the tools decision's key leaves out what only its arguments package reads.
 """
 
 from __future__ import annotations
@@ -62,90 +69,193 @@ class InputReads:
         decisions (JSON text, not Python values, so that 1, 1.0 and true stay apart)."""
         return json.dumps(_project(document, self._trie), sort_keys=True, separators=(",", ":"))
 
+    def to_json(self) -> dict:
+        return {"paths": sorted(self.paths), "cacheable": self.cacheable,
+                "uncacheable_because": self.uncacheable_because}
 
-def input_reads(asts: Iterable[Mapping]) -> InputReads:
-    """The reads of the modules whose ASTs are given (regorus `Engine.get_ast_as_json()`, parsed)."""
-    paths: set[Path] = set()
-    calls: set[str] = set()
+    @classmethod
+    def from_json(cls, value: Mapping) -> InputReads:
+        return cls(frozenset(tuple(path) for path in value["paths"]), cacheable=value["cacheable"],
+                   uncacheable_because=value["uncacheable_because"])
+
+
+@dataclass
+class _Package:
+    rules: set[str | None] = field(default_factory=set)  # rule names; None: one whose name is not plain
+    paths: set[Path] = field(default_factory=set)
+    calls: set[str] = field(default_factory=set)
+    refers: set[Path] = field(default_factory=set)  # static paths under `data`
+
+
+def input_reads(asts: Iterable[Mapping], entrypoint: str | None = None) -> InputReads:
+    """The reads of the modules whose ASTs are given (regorus `Engine.get_ast_as_json()`, parsed):
+    all of them, or those of the packages `entrypoint` (`data.a.b.rule`) can reach."""
+    packages: dict[Path, _Package] = {}
     for module in asts:
         ast = module.get("ast", module)
+        package = packages.setdefault(_package_path(ast.get("package")), _Package())
         for imported in ast.get("imports", ()):
             path = _input_path(imported.get("refr"))
             if path is not None:
-                paths.add(path)
+                package.paths.add(path)
+            target = _data_path(imported.get("refr"))
+            if target is not None:
+                package.refers.add(target)
         for rule in ast.get("rules", ()):
-            _walk(rule, paths, calls)
+            package.rules.add(_rule_name(rule))
+            _walk(rule, package.paths, package.calls, package.refers)
+    reached = _reached(packages, entrypoint) if entrypoint is not None else set()
+    if not reached:  # every module: no entrypoint, or none that a package defines (it is then undefined)
+        reached = set(packages)
+    paths = set().union(*(packages[name].paths for name in reached))
+    calls = set().union(*(packages[name].calls for name in reached))
     uncacheable = sorted(calls & UNCACHEABLE_BUILTINS)
     return InputReads(_minimal(paths), cacheable=not uncacheable,
                       uncacheable_because=", ".join(uncacheable))
 
 
-def engine_reads(engine) -> InputReads:
-    """The reads of every module loaded into a regorus engine."""
-    return input_reads(json.loads(engine.get_ast_as_json()))
+def engine_reads(engine, entrypoint: str | None = None) -> InputReads:
+    """The reads of the modules loaded into a regorus engine: all, or those `entrypoint` can reach."""
+    return input_reads(json.loads(engine.get_ast_as_json()), entrypoint)
 
 
-def _walk(node: object, paths: set[Path], calls: set[str]) -> None:
+def _reached(packages: Mapping[Path, _Package], entrypoint: str) -> set[Path]:
+    start = tuple(entrypoint.split("."))
+    if start[0] != "data":
+        raise ValueError(f"an entrypoint is a path under data, not {entrypoint!r}")
+    reached: set[Path] = set()
+    pending = [start[1:]]
+    while pending:
+        target = pending.pop()
+        for name, package in packages.items():
+            if name not in reached and _reaches(target, name, package):
+                reached.add(name)
+                pending.extend(package.refers)
+    return reached
+
+
+def _reaches(target: Path, name: Path, package: _Package) -> bool:
+    """Whether a reference to data.<target> can read anything package <name> defines."""
+    if target[:len(name)] != name:
+        return name[:len(target)] == target  # the package lies under what the reference names whole
+    if len(target) == len(name):
+        return True
+    return target[len(name)] in package.rules or None in package.rules
+
+
+def _package_path(package: object) -> Path:
+    """`package a.b` as ("a", "b"): its reference's root name, then its static keys."""
+    node = package.get("refr") if isinstance(package, dict) else None
+    keys: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        (kind, body), = node.items()
+        if kind == "Var":
+            return (body.get("value"), *reversed(keys))
+        key = body["field"][1] if kind == "RefDot" else (body.get("index") or {}).get("String", {}).get("value")
+        if not isinstance(key, str):
+            break
+        keys.append(key)
+        node = body["refr"]
+    raise ValueError("a module's package is not a plain path")
+
+
+def _rule_name(rule: Mapping) -> str | None:
+    """The first name of a rule's head (`deny` of `deny contains x`, `a` of `a.b := 1`); None when
+    the head is of a shape this does not know (such a package is reached by any of its paths)."""
+    if "Default" in rule:
+        head = rule["Default"].get("refr")
+    elif "Spec" in rule:
+        kinds = list(rule["Spec"].get("head", {}).values())  # {Compr|Set|Func: {refr, ...}}
+        head = kinds[0].get("refr") if len(kinds) == 1 and isinstance(kinds[0], dict) else None
+    else:
+        return None
+    while isinstance(head, dict) and len(head) == 1:
+        (kind, body), = head.items()
+        if kind == "Var":
+            value = body.get("value")
+            return value if isinstance(value, str) else None
+        if kind not in _REFS:
+            return None
+        head = body.get("refr")
+    return None
+
+
+def _walk(node: object, paths: set[Path], calls: set[str], refers: set[Path]) -> None:
     if isinstance(node, list):
         for item in node:
-            _walk(item, paths, calls)
+            _walk(item, paths, calls, refers)
         return
     if not isinstance(node, dict):
         return
     if len(node) == 1:
         (kind, body), = node.items()
         if kind in _REFS or kind == "Var":
-            _reference(node, paths, calls)
+            _reference(node, paths, calls, refers)
             return
         if kind == "Call" and isinstance(body, dict):
-            _call(body, paths, calls)
+            _call(body, paths, calls, refers)
             return
     for key, value in node.items():
         if key == "with_mods":
             for modifier in value or ():
                 target = modifier.get("refr")
                 if _input_path(target) is None:
-                    _walk(target, paths, calls)
-                _walk(modifier.get("as"), paths, calls)
+                    _walk(target, paths, calls, refers)
+                _walk(modifier.get("as"), paths, calls, refers)
         elif key not in ("span", "field"):
-            _walk(value, paths, calls)
+            _walk(value, paths, calls, refers)
 
 
-def _reference(node: dict, paths: set[Path], calls: set[str]) -> None:
-    """A reference: its static input path is read; its computed indexes are walked as expressions."""
+def _reference(node: dict, paths: set[Path], calls: set[str], refers: set[Path]) -> None:
+    """A reference: its static input path is read, its static data path recorded; its computed
+    indexes are walked as expressions."""
     path = _input_path(node)
     if path is not None:
         paths.add(path)
+    target = _data_path(node)
+    if target is not None:
+        refers.add(target)
     while True:
         (kind, body), = node.items()
         if kind == "RefBrack":
-            _walk(body.get("index"), paths, calls)
+            _walk(body.get("index"), paths, calls, refers)
         if kind not in _REFS:
             return
         node = body["refr"]
 
 
-def _call(call: dict, paths: set[Path], calls: set[str]) -> None:
+def _call(call: dict, paths: set[Path], calls: set[str], refers: set[Path]) -> None:
     name = _dotted(call.get("fcn"))
     if name is not None:
         calls.add(name)
+        if name.startswith("data."):  # another package's function (the package's own, and builtins, are not)
+            refers.add(tuple(name.split(".")[1:]))
     params = call.get("params") or []
     if name == "object.get" and len(params) == 3:
         base, key = _input_path(params[0]), _literal_path(params[1])
         if base is not None and key is not None:
             paths.add(base + key)
-            _walk(params[2], paths, calls)
+            _walk(params[2], paths, calls, refers)
             return
-    _walk(params, paths, calls)
+    _walk(params, paths, calls, refers)
 
 
 def _input_path(node: object) -> Path | None:
     """The static path of a reference rooted at `input` (None if it is not rooted there)."""
+    return _rooted_path("input", node)
+
+
+def _data_path(node: object) -> Path | None:
+    """The static path of a reference rooted at `data` (None if it is not rooted there)."""
+    return _rooted_path("data", node)
+
+
+def _rooted_path(root: str, node: object) -> Path | None:
     keys: list[str] = []
     while isinstance(node, dict) and len(node) == 1:
         (kind, body), = node.items()
         if kind == "Var":
-            return tuple(reversed(keys)) if body.get("value") == "input" else None
+            return tuple(reversed(keys)) if body.get("value") == root else None
         if kind == "RefDot":
             keys.append(body["field"][1])
         elif kind == "RefBrack":

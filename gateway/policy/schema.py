@@ -6,12 +6,12 @@ Anything missing, unknown or out of range is a policy error, and policy errors d
 from collections.abc import Callable
 from typing import Annotated, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from engine import MAX_PUBLIC_SEGMENTS
 from gateway.policy.exceptions import DecisionSchemaError
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")  # what a validation returns: a model, or a list of reasons
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 MAX_SEGMENT_TOKENS = 1 << 20
@@ -212,3 +212,26 @@ def parse_tools_decision(document: str | bytes) -> ToolsDecision:
 
 def validate_tools_decision(document: object) -> ToolsDecision:
     return _checked(lambda: ToolsDecision.model_validate(document, strict=True))
+
+
+_DENIALS = TypeAdapter(list[str])
+
+
+def parse_argument_denials(document: str | bytes) -> list[str]:
+    """data.tenantgate.tools.arguments.denials given as JSON: reasons (a set in Rego, so an array)."""
+    return _checked(lambda: _DENIALS.validate_json(document))
+
+
+def validate_argument_denials(document: object) -> list[str]:
+    return _checked(lambda: _DENIALS.validate_python(document, strict=True))
+
+
+def with_argument_denials(decision: ToolsDecision, denials: list[str]) -> ToolsDecision:
+    """A tools/call the decision allows is still refused when its arguments are: then it is a denial
+    like any other (no budget, nothing logged), with the arguments' reasons (docs/policy-reference.md,
+    "Tools decision")."""
+    if not decision.allow or not denials:
+        return decision
+    return ToolsDecision(allow=False, reasons=sorted(denials), listed=[],
+                         tool=ToolBudget(calls_per_minute=0, concurrency=0, max_result_bytes=0, cache=False),
+                         logging=ToolsLogging(content="none", redact=["/arguments", "/result"]))

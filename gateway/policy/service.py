@@ -21,10 +21,17 @@ import httpx
 from gateway.background import BackgroundTask
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.opa import DECISION_PARAMS, DECISION_PATH, TOOLS_DECISION_PATH, OpaWatch
+from gateway.policy.opa import ARGUMENTS_PATH, DECISION_PARAMS, DECISION_PATH, TOOLS_DECISION_PATH, OpaWatch
 from gateway.policy.prepared import PreparedPolicy, build_engine_cooperatively, checked, prepare_elsewhere
 from gateway.policy.reads import describe
-from gateway.policy.schema import Decision, ToolsDecision, validate_decision, validate_tools_decision
+from gateway.policy.schema import (
+    Decision,
+    ToolsDecision,
+    validate_argument_denials,
+    validate_decision,
+    validate_tools_decision,
+    with_argument_denials,
+)
 
 T = TypeVar("T")
 
@@ -194,11 +201,11 @@ class EmbeddedPolicy:
 
 
 def _log_reads(prepared: PreparedPolicy) -> None:
-    reads = prepared.reads
-    if not reads.cacheable:
-        logger.info("policy decisions are not cached: the policy calls %s", reads.uncacheable_because)
-    else:  # field names of the input document, never their values
-        logger.info("policy decisions are cached by what the policy reads: %s", ", ".join(describe(reads)))
+    for kind, reads in (("policy", prepared.reads), ("tools", prepared.tools_reads)):
+        if not reads.cacheable:
+            logger.info("%s decisions are not cached: the policy calls %s", kind, reads.uncacheable_because)
+        else:  # field names of the input document, never their values
+            logger.info("%s decisions are cached by what the policy reads: %s", kind, ", ".join(describe(reads)))
 
 
 class OpaPolicy:
@@ -223,7 +230,11 @@ class OpaPolicy:
 
     async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
         body = await self._ask(TOOLS_DECISION_PATH, input_document)
-        judgement = ToolsJudgement(validate_tools_decision(body["result"]), _opa_revision(body.get("provenance")))
+        decision = validate_tools_decision(body["result"])
+        if decision.allow and input_document.get("method") == "tools/call":  # then its arguments, as embedded
+            denials = validate_argument_denials((await self._ask(ARGUMENTS_PATH, input_document))["result"])
+            decision = with_argument_denials(decision, denials)
+        judgement = ToolsJudgement(decision, _opa_revision(body.get("provenance")))
         self.revision = judgement.revision
         return judgement
 

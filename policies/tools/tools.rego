@@ -3,9 +3,11 @@
 # description: |
 #   Which MCP tools a caller may list and call on which server, and with what budget: the one
 #   document the gateway asks for per tools/list and per tools/call (data.tenantgate.tools.decision).
-#   A tool is allowed only when the tenant's data allows it by name under the server, its
+#   A tool is allowed only when the tenant's data allows it by name under the server and its
 #   definition's digest is accepted (pinned in the data, or unchanged since the gateway first saw
-#   it when nothing is pinned), and, for a call, its arguments meet the data's constraints.
+#   it when nothing is pinned). A call's arguments are judged apart, by
+#   data.tenantgate.tools.arguments.denials (arguments.rego): this decision never reads them, so the
+#   gateway's decision cache keys it on the caller, server and tool alone.
 #   Default deny; every reason is safe to show the caller.
 package tenantgate.tools
 
@@ -66,21 +68,14 @@ deny contains "the method is not one this policy governs" if not _method_known
 deny contains "the tool is not allowed for this tenant" if {
 	_server
 	_call
-	not _tool_allowed(input.tool)
+	not _tool_allowed(input.tool.name)
 }
 
 deny contains "the tool's definition is not the one this tenant's policy accepts" if {
 	_server
 	_call
-	_tool_allowed(input.tool)
-	not _digest_accepted(input.tool)
-}
-
-deny contains sprintf("the argument %s is not allowed by this tenant's policy", [name]) if {
-	_call
-	_rule.arguments
-	some name, value in object.get(input.tool, "arguments", {})
-	not _argument_ok(name, value)
+	_tool_allowed(input.tool.name)
+	not _digest_accepted(input.tool.name, input.tool.digest, input.tool.recorded_digest)
 }
 
 _has_object_id if {
@@ -96,42 +91,25 @@ _token_type_known if input.principal.idtyp in {"user", "app"}
 
 _method_known if input.method in {"tools/list", "tools/call"}
 
-_tool_allowed(tool) if _server.tools[tool.name].allow == true
+_tool_allowed(name) if _server.tools[name].allow == true
 
 # Pinned digests are the only ones accepted; without pins, the definition the gateway first saw.
-_digest_accepted(tool) if tool.digest in _server.tools[tool.name].digests
+_digest_accepted(name, digest, _) if digest in _server.tools[name].digests
 
-_digest_accepted(tool) if {
-	not _pinned(tool.name)
-	tool.digest == tool.recorded_digest
+_digest_accepted(name, digest, recorded) if {
+	not _pinned(name)
+	digest == recorded
 }
 
 _pinned(name) if _server.tools[name].digests
-
-_argument_ok(name, value) if {
-	constraint := _rule.arguments[name]
-	_enum_ok(constraint, value)
-	_length_ok(constraint, value)
-}
-
-_enum_ok(constraint, _) if not constraint.enum
-
-_enum_ok(constraint, value) if value in constraint.enum
-
-_length_ok(constraint, _) if not constraint.max_length
-
-_length_ok(constraint, value) if {
-	is_string(value)
-	count(value) <= constraint.max_length
-}
 
 # METADATA
 # description: The tools a tools/list shows; a denied tool, or one whose definition is not accepted, is withheld.
 listed contains tool.name if {
 	input.method == "tools/list"
 	some tool in input.tools
-	_tool_allowed(tool)
-	_digest_accepted(tool)
+	_tool_allowed(tool.name)
+	_digest_accepted(tool.name, tool.digest, tool.recorded_digest)
 }
 
 # A call's budget is its tool's; a listing's is the server's.

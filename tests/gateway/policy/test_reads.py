@@ -9,6 +9,7 @@ import pytest
 import regorus
 
 from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, TOOLS_ENTRYPOINT
 from gateway.policy.reads import InputReads, describe, engine_reads
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
 
@@ -149,3 +150,126 @@ def test_cached_decisions_equal_uncached_ones_over_thousands_of_inputs(seed: int
         expected = uncached.evaluate(json.loads(json.dumps(document)))
         assert served.model_dump() == expected, document
     assert hits > 500  # the comparison covered hits, not only the misses that fill the cache
+
+
+# -- what an entrypoint reaches -----------------------------------------------------------------
+
+PACKAGES = {
+    "top.rego": "package a\nimport data.a.b\nt := {\"x\": input.top, \"b\": b.r}",
+    "b.rego": "package a.b\nr := input.from_b",
+    "c.rego": "package a.c\nr := input.from_c\ns := data.a.d.r",
+    "d.rego": "package a.d\nr := input.from_d",
+    "e.rego": "package e\nr := data.a.c.r",
+}
+
+
+def entry_paths(entrypoint: str, modules: dict[str, str] = PACKAGES) -> set[str]:
+    engine = regorus.Engine()
+    for name, text in modules.items():
+        engine.add_policy(name, text)
+    return set(describe(engine_reads(engine, entrypoint)))
+
+
+def test_an_entrypoint_reads_through_its_package_and_those_it_refers_to() -> None:
+    assert entry_paths("data.a.t") == {"input.top", "input.from_b"}  # a's rule t; a imports a.b
+    assert entry_paths("data.a.c.r") == {"input.from_c", "input.from_d"}  # c refers to a.d
+    assert entry_paths("data.e.r") == {"input.from_c", "input.from_d"}
+    assert entry_paths("data.a.b.r") == {"input.from_b"}  # a has no rule b: the package a.b alone
+
+
+def test_a_reference_to_a_package_above_reaches_everything_under_it() -> None:
+    above = {**PACKAGES, "f.rego": "package f\nr := data.a"}
+    assert entry_paths("data.f.r", above) == {"input.top", "input.from_b", "input.from_c", "input.from_d"}
+    whole = {**PACKAGES, "g.rego": "package g\nr := data[input.k]"}
+    assert entry_paths("data.g.r", whole) == {"input.k", "input.top", "input.from_b", "input.from_c",
+                                              "input.from_d"}
+
+
+def test_a_function_of_another_package_is_a_reference_to_it() -> None:
+    modules = {"h.rego": "package h\nf(x) := x + input.from_h", "i.rego": "package i\nr := data.h.f(1)"}
+    assert entry_paths("data.i.r", modules) == {"input.from_h"}
+
+
+def test_an_entrypoint_no_package_defines_reads_what_all_of_them_read() -> None:
+    assert entry_paths("data.nowhere.r") == entry_paths("data.a.t") | {"input.from_c", "input.from_d"}
+
+
+def test_the_shipped_tools_decision_reads_no_arguments_and_the_request_decision_no_tools() -> None:
+    evaluator = EmbeddedEvaluator(POLICY_DIR)
+    tools = set(describe(evaluator.tools_reads))
+    assert {"input.tool.name", "input.tool.digest", "input.tool.recorded_digest", "input.server"} <= tools
+    assert not any(path.startswith(("input.tool.arguments", "input.request")) for path in tools)
+    assert "input.tool" not in tools
+    request = describe(evaluator.reads)
+    assert not any(path.startswith(("input.tool", "input.server", "input.method")) for path in request)
+
+
+# -- the tools decision, cached ----------------------------------------------------------------
+
+NORTHWIND = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"
+DIGESTS = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
+
+
+def _random_tools_input(rng: random.Random) -> dict:
+    principal = {"tenant_id": rng.choice([NORTHWIND, "8d4e2b10-7c6f-4a91-b3d5-e6f708192a3b", "nobody"]),
+                 "object_id": rng.choice(["o1", "o2", ""]), "app_id": rng.choice(["a", "b"]),
+                 "idtyp": rng.choice(["user", "app", "robot"]),
+                 "scopes": rng.choice([["Tools.Invoke"], ["Inference.Invoke"], []]),
+                 "roles": rng.choice([[], ["Tools.Invoke.All"]]), "iat": rng.choice([1, 2])}
+    if rng.random() < 0.6:  # a caller who may use tools, so that most calls reach their arguments
+        principal.update(tenant_id=NORTHWIND, object_id="o1", idtyp="user", scopes=["Tools.Invoke"])
+    server = rng.choice(["devtools", "devtools", "elsewhere"])
+    if rng.random() < 0.2:
+        tools = [{"name": name, "digest": rng.choice(DIGESTS), "recorded_digest": rng.choice(DIGESTS)}
+                 for name in rng.sample(["echo", "word_count", "delete_repository", "other"], 3)]
+        return {"principal": principal, "server": server, "method": rng.choice(["tools/list", "x/y"]),
+                "tools": tools}
+    arguments = rng.choice([{}, {"text": "hi"}, {"text": "x" * rng.choice([5, 2000, 2001])}, {"text": 7},
+                            {"text": "hi", "path": "/etc"}, {"name": rng.choice(["a", "b"])}])
+    tool = {"name": rng.choice(["echo", "word_count", "delete_repository", "other"]),
+            "digest": rng.choice(DIGESTS), "recorded_digest": rng.choice(DIGESTS), "arguments": arguments}
+    return {"principal": principal, "server": server, "method": "tools/call", "tool": tool}
+
+
+def _uncached_tools_decision(evaluator: EmbeddedEvaluator, document: dict) -> dict:
+    """The reference: both entrypoints evaluated afresh on the whole input, combined as the contract says."""
+    decision = evaluator.evaluate(document, TOOLS_ENTRYPOINT)
+    if decision["allow"] and document["method"] == "tools/call":
+        denials = evaluator.evaluate(document, ARGUMENTS_ENTRYPOINT)
+        if denials:
+            return {"allow": False, "reasons": sorted(denials), "listed": [],
+                    "tool": {"calls_per_minute": 0, "concurrency": 0, "max_result_bytes": 0, "cache": False},
+                    "logging": {"content": "none", "redact": ["/arguments", "/result"]}}
+    return decision
+
+
+def test_cached_tools_decisions_equal_uncached_ones_over_thousands_of_inputs() -> None:
+    rng = random.Random(3)
+    cached = EmbeddedEvaluator(POLICY_DIR, cache_size=100_000)
+    uncached = EmbeddedEvaluator(POLICY_DIR)
+    hits, denied_by_arguments = 0, 0
+    for _ in range(2500):
+        document = _random_tools_input(rng)
+        before = len(cached._tools_cache)
+        served = cached.decide_tools(document)
+        hits += len(cached._tools_cache) == before
+        expected = _uncached_tools_decision(uncached, json.loads(json.dumps(document)))
+        assert served.model_dump() == expected, document
+        denied_by_arguments += any(reason.startswith("the argument") for reason in served.reasons)
+    assert hits > 1000 and denied_by_arguments > 40, (hits, denied_by_arguments)  # 1203 and 60 with seed 3
+
+
+def test_a_call_that_differs_only_in_its_arguments_hits_the_tools_cache() -> None:
+    cached = EmbeddedEvaluator(POLICY_DIR, cache_size=64)
+    call = {"principal": {"tenant_id": NORTHWIND, "object_id": "o1", "idtyp": "user", "scopes": ["Tools.Invoke"],
+                          "roles": []},
+            "server": "devtools", "method": "tools/call",
+            "tool": {"name": "echo", "digest": DIGESTS[0], "recorded_digest": DIGESTS[0], "arguments": {"text": "a"}}}
+    first = cached.decide_tools(call)
+    other = copy.deepcopy(call)
+    other["tool"]["arguments"] = {"text": "b"}
+    assert cached.decide_tools(other) is first and len(cached._tools_cache) == 1
+    other["tool"]["arguments"] = {"text": "x" * 2001}  # the cached decision, then the arguments' denial
+    assert cached.decide_tools(other).reasons == ["the argument text is not allowed by this tenant's policy"]
+    other["tool"]["name"] = "word_count"
+    assert cached.decide_tools(other) is not first and len(cached._tools_cache) == 2

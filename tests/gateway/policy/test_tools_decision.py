@@ -10,8 +10,8 @@ import pytest
 
 from gateway.policy import DecisionSchemaError
 from gateway.policy.evaluator import EmbeddedEvaluator
-from gateway.policy.loader import TOOLS_ENTRYPOINT, rego_files
-from gateway.policy.opa import TOOLS_DECISION_PATH
+from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, TOOLS_ENTRYPOINT, rego_files
+from gateway.policy.opa import ARGUMENTS_PATH, TOOLS_DECISION_PATH
 from gateway.policy.schema import parse_tools_decision, validate_tools_decision
 from gateway.policy.service import EmbeddedPolicy, OpaPolicy
 from tests.gateway.policy.conftest import POLICY_DIR
@@ -108,17 +108,19 @@ def test_parity_tools_decisions_identical_in_regorus_and_opa(opa_server_factory,
     differences = []
     with httpx.Client(base_url=server.url, timeout=5) as client:
         for name, document in sorted(INPUTS.items()):
-            ours = embedded.evaluate(document, TOOLS_ENTRYPOINT)
-            theirs = client.post(TOOLS_DECISION_PATH, json={"input": document}).json()["result"]
-            if ours != theirs:
-                differences.append(f"{name}: regorus={ours} opa={theirs}")
+            for entrypoint, path in ((TOOLS_ENTRYPOINT, TOOLS_DECISION_PATH), (ARGUMENTS_ENTRYPOINT, ARGUMENTS_PATH)):
+                ours = embedded.evaluate(document, entrypoint)
+                theirs = client.post(path, json={"input": document}).json()["result"]
+                if ours != theirs:
+                    differences.append(f"{name}, {entrypoint}: regorus={ours} opa={theirs}")
     assert not differences, "\n".join(differences)
 
-    async def through_the_service() -> bool:
-        policy = OpaPolicy(server.url)
+    async def through_the_services() -> list[str]:
+        opa, local = OpaPolicy(server.url), EmbeddedPolicy(POLICY_DIR, cache_size=64)
         try:
-            return (await policy.decide_tools(INPUTS["call_echo"])).decision.allow
+            return [name for name, document in sorted(INPUTS.items())
+                    if (await opa.decide_tools(document)).decision != (await local.decide_tools(document)).decision]
         finally:
-            await policy.aclose()
+            await opa.aclose()
 
-    assert asyncio.run(through_the_service())
+    assert asyncio.run(through_the_services()) == []  # both judge the arguments after the decision alike
