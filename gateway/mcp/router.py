@@ -81,13 +81,12 @@ async def protected_resource_metadata(server: str, request: Request) -> Response
 
 async def _principal(request: Request, server: str) -> Principal | Response:
     """The verified caller, or the 401/403/503 that ends the request."""
-    metadata = _metadata_url(request, server)
     header = request.headers.get("authorization")
     scheme, _, token = (header or "").partition(" ")
     if not header or scheme.lower() != "bearer" or not token.strip():
         return _rpc_error(JsonRpcError(UNAUTHORIZED, "an Authorization: Bearer <Entra ID access token> header "
                                        "is required", status=401, headers={
-            "WWW-Authenticate": f'Bearer realm="tenantgate", resource_metadata="{metadata}"'}))
+            "WWW-Authenticate": f'Bearer realm="tenantgate", resource_metadata="{_metadata_url(request, server)}"'}))
     gateway = request.app.state.gateway
     try:
         principal = await gateway.verifier.verify(token.strip())
@@ -99,7 +98,8 @@ async def _principal(request: Request, server: str) -> Principal | Response:
         gateway.metrics.auth_failures.labels(exc.code).inc()
         return _rpc_error(JsonRpcError(UNAUTHORIZED, "the access token is invalid or is not accepted by this "
                                        "service", status=401, headers={
-            "WWW-Authenticate": f'Bearer realm="tenantgate", error="invalid_token", resource_metadata="{metadata}"'}))
+            "WWW-Authenticate": f'Bearer realm="tenantgate", error="invalid_token", '
+                                f'resource_metadata="{_metadata_url(request, server)}"'}))
     if principal.idtyp == "app":
         allowed = REQUIRED_APP_ROLE in principal.roles
     else:
@@ -109,7 +109,7 @@ async def _principal(request: Request, server: str) -> Principal | Response:
         return _rpc_error(JsonRpcError(UNAUTHORIZED, f"the token lacks the permission to use tools ({scope})",
                                        status=403, headers={
             "WWW-Authenticate": f'Bearer realm="tenantgate", error="insufficient_scope", scope="{scope}", '
-                                f'resource_metadata="{metadata}"'}))
+                                f'resource_metadata="{_metadata_url(request, server)}"'}))
     return principal
 
 

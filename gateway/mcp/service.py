@@ -188,13 +188,14 @@ class McpService:
                                "retry shortly", status=503, headers={"Retry-After": "2"}) from None
 
     async def _admit(self, principal: Principal, server_name: str, tool: str | None,
-                     decision: ToolsDecision) -> Ticket:
-        digests = self.audit.principal_digests(principal)
+                     decision: ToolsDecision, principal_digest: str | None = None) -> Ticket:
+        """A ticket under the tool's budget; principal_digest: the caller's, when the record has it already."""
+        principal_digest = principal_digest or self.audit.principal_digests(principal)["principal"]
         budget = decision.tool
         # A budget key of its own per tenant, server and tool (the listing's: tool None), keyed like the
         # tenant's own keys so that no id appears in the quota store.
         key = self.audit.digest(f"mcp:{principal.tenant_id}:{server_name}:{tool or ''}")
-        admission = Admission(tenant=key, principal=digests["principal"], request_id=uuid.uuid4().hex, tokens=0,
+        admission = Admission(tenant=key, principal=principal_digest, request_id=uuid.uuid4().hex, tokens=0,
                               requests_per_minute=budget.calls_per_minute, tokens_per_minute=1,
                               principal_requests_per_minute=budget.calls_per_minute, principal_tokens_per_minute=1,
                               concurrent_requests=budget.concurrency)
@@ -305,7 +306,7 @@ class McpService:
         record["decision"] = {"allow": decision.allow, "reasons": decision.reasons}
         if not decision.allow:
             raise _denied(decision)
-        ticket = await self._admit(principal, server_name, tool.name, decision)
+        ticket = await self._admit(principal, server_name, tool.name, decision, record["principal"])
         try:
             try:
                 result, size = await server.upstream.request(
