@@ -183,6 +183,7 @@ async def judge(gateway: Gateway, exchange: Exchange, document: dict) -> Judgeme
             "tenantgate.decision.cache_scope": decision.cache.scope,
             "tenantgate.decision.isolation": decision.batching.isolation,
             "tenantgate.decision.deterministic": decision.batching.deterministic,
+            "tenantgate.decision.speculative": decision.batching.speculative,
             "tenantgate.decision.logging": decision.logging.content,
         })
     exchange.decision = "allow" if judgement.decision.allow else "deny"
@@ -392,7 +393,8 @@ def trace_request(trace: RequestTrace, gateway: Gateway, ask: Ask, decision_id: 
 def decision_summary(decision: Decision) -> dict:
     return {"allow": decision.allow, "reasons": decision.reasons, "cache_scope": decision.cache.scope,
             "isolation": decision.batching.isolation, "deterministic": decision.batching.deterministic,
-            "logging": decision.logging.content, "special_tokens": decision.prompt.special_tokens,
+            "speculative": decision.batching.speculative, "logging": decision.logging.content,
+            "special_tokens": decision.prompt.special_tokens,
             "max_tokens": decision.limits.max_tokens}
 
 

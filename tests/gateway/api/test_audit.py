@@ -21,6 +21,7 @@ def test_a_completed_request_is_recorded_with_the_engines_x_record(gateway) -> N
     record = _record(gateway, completion.id)
     assert record["policy_revision"] == gateway.state.policy.revision
     assert record["decision"]["allow"] is True and record["decision"]["cache_scope"] == "tenant"
+    assert record["decision"]["speculative"] is True  # the default: operators see where the engine may speculate
     assert record["usage"]["completion_tokens"] == completion.usage.completion_tokens
     assert record["engine"]["output_tokens"] == completion.usage.completion_tokens
     assert record["engine"]["model_fingerprint"] == gateway.engine.fingerprint
