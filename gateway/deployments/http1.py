@@ -255,13 +255,21 @@ class Response:
 
     async def aiter_lines(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[str]:
         """The body's lines as text, without their line ends (\\n or \\r\\n); deadline as aiter_bytes'."""
+        async for lines in self.aiter_line_lists(deadline):
+            for line in lines:
+                yield line
+
+    async def aiter_line_lists(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[list[str]]:
+        """aiter_lines' lines, in one list per piece of the body that completes any: a reader of many
+        short lines (an event stream, two lines per event) resumes once per socket read, not per line."""
         pending = b""
         async for piece in self.aiter_bytes(deadline):
-            *lines, pending = (pending + piece).split(b"\n")
-            for line in lines:
-                yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+            # A line break is never part of a multi-byte UTF-8 sequence: the complete lines decode as one text.
+            complete, newline, pending = (pending + piece).rpartition(b"\n")
+            if newline:
+                yield [line.removesuffix("\r") for line in complete.decode("utf-8", errors="replace").split("\n")]
         if pending:
-            yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+            yield [pending.removesuffix(b"\r").decode("utf-8", errors="replace")]
 
     async def aclose(self) -> None:
         if self._released:
