@@ -67,6 +67,18 @@ def _error_message(raw: bytes, status: int) -> tuple[str, str | None, str | None
     return message, param if isinstance(param, str) else None, code
 
 
+_decode = json.JSONDecoder().raw_decode
+
+
+def _chunk(data: str) -> object:
+    """json.loads(data) for a stripped `data:` payload, without loads' two whitespace scans (a
+    stripped payload has no whitespace around it); ValueError for what loads refuses."""
+    event, end = _decode(data)
+    if end != len(data):
+        raise ValueError("extra data after the chunk")
+    return event
+
+
 def _usage(event: dict) -> tuple[int, int, int] | None:
     usage = event.get("usage")
     if not isinstance(usage, dict):
@@ -197,7 +209,7 @@ class OpenAIUpstream:
                     if data == "[DONE]":
                         done = True
                         break
-                    event = json.loads(data)
+                    event = _chunk(data)
                     if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
                         raise self._unavailable("sent an error in its stream")
                     usage = _usage(event) or usage
