@@ -117,9 +117,11 @@ def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | 
         calls = []
         if route == "chat.completions":
             delta = choice.get("delta" if streamed else "message")
-            text = delta.get("content") if isinstance(delta, dict) else None
-            listed = delta.get("tool_calls") if isinstance(delta, dict) else None
-            calls = [c for c in map(tool_call_fields, listed if isinstance(listed, list) else []) if c]
+            if not isinstance(delta, dict):
+                delta = {}
+            text, listed = delta.get("content"), delta.get("tool_calls")
+            if listed and isinstance(listed, list):
+                calls = [c for c in map(tool_call_fields, listed) if c]
         else:
             text = choice.get("text")
         reason = choice.get("finish_reason")
