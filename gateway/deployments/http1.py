@@ -238,14 +238,14 @@ class Response:
             raise Interrupted("an interim (1xx) response is not supported")
 
     async def aiter_bytes(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[bytes]:
-        """The body's pieces as they come. deadline: called before each read from the socket, the
+        """The body as it comes, one bytes per read from the socket (an event stream's chunks, each a
+        piece to the parser, are joined). deadline: called before each read from the socket, the
         loop time by which that read must have data, or TimeoutError (one timer per read, not per
         piece or line: a fast upstream's whole stream is often one read)."""
         while True:
             if self._pieces:
                 pieces, self._pieces = self._pieces, []
-                for piece in pieces:
-                    yield piece
+                yield b"".join(pieces)
             if self._done:
                 return
             await self._feed(deadline)
@@ -255,13 +255,21 @@ class Response:
 
     async def aiter_lines(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[str]:
         """The body's lines as text, without their line ends (\\n or \\r\\n); deadline as aiter_bytes'."""
+        async for lines in self.aiter_line_lists(deadline):
+            for line in lines:
+                yield line
+
+    async def aiter_line_lists(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[list[str]]:
+        """aiter_lines' lines, in one list per read that completes any: a reader of many short lines
+        (an event stream, two lines per event) resumes once per socket read, not per line."""
         pending = b""
         async for piece in self.aiter_bytes(deadline):
-            *lines, pending = (pending + piece).split(b"\n")
-            for line in lines:
-                yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+            # A line break is never part of a multi-byte UTF-8 sequence: the complete lines decode as one text.
+            complete, newline, pending = (pending + piece).rpartition(b"\n")
+            if newline:
+                yield [line.removesuffix("\r") for line in complete.decode("utf-8", errors="replace").split("\n")]
         if pending:
-            yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+            yield [pending.removesuffix(b"\r").decode("utf-8", errors="replace")]
 
     async def aclose(self) -> None:
         if self._released:

@@ -67,6 +67,18 @@ def _error_message(raw: bytes, status: int) -> tuple[str, str | None, str | None
     return message, param if isinstance(param, str) else None, code
 
 
+_decode = json.JSONDecoder().raw_decode
+
+
+def _chunk(data: str) -> object:
+    """json.loads(data) for a stripped `data:` payload, without loads' two whitespace scans (a
+    stripped payload has no whitespace around it); ValueError for what loads refuses."""
+    event, end = _decode(data)
+    if end != len(data):
+        raise ValueError("extra data after the chunk")
+    return event
+
+
 def _usage(event: dict) -> tuple[int, int, int] | None:
     usage = event.get("usage")
     if not isinstance(usage, dict):
@@ -105,9 +117,11 @@ def _choice(event: dict, route: str, streamed: bool = True) -> tuple[str, str | 
         calls = []
         if route == "chat.completions":
             delta = choice.get("delta" if streamed else "message")
-            text = delta.get("content") if isinstance(delta, dict) else None
-            listed = delta.get("tool_calls") if isinstance(delta, dict) else None
-            calls = [c for c in map(tool_call_fields, listed if isinstance(listed, list) else []) if c]
+            if not isinstance(delta, dict):
+                delta = {}
+            text, listed = delta.get("content"), delta.get("tool_calls")
+            if listed and isinstance(listed, list):
+                calls = [c for c in map(tool_call_fields, listed) if c]
         else:
             text = choice.get("text")
         reason = choice.get("finish_reason")
@@ -185,24 +199,30 @@ class OpenAIUpstream:
                                      finish_reason=finish_reason, usage_reported=usage is not None,
                                      tool_calls=calls)
                 return
-            # The idle deadline is taken whenever the reader must wait for the socket, not per line.
-            lines = response.aiter_lines(lambda: self._next_line_deadline(whole, None if outputs else first))
-            async for line in lines:
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments (": ping"), event names
-                data = line.removeprefix("data:").strip()
-                if data == "[DONE]":
-                    await self._drain(lines)
+            # The idle deadline is taken whenever the reader must wait for the socket, not per line;
+            # the lines come in one list per read, so a fast upstream's stream costs a resumption or two.
+            reads = response.aiter_line_lists(lambda: self._next_line_deadline(whole, None if outputs else first))
+            done = False
+            async for lines in reads:
+                for line in lines:
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments (": ping"), event names
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    event = _chunk(data)
+                    if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
+                        raise self._unavailable("sent an error in its stream")
+                    usage = _usage(event) or usage
+                    text, reason, calls = _choice(event, call.route) if "choices" in event else ("", None, [])
+                    finish_reason = reason or finish_reason
+                    if text or calls:
+                        outputs += 1
+                        yield UpstreamOutput(call.request_id, [], text, 0, outputs, tool_calls=calls)
+                if done:
+                    await self._drain(reads)
                     break
-                event = json.loads(data)
-                if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
-                    raise self._unavailable("sent an error in its stream")
-                usage = _usage(event) or usage
-                text, reason, calls = _choice(event, call.route) if "choices" in event else ("", None, [])
-                finish_reason = reason or finish_reason
-                if text or calls:
-                    outputs += 1
-                    yield UpstreamOutput(call.request_id, [], text, 0, outputs, tool_calls=calls)
         except TimeoutError:
             if not outputs:
                 raise self._unavailable("timed out before its first token") from None
@@ -229,12 +249,12 @@ class OpenAIUpstream:
         return min(whole, asyncio.get_running_loop().time() + self.deployment.idle_timeout_s)
 
     @staticmethod
-    async def _drain(lines: AsyncIterator[str]) -> None:
+    async def _drain(reads: AsyncIterator[list[str]]) -> None:
         """Reads what follows [DONE] for up to DONE_GRACE_S (a body that ends hands its connection
         back to the pool); a body held open past it is left, and closing it closes the connection."""
         try:
             async with asyncio.timeout(DONE_GRACE_S):
-                async for _ in lines:
+                async for _ in reads:
                     pass
         except (TimeoutError, HttpError):
             pass

@@ -13,7 +13,15 @@ from engine import RequestOutput
 from gateway.deployments.base import UpstreamOutput
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.tools import AutoCalls, NamedToolChoice, new_call_id, parse_calls
-from gateway.openai.responder import Renderer, chat_logprobs, finish_reason, joined_by_choice, system_fingerprint, usage
+from gateway.openai.responder import (
+    Renderer,
+    chat_logprobs,
+    finish_reason,
+    joined_by_choice,
+    json_bytes,
+    system_fingerprint,
+    usage,
+)
 from gateway.pipeline.run import Run
 
 
@@ -46,6 +54,9 @@ class ChatRenderer(Renderer):
         self.reader = AutoCalls(self.tools, body.parallel_calls) if body.reads_calls_as_generated else None
         self.call_id, self.opened = new_call_id(), False  # a named function's call
         self.held: list[str] = []  # under `required`, the answer so far
+        # Text only: no tools to read or pass on, no logprobs (delta() writes a content chunk, spliced here).
+        self.plain = not self.tools and self.reader is None and token_text is None
+        self._frames: dict[int, tuple[bytes, bytes]] = {}  # by choice: _content_frame's
 
     def base(self) -> dict:
         run = self.run
@@ -61,6 +72,27 @@ class ChatRenderer(Renderer):
             {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             for index in range(self.body.n)]}]
 
+    def delta_events(self, output: RequestOutput) -> bytes:
+        # A stream's most frequent event, a choice's new text, is spliced into its constant JSON.
+        if output.new_text and not output.finished and self.plain:
+            head, tail = self._content_frame(output.index)
+            return head + json_bytes(output.new_text) + tail
+        return super().delta_events(output)
+
+    def _content_frame(self, index: int) -> tuple[bytes, bytes]:
+        """The bytes around a content delta's text for choice `index`: encoded once per stream (the
+        answering target, in its system_fingerprint, never changes after the first output)."""
+        frame = self._frames.get(index)
+        if frame is None:
+            event = self.encode(self._content_chunk(index, ""))
+            head, _, tail = event.rpartition(b'"content":""')
+            frame = self._frames[index] = (head + b'"content":', tail)
+        return frame
+
+    def _content_chunk(self, index: int, text: str, logprobs: dict | None = None) -> dict:
+        return self.base() | self.extra | {"choices": [
+            {"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": logprobs}]}
+
     def delta(self, output: RequestOutput) -> list[dict]:
         if self.tools and isinstance(output, UpstreamOutput):
             return self._upstream_calls(output)
@@ -74,9 +106,7 @@ class ChatRenderer(Renderer):
         if output.new_text or output.logprobs:
             logprobs = ({"content": chat_logprobs(self.token_text, output.logprobs)}
                         if self.token_text is not None else None)
-            out.append(self.base() | self.extra | {"choices": [
-                {"index": output.index, "delta": {"content": output.new_text}, "finish_reason": None,
-                 "logprobs": logprobs}]})
+            out.append(self._content_chunk(output.index, output.new_text, logprobs))
         if output.finished:
             out.append(self.chunk({}, finish_reason(output.finish_reason), output.index))
         return out

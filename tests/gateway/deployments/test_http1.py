@@ -115,6 +115,24 @@ async def test_a_chunked_event_stream_is_read_as_lines_across_chunk_boundaries()
         await http.aclose()
 
 
+async def test_lines_read_in_lists_are_the_lines_decoded_one_by_one() -> None:
+    """aiter_line_lists decodes a read's complete lines at once: the same text, invalid UTF-8 and
+    a multi-byte character cut by a read included."""
+    body = "data: é漢🙂\r\n\r\n".encode() + b"bad \xe2\x82\r\n\xff\n\xe2\n\x82 end\r\nlast \xf0\x9f"
+    expected = [line.removesuffix(b"\r").decode("utf-8", errors="replace") for line in body.split(b"\n")]
+    for size in (1, 3, 7, len(body)):
+        pieces = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+                          for i in range(0, len(body), size))
+        answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + pieces + b"0\r\n\r\n"
+        async with Server([answer]) as server:
+            http = client()
+            response = await http.send("POST", server.url, {}, b"{}")
+            lists = [lines async for lines in response.aiter_line_lists()]
+            await response.aclose()
+            await http.aclose()
+        assert [line for lines in lists for line in lines] == expected
+
+
 async def test_failures_say_whether_the_request_may_have_been_sent() -> None:
     async with Server([]) as server:
         port = server.server.sockets[0].getsockname()[1]
