@@ -14,7 +14,8 @@
 #   requirement data of the wrong shape must deny, never require nothing.
 package tenantgate.authn
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 # Defaults rather than object.get on a tenant that may be undefined: `not` over an undefined
 # value is where engines part ways, so every value read below is defined.

@@ -8,7 +8,10 @@
 #   budget, not a context window.
 package tenantgate.limits
 
-_limits := data.tenants[input.principal.tenant_id].limits
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
+
+_limits := _tenant.limits
 
 _prompt_tokens := object.get(input.request, "prompt_tokens", 0)
 
