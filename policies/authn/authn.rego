@@ -14,7 +14,8 @@
 #   requirement data of the wrong shape must deny, never require nothing.
 package tenantgate.authn
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 # Defaults rather than object.get on a tenant that may be undefined: `not` over an undefined
 # value is where engines part ways, so every value read below is defined.
@@ -59,7 +60,11 @@ _well_formed(requirement) if {
 
 # METADATA
 # description: Every authentication context the request needs, sorted.
-contexts := sort({context |
+contexts := [] if {
+	# Most tenants need nothing: answered before _applicable and _malformed, which cost regorus
+	# some microseconds per rule body evaluated, even when they find nothing.
+	_requirements == {}
+} else := sort({context |
 	some requirement in _applicable
 	_well_formed(requirement)
 	some context in object.get(requirement, "contexts", [])
@@ -89,7 +94,9 @@ _ages := {age |
 
 # METADATA
 # description: The oldest sign-in (seconds since auth_time) the request accepts; 0 for any.
-max_age_s := min(_ages) if {
+max_age_s := 0 if {
+	_requirements == {}
+} else := min(_ages) if {
 	not _malformed
 	count(_ages) > 0
 } else := 0 if not _malformed
@@ -98,13 +105,19 @@ max_age_s := min(_ages) if {
 # description: Whether the tenant's data revokes this token.
 default revoked := false
 
-revoked if _principal_revoked
-
-revoked if _session_revoked
-
-revoked if _issued_before_cutoff
-
-revoked if _revocations_malformed
+# One rule with an else chain rather than four rules: regorus pays some microseconds for every
+# rule body it evaluates, and most tenants revoke nothing, which the first branch answers alone.
+revoked := false if {
+	_revocations == {}
+} else if {
+	_principal_revoked
+} else if {
+	_session_revoked
+} else if {
+	_issued_before_cutoff
+} else if {
+	_revocations_malformed
+}
 
 _principal_revoked if input.principal.object_id in _list(_revocations, "principals")
 
@@ -144,12 +157,13 @@ _list(document, name) := value if {
 #   capability (xms_cc). Others get a 403 or a 401 instead, as Entra requires.
 default challenge := false
 
-challenge if "cp1" in _xms_cc
-
-_xms_cc := value if {
-	value := object.get(input.principal, "xms_cc", [])
-	is_array(value)
-} else := []
+# The token's xms_cc read in the one body rather than through a helper rule (one rule fewer to
+# evaluate); object.get on the one member keeps the decision cache keyed on xms_cc alone.
+challenge if {
+	xms_cc := object.get(input.principal, "xms_cc", [])
+	is_array(xms_cc)
+	"cp1" in xms_cc
+}
 
 deny contains "the caller's token has been revoked" if revoked
 

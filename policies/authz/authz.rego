@@ -6,6 +6,9 @@
 #   another tenant.
 package tenantgate.authz
 
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
+
 # METADATA
 # description: The delegated permission a user (delegated) token must carry.
 required_scope := "Inference.Invoke"
@@ -17,8 +20,6 @@ required_app_role := "Inference.Invoke.All"
 # METADATA
 # description: Data classifications the gateway understands; anything else is denied.
 classifications := {"public", "internal", "confidential", "restricted"}
-
-_tenant := data.tenants[input.principal.tenant_id]
 
 deny contains "the caller's tenant is not registered with this gateway" if not _tenant
 

@@ -6,7 +6,8 @@
 #   speculate on it (draft tokens from its own context, verified in one step).
 package tenantgate.batching
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 default isolation := "exclusive"
 

@@ -13,7 +13,8 @@
 #   shares everything already, none shares nothing).
 package tenantgate.cache
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 _classification := input.request.data_classification
 

@@ -8,7 +8,8 @@
 #   label a tenant by its keyed digest unless its data allows its name.
 package tenantgate.logging
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 # METADATA
 # description: Pointers removed from every record, whatever the tenant says.

@@ -8,7 +8,8 @@
 #   Chat messages are always plain text; only the chat template writes control tokens.
 package tenantgate.prompt
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 default special_tokens := false
 

@@ -6,7 +6,8 @@
 #   turns it on; restricted data is never stored. Only the responses route stores.
 package tenantgate.responses
 
-_tenant := data.tenants[input.principal.tenant_id]
+# The caller's tenant record, shared by the decision's packages (policies/tenant).
+import data.tenantgate.tenant.record as _tenant
 
 default store := false
 

@@ -77,21 +77,8 @@ _allowed := {
 	"prompt": {"special_tokens": prompt.special_tokens},
 	"responses": {"store": responses.store, "retention_days": responses.retention_days},
 	"authentication": _authentication,
-	"limits": {
-		"max_tokens": limits.max_tokens,
-		"max_context_tokens": limits.max_context_tokens,
-		"tokens_per_minute": limits.tokens_per_minute,
-		"requests_per_minute": limits.requests_per_minute,
-		"kv_blocks": limits.kv_blocks,
-		"priority": limits.priority,
-		"principal_requests_per_minute": limits.principal_requests_per_minute,
-		"principal_tokens_per_minute": limits.principal_tokens_per_minute,
-		"concurrent_requests": limits.concurrent_requests,
-		"max_choices": limits.max_choices,
-		"fail_open": limits.fail_open,
-		"max_schema_bytes": limits.max_schema_bytes,
-		"max_schema_depth": limits.max_schema_depth,
-	},
+	# The tenant's budgets in one rule, and the request's max_tokens (policies/limits).
+	"limits": object.union(limits.budgets, {"max_tokens": limits.max_tokens}),
 }
 
 _denied := {

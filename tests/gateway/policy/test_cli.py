@@ -100,7 +100,7 @@ def test_check_names_the_sample_and_field(policy_copy: Path, capsys: pytest.Capt
     del document["allow_standard_app_token"]["expected"]["limits"]["priority"]
     path.write_text(json.dumps(document))
     limits = policy_copy / "limits" / "limits.rego"
-    limits.write_text(limits.read_text().replace("kv_blocks := _limits.kv_blocks", 'kv_blocks := "lots" if _limits'))
+    limits.write_text(limits.read_text().replace('"kv_blocks": tenant_limits.kv_blocks,', '"kv_blocks": "lots",'))
     assert run_cli(["policy", "check", "--dir", str(policy_copy)]) == 1
     out = capsys.readouterr().out
     assert "sample allow_standard_app_token: expected.limits.priority: Field required" in out

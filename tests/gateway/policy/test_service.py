@@ -39,7 +39,7 @@ def _add_rule_conflict(policy_dir: Path) -> None:
 
 def _break_decision_schema(policy_dir: Path) -> None:
     limits = policy_dir / "limits" / "limits.rego"
-    limits.write_text(limits.read_text().replace("kv_blocks := _limits.kv_blocks", 'kv_blocks := "lots" if _limits'))
+    limits.write_text(limits.read_text().replace('"kv_blocks": tenant_limits.kv_blocks,', '"kv_blocks": "lots",'))
 
 
 @pytest.mark.parametrize("edit", [_add_rule_conflict, _break_decision_schema])
