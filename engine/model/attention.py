@@ -106,10 +106,10 @@ def paged_attention(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     enable_gqa = q.shape[1] != num_kv_heads
 
-    out = torch.empty_like(q)
     if meta.paged is not None:
         from engine.model import triton_attention  # triton comes with CUDA builds of torch only
 
+        out = torch.empty_like(q)
         for launch in meta.paged:
             triton_attention.paged_attention(
                 q, k_cache, v_cache, out, launch.q_start, launch.q_len, launch.context_lens, launch.block_tables,
@@ -117,18 +117,15 @@ def paged_attention(
             )
         return out
     if meta.row_sizes is not None:
+        out = torch.empty_like(q)
         _invariant_attention(q, k_cache, v_cache, meta, scale, out)
         return out
+    if meta.decode_rows is not None and not meta.prefills:  # every row is a decode, in order
+        return _decode_attention(q, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
     if meta.decode_rows is not None:
-        # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
-        # faster than gathering single slots.
-        tables = cast(torch.Tensor, meta.decode_block_tables)  # set with decode_rows
-        num_seqs = tables.shape[0]
-        qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, H, 1, D]
-        kd = _gather(k_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        vd = _gather(v_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        od = _sdpa(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=enable_gqa).squeeze(2)
-        out.index_copy_(0, meta.decode_rows, od)
+        out.index_copy_(0, meta.decode_rows,
+                        _decode_attention(q.index_select(0, meta.decode_rows), k_cache, v_cache, meta, scale))
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)
@@ -139,6 +136,23 @@ def paged_attention(
         op = _sdpa(qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=enable_gqa)
         out[span.start : span.end] = op.squeeze(0).transpose(0, 1)
     return out
+
+
+def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                      scale: float) -> torch.Tensor:
+    """One query per sequence (q: [B, H, D]) over its blocks, masked past its length."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    tables = cast(torch.Tensor, meta.decode_block_tables)  # set with decode_rows
+    num_seqs = tables.shape[0]
+    # Gathering whole blocks (contiguous block_size x heads x dim runs) is several times
+    # faster than gathering single slots.
+    kd = _gather(k_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    vd = _gather(v_cache, tables).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    # In the serving dtype, not _sdpa's float32: with one query per sequence PyTorch's bfloat16
+    # kernel is the faster one (docs/engine.md, "Paged KV cache").
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=scale,
+                                         enable_gqa=q.shape[1] != num_kv_heads)
+    return out.squeeze(2)
 
 
 def _invariant_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
@@ -160,12 +174,13 @@ def _invariant_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: fl
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """scaled_dot_product_attention, computed in float32 on CPU whatever the serving dtype.
+    """scaled_dot_product_attention of a prefill chunk, computed in float32 on CPU whatever the serving dtype.
 
-    PyTorch's CPU kernel is slower in bfloat16 than in float32 (it converts block by block):
-    measured here (one thread), upcasting first halves a decode step's attention at 32 sequences and cuts a
-    256-token prefill's by a fifth. The gathered K/V are copies already, so the upcast (which
-    also makes them contiguous) costs about what the kernel's strided reads did.
+    PyTorch's CPU kernel is slower in bfloat16 than in float32 over many queries (it converts
+    block by block): upcasting first cuts a 256-token prefill's attention by a third at one thread
+    (1.5 ms against 2.3; 1,024 tokens 25 ms against 38). The gathered K/V are copies already, so
+    the upcast (which also makes them contiguous) costs about what the kernel's strided reads did.
+    Decodes (one query each) are the other way round and skip it (_decode_attention).
     """
     if q.device.type != "cpu" or q.dtype == torch.float32:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)

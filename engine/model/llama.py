@@ -15,7 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.model.attention import AttentionMetadata, paged_attention
 from engine.model.invariant import RowFn, apply_rows
-from engine.model.rope import RotaryEmbedding
+from engine.model.rope import RotaryEmbedding, apply_rotary
 
 
 class Linear(nn.Linear):
@@ -49,7 +49,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -59,22 +59,20 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
-        self.rotary = rotary
 
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],  # RotaryEmbedding.tables() of the step's positions
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = apply_rotary(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_sizes)
 
@@ -92,15 +90,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_sizes), positions, meta, kv_cache)
+    def forward(self, x, rope, meta, kv_cache):
+        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_sizes), rope, meta, kv_cache)
         return x + apply_rows(self._mlp_block, x, meta.row_sizes)
 
     def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,9 +109,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(config.rope, config.head_dim, max_positions)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_positions)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -127,8 +125,9 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, meta, kv_cache)
+            x = layer(x, rope, meta, kv_cache)
         return apply_rows(self.norm, x, meta.row_sizes)
 
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
