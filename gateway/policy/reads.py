@@ -144,19 +144,12 @@ def _reaches(target: Path, name: Path, package: _Package) -> bool:
 
 
 def _package_path(package: object) -> Path:
-    """`package a.b` as ("a", "b"): its reference's root name, then its static keys."""
-    node = package.get("refr") if isinstance(package, dict) else None
-    keys: list[str] = []
-    while isinstance(node, dict) and len(node) == 1:
-        (kind, body), = node.items()
-        if kind == "Var":
-            return (body.get("value"), *reversed(keys))
-        key = body["field"][1] if kind == "RefDot" else (body.get("index") or {}).get("String", {}).get("value")
-        if not isinstance(key, str):
-            break
-        keys.append(key)
-        node = body["refr"]
-    raise ValueError("a module's package is not a plain path")
+    """`package a.b` as ("a", "b"): its reference's root name, then its keys."""
+    found = _static_reference(package.get("refr") if isinstance(package, dict) else None)
+    if found is None or found[2]:
+        raise ValueError("a module's package is not a plain path")
+    root, keys, _ = found
+    return (root, *keys)
 
 
 def _rule_name(rule: Mapping) -> str | None:
@@ -169,15 +162,8 @@ def _rule_name(rule: Mapping) -> str | None:
         head = kinds[0].get("refr") if len(kinds) == 1 and isinstance(kinds[0], dict) else None
     else:
         return None
-    while isinstance(head, dict) and len(head) == 1:
-        (kind, body), = head.items()
-        if kind == "Var":
-            value = body.get("value")
-            return value if isinstance(value, str) else None
-        if kind not in _REFS:
-            return None
-        head = body.get("refr")
-    return None
+    found = _static_reference(head)
+    return found[0] if found is not None else None
 
 
 def _walk(node: object, paths: set[Path], calls: set[str], refers: set[Path]) -> None:
@@ -251,21 +237,30 @@ def _data_path(node: object) -> Path | None:
 
 
 def _rooted_path(root: str, node: object) -> Path | None:
+    found = _static_reference(node)
+    return found[1] if found is not None and found[0] == root else None
+
+
+def _static_reference(node: object) -> tuple[str, Path, bool] | None:
+    """A reference's root name, its static keys after the root up to the last computed or numeric
+    index (all of what is before such an index is read), and whether it had one; None for anything
+    but a plain reference (a call's result, a literal)."""
     keys: list[str] = []
+    computed = False
     while isinstance(node, dict) and len(node) == 1:
         (kind, body), = node.items()
         if kind == "Var":
-            return tuple(reversed(keys)) if body.get("value") == root else None
+            value = body.get("value")
+            return (value, tuple(reversed(keys)), computed) if isinstance(value, str) else None
         if kind == "RefDot":
             keys.append(body["field"][1])
         elif kind == "RefBrack":
             index = body.get("index") or {}
             literal = index.get("String", {}).get("value") if isinstance(index, dict) else None
-            # A computed or numeric index ends the static path: all of what is before it is read.
             if isinstance(literal, str):
                 keys.append(literal)
             else:
-                keys = []
+                keys, computed = [], True
         else:
             return None
         node = body["refr"]
