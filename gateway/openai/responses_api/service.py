@@ -6,7 +6,6 @@ its tenant, or where the decision's cache scope is principal (or none), by its p
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
 from collections.abc import Sequence
 
@@ -23,7 +22,7 @@ from gateway.openai.asks import logprob_text
 from gateway.openai.chat.protocol import ChatCompletionRequest
 from gateway.openai.chat.render import answer
 from gateway.openai.chat.service import chat_ask
-from gateway.openai.responder import Renderer, chat_logprobs, joined, respond, usage
+from gateway.openai.responder import Renderer, chat_logprobs, joined, json_bytes, respond, usage
 from gateway.openai.responses_api.protocol import ResponsesRequest
 from gateway.openai.responses_api.store import ResponseStore
 from gateway.pipeline.admission import admit
@@ -265,8 +264,7 @@ class ResponseRenderer(Renderer):
 
 
 def stream_event(payload: dict) -> bytes:
-    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+    return f"event: {payload['type']}\ndata: ".encode() + json_bytes(payload) + b"\n\n"
 
 
 def _stored_param(body: ResponsesRequest) -> str | None:
