@@ -79,14 +79,20 @@ async def protected_resource_metadata(server: str, request: Request) -> Response
                 else "no-store"})  # a document naming a caller-written Host must not reach a shared cache
 
 
+def _challenge(request: Request, server: str, **params: str) -> dict[str, str]:
+    """The WWW-Authenticate header of a 401 or 403: its parameters, then where the metadata document is."""
+    named = "".join(f', {name}="{value}"' for name, value in params.items())
+    metadata = _metadata_url(request, server)
+    return {"WWW-Authenticate": f'Bearer realm="tenantgate"{named}, resource_metadata="{metadata}"'}
+
+
 async def _principal(request: Request, server: str) -> Principal | Response:
     """The verified caller, or the 401/403/503 that ends the request."""
     header = request.headers.get("authorization")
     scheme, _, token = (header or "").partition(" ")
     if not header or scheme.lower() != "bearer" or not token.strip():
         return _rpc_error(JsonRpcError(UNAUTHORIZED, "an Authorization: Bearer <Entra ID access token> header "
-                                       "is required", status=401, headers={
-            "WWW-Authenticate": f'Bearer realm="tenantgate", resource_metadata="{_metadata_url(request, server)}"'}))
+                                       "is required", status=401, headers=_challenge(request, server)))
     gateway = request.app.state.gateway
     try:
         principal = await gateway.verifier.verify(token.strip())
@@ -97,9 +103,8 @@ async def _principal(request: Request, server: str) -> Principal | Response:
     except AuthError as exc:
         gateway.metrics.auth_failures.labels(exc.code).inc()
         return _rpc_error(JsonRpcError(UNAUTHORIZED, "the access token is invalid or is not accepted by this "
-                                       "service", status=401, headers={
-            "WWW-Authenticate": f'Bearer realm="tenantgate", error="invalid_token", '
-                                f'resource_metadata="{_metadata_url(request, server)}"'}))
+                                       "service", status=401,
+                                       headers=_challenge(request, server, error="invalid_token")))
     if principal.idtyp == "app":
         allowed = REQUIRED_APP_ROLE in principal.roles
     else:
@@ -107,9 +112,8 @@ async def _principal(request: Request, server: str) -> Principal | Response:
     if not allowed:
         scope = _scope(request) if principal.idtyp == "user" else REQUIRED_APP_ROLE
         return _rpc_error(JsonRpcError(UNAUTHORIZED, f"the token lacks the permission to use tools ({scope})",
-                                       status=403, headers={
-            "WWW-Authenticate": f'Bearer realm="tenantgate", error="insufficient_scope", scope="{scope}", '
-                                f'resource_metadata="{_metadata_url(request, server)}"'}))
+                                       status=403,
+                                       headers=_challenge(request, server, error="insufficient_scope", scope=scope)))
     return principal
 
 
