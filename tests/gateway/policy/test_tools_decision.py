@@ -10,6 +10,7 @@ import pytest
 
 from gateway.policy import DecisionSchemaError
 from gateway.policy.evaluator import EmbeddedEvaluator
+from gateway.policy.exceptions import PolicyEvaluationError
 from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, TOOLS_ENTRYPOINT, rego_files
 from gateway.policy.opa import ARGUMENTS_PATH, TOOLS_DECISION_PATH
 from gateway.policy.schema import parse_tools_decision, validate_tools_decision
@@ -78,6 +79,16 @@ def test_deny_with_its_reason(embedded, name: str, reason: str) -> None:
     decision = embedded.decide_tools(INPUTS[name])
     assert not decision.allow and decision.reasons == [reason] and decision.listed == []
     assert decision.tool.calls_per_minute == 0
+
+
+def test_without_an_arguments_package_no_call_is_allowed_but_listings_still_are(policy_copy) -> None:
+    (policy_copy / "tools" / "arguments.rego").unlink()
+    (policy_copy / "tools" / "arguments_test.rego").unlink()
+    evaluator = EmbeddedEvaluator(policy_copy)
+    with pytest.raises(PolicyEvaluationError):  # regorus: not a valid rule path; fail closed, a 503
+        evaluator.decide_tools(INPUTS["call_echo"])
+    assert evaluator.decide_tools(INPUTS["list"]).allow
+    assert not evaluator.decide_tools(INPUTS["call_delete"]).allow  # denied before the arguments are asked
 
 
 def test_schema_refuses_a_deny_without_reasons_or_that_lists_tools() -> None:
