@@ -33,18 +33,21 @@ class StreamSink:
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout  # looked up now, so a redirect counts
+        self._lock = threading.Lock()  # the trail's timer flushes while a request writes
 
     def accepts(self, line: str) -> bool:
         return True
 
     def write(self, line: str) -> None:
-        self.stream.write(line + "\n")
+        with self._lock:
+            self.stream.write(line + "\n")
 
     def retry(self) -> None:
         """Nothing is held to retry."""
 
     def flush(self) -> None:
-        self.stream.flush()
+        with self._lock:
+            self.stream.flush()
 
     def close(self) -> None:
         self.stream.flush()  # never closes stdout
@@ -62,8 +65,9 @@ class RotatingFileSink:
     """Appends to `path`; past `max_bytes` it becomes `path.1` (older ones `path.2` …).
 
     The chain runs on across files: verify `rotated_files(path)`, oldest first. Every
-    write reaches the OS at once (a crash of the process loses nothing); fsync runs at
-    checkpoints, anchors and before a file is rotated away. What the disk refuses (full,
+    write reaches the OS at once (a crash of the process loses nothing); fsync runs after
+    checkpoints and before anchors (on the trail's timer thread, while writes go on), and
+    before a file is rotated away. What the disk refuses (full,
     over quota) is held in memory, in order, and written first once the disk takes it
     again (`retry()`, from the trail's timer); while anything is held the sink is
     `stalled`, and it `accepts` new entries only up to `hold_bytes`: it refuses, never
@@ -85,6 +89,9 @@ class RotatingFileSink:
         self._held_bytes = 0
         self._offset = 0  # how much of the first held line the disk took (a short write)
         self._refusing = False  # the disk refused the last write
+        # write() comes from the trail's appends, flush() from its timer thread: the lock keeps
+        # the held lines and the file in order between them; an fsync runs outside it.
+        self._lock = threading.Lock()
         self._fd = self._open()
 
     @property
@@ -113,18 +120,28 @@ class RotatingFileSink:
 
     def write(self, line: str) -> None:
         data = line.encode("utf-8") + b"\n"
-        self._held.append(data)
-        self._held_bytes += len(data)
-        self._write_held()
-
-    def retry(self) -> None:
-        if self._held:
+        with self._lock:
+            self._held.append(data)
+            self._held_bytes += len(data)
             self._write_held()
 
+    def retry(self) -> None:
+        with self._lock:
+            if self._held:
+                self._write_held()
+
     def flush(self) -> None:
-        if self._held and not self._write_held():
-            raise SinkStalled(f"{len(self._held)} entries wait for the disk")
-        os.fsync(self._fd)
+        """Makes every line written so far durable. The fsync goes through a duplicate of the
+        descriptor, outside the lock, so writes go on meanwhile (one rotated away was synced
+        before it was)."""
+        with self._lock:
+            if self._held and not self._write_held():
+                raise SinkStalled(f"{len(self._held)} entries wait for the disk")
+            fd = os.dup(self._fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self, timeout: float = 5.0) -> None:
         """Gives the disk `timeout` seconds for what is held; what is left is lost, and logged."""

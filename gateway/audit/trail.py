@@ -4,7 +4,9 @@
 same line to every sink, under one lock, so every sink sees one order. Every
 `checkpoint_every` records, when the oldest unsigned record is `checkpoint_interval_s`
 seconds old, and at `close()` (marked `final`), the trail writes a checkpoint signed with
-Ed25519 and asks the sinks to make what they hold durable.
+Ed25519 and asks the sinks to make what they hold durable. That (an fsync for a file) runs on
+the trail's own thread, outside the lock: `append` runs on the event loop that every tenant
+shares, and an fsync can take milliseconds, more on a busy disk.
 
 The chain's head is also anchored outside the sinks: when the trail starts, every
 `checkpoint_interval_s` and at `close()` (`final`), it makes the sinks durable and then
@@ -143,6 +145,7 @@ class AuditTrail:
         self._signer = signer
         self._key_id = key_id(signer.public_key()) if signer is not None else None
         self._lock = threading.Lock()
+        self._errors_lock = threading.Lock()  # sink_errors: the timer counts flush failures without _lock
         self._seq = 0
         self._head = genesis_digest(self.chain_id)
         self._records = 0
@@ -152,9 +155,11 @@ class AuditTrail:
         self._anchors_written = 0  # the next anchor's number
         self._anchor_head = anchor_genesis_digest(self.chain_id)  # the digest of the last anchor
         self._closed = False
+        self._sync_due = False  # a checkpoint was written since the sinks were last made durable
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the timer's: a checkpoint waits for its sync, or close()
         with self._lock:
-            self._anchor()  # the chain exists from here: a chain no anchor announced is not ours
+            self._anchor(self._position())  # the chain exists from here: a chain no anchor announced is not ours
             for sink in self.sinks:  # a file sink that found a torn last line ended it; say so
                 for repair in sink.repairs:
                     self._append({"event": TORN_LINE_ENDED, **repair})
@@ -197,7 +202,8 @@ class AuditTrail:
             return self._append(record)
 
     def checkpoint(self) -> dict | None:
-        """Signs the chain now; None when there is no signer or nothing new to sign."""
+        """Signs the chain now; None when there is no signer or nothing new to sign. The sinks
+        are made durable moments later, on the trail's thread."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the audit trail is closed")
@@ -206,6 +212,7 @@ class AuditTrail:
     def close(self) -> None:
         """Writes the final checkpoint and anchor, then flushes and closes every sink. Idempotent."""
         self._stop.set()
+        self._wake.set()
         self._timer.join()
         with self._lock:
             if self._closed:
@@ -253,7 +260,7 @@ class AuditTrail:
                 kept += 1
             except Exception as exc:  # noqa: BLE001 - one sink that fails must not keep the entry from the others
                 # Names the seq and types only: a sink's exception message may quote the line.
-                self.sink_errors += 1
+                self._count_sink_error()
                 logger.error("audit sink %s failed to write seq %d (%s)", _name(sink), self._seq, _name(exc))
         if self.sinks and not kept:
             return False
@@ -261,16 +268,26 @@ class AuditTrail:
         self._seq += 1
         return True
 
-    def _signed(self, kind: str, final: bool) -> dict:
-        document = {"type": kind, "chain": self.chain_id, "seq": self._seq, "head": self._head,
-                    "count": self._records, "time": round(time.time(), 3), "key_id": self._key_id}
+    def _count_sink_error(self) -> None:
+        with self._errors_lock:
+            self.sink_errors += 1
+
+    def _position(self) -> tuple[int, str, int]:
+        """Where the chain is: the next seq, the head and the records written (under the lock)."""
+        return self._seq, self._head, self._records
+
+    def _signed(self, kind: str, final: bool, position: tuple[int, str, int] | None = None) -> dict:
+        seq, head, records = position or self._position()
+        document = {"type": kind, "chain": self.chain_id, "seq": seq, "head": head,
+                    "count": records, "time": round(time.time(), 3), "key_id": self._key_id}
         if kind == ANCHOR:
             document |= {"number": self._anchors_written, "prev": self._anchor_head}
         return sign({**document, "final": True} if final else document, self._signer)
 
     def _checkpoint(self, final: bool = False) -> dict | None:
         """Signs the unsigned records; `final` (at close) always writes one, so that
-        nothing can follow the chain's last entry unnoticed, and anchors it."""
+        nothing can follow the chain's last entry unnoticed, makes the sinks durable and
+        anchors it. Otherwise the timer makes them durable (`_sync_due`), off the caller's thread."""
         if self._signer is None:
             return None
         checkpoint = None
@@ -279,19 +296,28 @@ class AuditTrail:
             if not self._write(canonical_json(checkpoint)):  # the next interval signs them
                 return None
             self._unsigned = 0
-            self._flush(self.sinks, checkpoint["seq"])
+            if final:
+                self._flush(self.sinks, checkpoint["seq"])
+            else:
+                self._sync_due = True
+                self._wake.set()
         if final:
-            self._anchor(final=True)
+            self._anchor(self._position(), final=True)
         return checkpoint
 
-    def _anchor(self, final: bool = False) -> None:
+    def _anchor(self, position: tuple[int, str, int], final: bool = False, flushed: bool = False) -> None:
+        """Anchors the chain at `position` (`flushed`: the sinks were made durable once it was
+        there). Only one thread anchors at a time: the constructor and close() (the timer is not
+        running then) or the timer, which holds no lock meanwhile."""
         if not self.anchors:
             return
         # Durable first: an anchor must never vouch for entries a power cut can still take
-        # away. A sink that cannot flush (a full disk) holds anchoring back; the timer retries.
-        if not self.accepting or not self._flush(self.sinks, self._seq - 1):
+        # away (the sinks are flushed once the chain is at `position`, so everything up to it
+        # is on disk). A sink that cannot flush (a full disk) holds anchoring back; the timer
+        # retries.
+        if not self.accepting or not (flushed or self._flush(self.sinks, position[0] - 1)):
             return
-        line = canonical_json(self._signed(ANCHOR, final))
+        line = canonical_json(self._signed(ANCHOR, final, position))
         # Every store takes the anchor or none does: a number skipped in one would read as a deleted anchor.
         if not all(sink.accepts(line) for sink in self.anchors):
             logger.error("audit anchor at seq %d held back: an anchor store refuses writes", self._seq)
@@ -303,7 +329,7 @@ class AuditTrail:
                 sink.write(line)
                 kept += 1
             except Exception as exc:  # noqa: BLE001 - one anchor sink that fails must not keep it from the others
-                self.sink_errors += 1
+                self._count_sink_error()
                 logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
                              _name(exc))
         if kept:
@@ -319,7 +345,7 @@ class AuditTrail:
                 sink.flush()
             except Exception as exc:  # noqa: BLE001 - a sink that fails to flush is counted; the others still flush
                 ok = False
-                self.sink_errors += 1
+                self._count_sink_error()
                 logger.error("audit sink %s failed to flush at seq %d (%s)", _name(sink), seq, _name(exc))
         return ok
 
@@ -327,7 +353,13 @@ class AuditTrail:
         return self._unsigned > 0 and time.monotonic() - self._unsigned_since >= self.checkpoint_interval_s
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(self.checkpoint_interval_s / 4, RETRY_S)):
+        """The timer: signs overdue records, retries held entries, and does the slow part of
+        durability (fsync, anchors) without the lock, so appends never wait for a disk."""
+        while True:
+            self._wake.wait(min(self.checkpoint_interval_s / 4, RETRY_S))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             with self._lock:
                 if self._closed:
                     return
@@ -336,8 +368,14 @@ class AuditTrail:
                         sink.retry()
                 if self._overdue():
                     self._checkpoint()
-                if time.monotonic() - self._anchored_at >= self.checkpoint_interval_s:
-                    self._anchor()  # also when idle: a recent anchor says the writer is alive
+                sync, self._sync_due = self._sync_due, False
+                # Also when idle: a recent anchor says the writer is alive.
+                anchor = time.monotonic() - self._anchored_at >= self.checkpoint_interval_s
+                position = self._position()
+            if sync or anchor:
+                flushed = self._flush(self.sinks, position[0] - 1)
+                if anchor and flushed:
+                    self._anchor(position, flushed=True)
 
 
 def _name(obj: object) -> str:

@@ -35,10 +35,16 @@ def test_checkpoints_every_n_records_and_at_close(signing_key):
         for i in range(25):
             trail.append(record(i))
         assert [e["seq"] for e in entries(sink.lines) if e["type"] == "checkpoint"] == [10, 21]
+        # Durable after the checkpoints: the trail's timer flushes (one flush may cover both).
+        deadline = time.monotonic() + 5
+        while not sink.flushes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        flushed = sink.flushes
+        assert flushed in (1, 2)
     checkpoints = [e for e in entries(sink.lines) if e["type"] == "checkpoint"]
     assert [(c["seq"], c["count"]) for c in checkpoints] == [(10, 10), (21, 20), (27, 25)]
     assert checkpoints[-1]["head"] == line_digest(sink.lines[-2])
-    assert sink.flushes == 3 and sink.closed  # durable at each checkpoint
+    assert sink.flushes == flushed + 1 and sink.closed  # and at close, after the final checkpoint
 
 
 def test_close_always_ends_the_chain_with_a_final_checkpoint(signing_key):
