@@ -30,7 +30,7 @@ from gateway.context import Gateway
 from gateway.deps import bearer_token, verified_principal
 from gateway.error_handlers import install_handlers
 from gateway.errors import GatewayError
-from gateway.middleware import BodySizeLimit
+from gateway.middleware import NO_NATIVE_TELEMETRY, BodySizeLimit
 
 OPERATOR_ROLE = "TenantGate.Operator"
 STARTUP_TIMEOUT_S = 10.0
@@ -97,7 +97,7 @@ def operator_app(gateway: Gateway, gateway_loop: asyncio.AbstractEventLoop) -> F
     from gateway.console import install_console
     from gateway.usage.router import router as usage_router
 
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     app.state.gateway_loop = gateway_loop
     install_handlers(app)

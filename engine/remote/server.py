@@ -166,7 +166,9 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
         yield
         await asyncio.to_thread(server.async_engine.shutdown, grace_s)
 
-    app = FastAPI(title="tenantgate engine", lifespan=lifespan, openapi_url=None)
+    # FastAPI's own OpenTelemetry instrumentation off, as in the gateway (gateway/app.py).
+    app = FastAPI(title="tenantgate engine", lifespan=lifespan, openapi_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
 
     @app.exception_handler(_Refused)
     async def _refused(request: Request, exc: _Refused) -> JSONResponse:
