@@ -405,6 +405,9 @@ def measure_workers(args: argparse.Namespace, issuer: LocalIssuer, tmp_path: Pat
 
 
 def print_profile(path: Path, limit: int = 25) -> None:
+    """Prints the top functions by own time; TENANTGATE_PROFILE_COPY=FILE also keeps the raw profile there."""
+    if copy := os.environ.get("TENANTGATE_PROFILE_COPY"):
+        Path(copy).write_bytes(path.read_bytes())
     stats = pstats.Stats(str(path))
     stats.sort_stats("tottime")
     print(f"\nWhere the gateway's time goes (cProfile, top {limit} by own time):")

@@ -8,7 +8,8 @@ gateway's path: token verification (RS256, a local issuer), its session, the ser
 arguments package (evaluated every call: the arguments are its input), the tool's budget
 (in-process GCRA), the call upstream with its own credential, and a record in the signed audit
 trail (a file). Printed per round: p50/p99 at concurrency 1 and the
-added p50; req/s at concurrency 32 and the ratio. Target (issue 27): added p50 <= 1 ms.
+added p50; req/s at concurrency 32 and the ratio; the CPU each process spent per call at
+concurrency 1 (on a shared machine latency follows the load, CPU time much less). Target (issue 27): added p50 <= 1 ms.
 
     .venv/bin/python bench/mcp_overhead.py                 # 1,000 calls per measurement, 2 rounds
     .venv/bin/python bench/mcp_overhead.py --n 200 --rounds 1
@@ -126,6 +127,12 @@ async def run_load(url: str, headers: dict[str, str], n: int, concurrency: int) 
     return latencies, n / elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far (/proc; Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -167,18 +174,27 @@ def main() -> int:
             token = issuer.mint(TENANT, audience=AUDIENCE, scopes=("Tools.Invoke",), lifetime_s=86400)
             paths = {"direct": (upstream, {}),
                      "gateway": (f"http://127.0.0.1:{gateway_port}/mcp/devtools", {"authorization": f"Bearer {token}"})}
-            results: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rps": []} for name in paths}
+            results: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rps": [], "cpu": []}
+                                                          for name in paths}
+            mcp_pid, gateway_pid = processes[0].pid, processes[1].pid
             for round_ in range(args.rounds):
                 order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
                 for name in order:
                     url, headers = paths[name]
+                    cpu_before = cpu_seconds(gateway_pid), cpu_seconds(mcp_pid)
                     latencies, _ = asyncio.run(run_load(url, headers, args.n, 1))
+                    cpu_gateway, cpu_mcp = (cpu_seconds(gateway_pid) - cpu_before[0],
+                                            cpu_seconds(mcp_pid) - cpu_before[1])
+                    calls = 2 * args.n  # run_load's warm-up pass and the measured one
+                    results[name]["cpu"].append(cpu_gateway / calls * 1000)
                     _, rps = asyncio.run(run_load(url, headers, args.n, 32))
                     results[name]["p50"].append(percentile(latencies, 0.5) * 1000)
                     results[name]["p99"].append(percentile(latencies, 0.99) * 1000)
                     results[name]["rps"].append(rps)
                     print(f"round {round_ + 1} {name:8s} p50 {results[name]['p50'][-1]:.3f} ms  "
                           f"p99 {results[name]['p99'][-1]:.3f} ms  {rps:,.0f} req/s at 32  "
+                          f"CPU per call at 1: gateway {cpu_gateway / calls * 1000:.3f} ms, "
+                          f"server {cpu_mcp / calls * 1000:.3f} ms  "
                           f"(load {'/'.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
         finally:
             for process in reversed(processes):
@@ -189,6 +205,8 @@ def main() -> int:
     added = [g - d for g, d in zip(gateway["p50"], direct["p50"])]
     print(f"\nadded p50 at concurrency 1: {statistics.median(added):.3f} ms (target <= {TARGET_ADDED_P50_MS} ms); "
           f"added p99: {statistics.median(g - d for g, d in zip(gateway['p99'], direct['p99'])):.3f} ms")
+    print(f"the gateway process's CPU per call at concurrency 1 (from /proc, less noisy than latency): "
+          f"{statistics.median(gateway['cpu']):.3f} ms")
     print(f"req/s at concurrency 32: gateway {statistics.median(gateway['rps']):,.0f}, direct "
           f"{statistics.median(direct['rps']):,.0f} "
           f"({statistics.median(gateway['rps']) / statistics.median(direct['rps']):.2f}x)")
