@@ -151,6 +151,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head, self._left = False, self.limits.max_body_bytes + self.limits.max_header_bytes
         self._stop_timer()
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)
         self._start_body_timer_if_served()
 
     def on_message_complete(self) -> None:
@@ -215,6 +217,53 @@ class EdgeProtocol(HttpToolsProtocol):
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
+
+
+class HeadWithBody:
+    """A response's transport that sends its head with the first part of its body, in one write.
+
+    uvicorn writes the status line and headers as soon as the app starts the response, and the
+    body with the next message: two writes, so the client wakes for a head it cannot use yet and
+    again for the body. The head is held instead until the next write, or until the event loop
+    turns (`call_soon`), so a response whose body is slow to come (a stream waiting for its first
+    token, a 100 Continue) still sends its head at once.
+    """
+
+    __slots__ = ("_transport", "_loop", "_held", "_first")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        held, self._held = self._held, None
+        self._transport.write(data if held is None else held + data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            try:
+                self._transport.write(held)
+            except RuntimeError:  # the connection was cut off meanwhile (after write_eof): nothing to send
+                pass
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 def _response(refusal: EdgeRefusal) -> bytes:
