@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -152,7 +152,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._stop_timer()
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.transport is self.transport:
-            self.cycle.transport = HeadWithBody(self.transport, self.loop)
+            # The cycle only writes and closes through it; the rest passes to the real transport.
+            self.cycle.transport = cast(asyncio.Transport, HeadWithBody(self.transport, self.loop))
         self._start_body_timer_if_served()
 
     def on_message_complete(self) -> None:
