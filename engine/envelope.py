@@ -9,6 +9,7 @@ isolation key is a digest of the tenant, never the tenant id itself.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import sys
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import EnvelopeError
+
+KEY_CACHE_SIZE = 16384  # tenants' keys and namespaces remembered (a few hundred bytes each)
 
 
 class Isolation(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-strings of a member
@@ -127,16 +130,20 @@ def tenant_digest(key: bytes) -> str:
     return key.hex()[:TENANT_DIGEST_CHARS]
 
 
+@functools.lru_cache(maxsize=KEY_CACHE_SIZE)
 def isolation_key(secret: bytes, tenant_id: str) -> bytes:
     """The engine's key for a tenant (fairness, KV quota, isolation), whose tenant_digest is the
     tenant's digest everywhere. The "audit:" prefix is the one the audit trail's tenant digests
     always had, so trails, dashboards and stored keys written before the digests were one still
-    name the same tenant."""
+    name the same tenant. Remembered: a request asks for its tenant's key several times (the
+    envelope, the audit record's digests, the metric label)."""
     return keyed_digest(secret, "audit:tenant:" + tenant_id)
 
 
+@functools.lru_cache(maxsize=KEY_CACHE_SIZE)
 def keyed_digest(secret: bytes, value: str) -> bytes:
-    """HMAC-SHA256 of a namespace or tenant name under the deployment secret."""
+    """HMAC-SHA256 of a namespace or tenant name under the deployment secret (remembered, like
+    isolation_key: each request asks for its namespace's)."""
     return hmac.new(secret, value.encode(), hashlib.sha256).digest()
 
 
