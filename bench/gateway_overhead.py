@@ -2,7 +2,8 @@
 stack that returns the same bytes with none of the work, and, through an OpenAI-compatible
 deployment, against calling the same fast loopback upstream directly.
 
-The servers run the same way (uvicorn, one process each, FastAPI, httptools) and are measured
+The servers run the same way (uvicorn behind the edge protocol, as `tenantgate serve` runs the
+gateway; one process each, FastAPI, httptools) and are measured
 in the same run, alternating, from a client in this process; each round prints the load average:
 
 - gateway: Entra token verification (RS256, JWKS from a local issuer), Rego decision (embedded
@@ -58,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
+from engine.remote import EdgeLimits, edge_config
 from gateway.policy.loader import DEFAULT_POLICY_DIR
 
 TENANT = "c1a9e3f5-2d4b-4c6e-8f0a-b2c4d6e8f0a1"  # Northwind Labs in the example data, limits raised
@@ -86,8 +88,6 @@ def bench_data(directory: Path) -> Path:
 def serve_gateway(port: int, issuer_url: str, data_dir: str, audit_file: str, settings_json: str) -> None:
     """The gateway with the null engine, or (with deployments_file in the settings) in front of an
     upstream only; settings_json holds further Settings fields (policy_cache_size, ...)."""
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -96,14 +96,27 @@ def serve_gateway(port: int, issuer_url: str, data_dir: str, audit_file: str, se
                         audiences=[AUDIENCE], policy_data_dir=Path(data_dir), metrics_port=0,
                         policy_reload_interval_s=0, audit_stdout=False, audit_file=Path(audit_file),
                         audit_signing_key=Path(audit_file).with_name("audit-signing.pem"), **extra)
-    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve_at_the_edge(create_app(settings), port, settings.edge_limits)
+
+
+def serve_at_the_edge(app, port: int, limits: EdgeLimits | None = None) -> None:
+    """`app` on 127.0.0.1:port the way `tenantgate serve` runs the gateway (gateway/cli.py): uvicorn
+    behind the edge protocol (engine/remote/edge.py). The gateway and its bare peer both run so, so
+    the difference between them is the gateway's own work."""
+    import uvicorn
+
+    config = edge_config(app, limits or EdgeLimits(), host="127.0.0.1", port=port, log_level="warning",
+                         access_log=False)
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # stop_server's SIGINT, raised again by uvicorn once it has shut down
+        pass
 
 
 def serve_bare(port: int, body_file: str, stream_file: str) -> None:
     """The same server stack with none of the work: POST /v1/chat/completions answers the gateway's
     own response bytes, as one body or (for a streamed request) as its event stream. It is the
     peer of the null-engine gateway, and the fast upstream the deployments path calls."""
-    import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import Response, StreamingResponse
 
@@ -120,7 +133,7 @@ def serve_bare(port: int, body_file: str, stream_file: str) -> None:
             return StreamingResponse(stream(), media_type="text/event-stream")
         return Response(body, media_type="application/json")
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve_at_the_edge(app, port)
 
 
 def start_server(args: list[str], port: int, profile: Path | None = None, script: str = __file__,

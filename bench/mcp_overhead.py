@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway_overhead import print_profile, start_server, stop_server
+from bench.gateway_overhead import print_profile, serve_at_the_edge, start_server, stop_server
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 from gateway.policy.loader import DEFAULT_POLICY_DIR
@@ -67,8 +67,6 @@ def serve_mcp(port: int) -> None:
 
 
 def serve_gateway(port: int, issuer_url: str, data_dir: str, workdir: str, upstream: str) -> None:
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -79,7 +77,7 @@ def serve_gateway(port: int, issuer_url: str, data_dir: str, workdir: str, upstr
                         metrics_port=0, policy_reload_interval_s=0, audit_stdout=False,
                         audit_file=Path(workdir) / "audit.jsonl", audit_signing_key=Path(workdir) / "audit.pem",
                         mcp_servers_file=servers)
-    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve_at_the_edge(create_app(settings), port, settings.edge_limits)  # as `tenantgate serve` runs it
 
 
 # -- the client -------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from gateway_overhead import (
     percentile,
     print_profile,
     run_load,
+    serve_at_the_edge,
     start_server,
     stop_server,
 )
@@ -54,8 +55,6 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
 
 
 def serve_gateway(port: int, issuer_url: str, data_dir: str, deployments: str, audit_file: str) -> None:
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -63,7 +62,7 @@ def serve_gateway(port: int, issuer_url: str, data_dir: str, deployments: str, a
                         audiences=[AUDIENCE], policy_data_dir=Path(data_dir), metrics_port=0,
                         policy_reload_interval_s=0, audit_stdout=False, audit_file=Path(audit_file),
                         audit_signing_key=Path(audit_file).with_name("audit-signing.pem"))
-    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve_at_the_edge(create_app(settings), port, settings.edge_limits)  # as `tenantgate serve` runs it
 
 
 def bodies(n: int, *, direct: bool) -> list[bytes]:
