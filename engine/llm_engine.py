@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from engine.block_manager import BlockManager, KVStats, public_prefix
 from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
-from engine.errors import ConfigError, RequestError
-from engine.fingerprint import model_fingerprint
+from engine.errors import ConfigError, RequestError, WeightsError
+from engine.fingerprint import file_digest, model_fingerprint
 from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model.quant import QUANTIZED_FILE
-from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
+from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype, start_quantized_kernels
 from engine.outputs import CompletedRequest, RequestOutput
 from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
@@ -39,9 +39,12 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = False, sinks: Seq[RecordSink] = ()) -> None:
         self.config = config
         self.sinks = list(sinks)  # the recorder's: a sink appended here gets the records that follow
+        start_quantized_kernels(config)  # built while the GGUF file converts; the runner waits for them
         self.model_path: Path = resolve_model_path(config.model, progress=progress)
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
+        # Hashed before the runner, whose first start waits for the quantized kernels' build anyway.
+        weight_digests = _weight_digests(self.model_path)
         mc = self.model_config
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
@@ -85,7 +88,8 @@ class LLMEngine:
         if self.runner.weights != "dequantized":
             files.append(self.model_path / QUANTIZED_FILE)
         self.fingerprint = model_fingerprint(
-            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights
+            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights,
+            digests=weight_digests,
         )
         self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
         self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint,
@@ -345,3 +349,12 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
+
+
+def _weight_digests(model_path: Path) -> dict[Path, str]:
+    """file_digest of each weight file; none where the checkpoint names none (the runner says so)."""
+    try:
+        files = weight_files(model_path)
+    except WeightsError:
+        return {}
+    return {f: file_digest(f) for f in files}
