@@ -75,11 +75,11 @@ def names_gguf(model: str) -> bool:
     """Whether `model` resolves to a GGUF file (converted on first use); it converts nothing."""
     from engine.model.gguf import GGUF_SUFFIX, find_gguf
 
-    if model in PACKAGED_MODELS:
-        return PACKAGED_MODELS[model].file.endswith(GGUF_SUFFIX)
     try:
+        if model in PACKAGED_MODELS:
+            return packaged_model_file(model).suffix.lower() == GGUF_SUFFIX
         return find_gguf(Path(model).expanduser()) is not None
-    except GGUFError:  # several GGUF files: resolve_model_path says so
+    except (ModelNotFoundError, GGUFError):  # not installed, several GGUF files: resolve_model_path says so
         return False
 
 
