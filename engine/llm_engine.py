@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from engine.block_manager import BlockManager, KVStats, public_prefix
 from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
-from engine.errors import ConfigError, RequestError, WeightsError
-from engine.fingerprint import file_digest, model_fingerprint
+from engine.errors import ConfigError, RequestError
+from engine.fingerprint import model_fingerprint
 from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
@@ -43,8 +43,6 @@ class LLMEngine:
         self.model_path: Path = resolve_model_path(config.model, progress=progress)
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
-        # Hashed before the runner, whose first start waits for the quantized kernels' build anyway.
-        weight_digests = _weight_digests(self.model_path)
         mc = self.model_config
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
@@ -88,8 +86,7 @@ class LLMEngine:
         if self.runner.weights != "dequantized":
             files.append(self.model_path / QUANTIZED_FILE)
         self.fingerprint = model_fingerprint(
-            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights,
-            digests=weight_digests,
+            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights
         )
         self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
         self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint,
@@ -349,12 +346,3 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
-
-
-def _weight_digests(model_path: Path) -> dict[Path, str]:
-    """file_digest of each weight file; none where the checkpoint names none (the runner says so)."""
-    try:
-        files = weight_files(model_path)
-    except WeightsError:
-        return {}
-    return {f: file_digest(f) for f in files}
