@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import cast
@@ -192,7 +193,9 @@ class ModelRunner:
         num_blocks: int | None,  # None: as many as free device memory allows (CUDA)
         progress: bool = False,
         grammars: Grammars | None = None,
+        before_kernels: Callable[[], None] | None = None,
     ) -> None:
+        # before_kernels: work of the caller's that can run while a first start's kernel build finishes.
         self.grammars = grammars  # fills the grammar masks of structured outputs; None: none are asked for
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -232,6 +235,8 @@ class ModelRunner:
         # kernels still build on their thread (start_quantized_kernels), which the next line waits for.
         scratch = 1 if self._cuda else 0  # on CUDA one scratch block past the pool (below)
         kv_caches = None if num_blocks is None else self._allocate_kv(model_config, num_blocks + scratch)
+        if before_kernels is not None:
+            before_kernels()
         kernels = self._quantized_kernels(config.weights, model_path)
         # "dequantized", or the kernels' instruction set: it decides the order of their sums.
         self.weights = "dequantized" if kernels is None else f"quantized-{kernels.isa_name}"
