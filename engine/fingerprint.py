@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,13 +37,15 @@ class _Config(Protocol):
 
 def model_fingerprint(
     weight_files: list[Path], tokenizer_digest: str, model_config: _Config, dtype: str,
-    weights: str = "dequantized",
+    weights: str = "dequantized", digests: Mapping[Path, str] | None = None,
 ) -> str:
     """`weights`: "dequantized", or the quantized kernels and their instruction set ("quantized-avx512"),
-    whose sums run in another order than the dense path's."""
+    whose sums run in another order than the dense path's. `digests`: file_digest of some of the
+    files, taken earlier (LLMEngine hashes them while the quantized kernels build)."""
+    known = digests or {}
     manifest = {
         "numerics": NUMERICS_VERSION,
-        "weights": {f.name: file_digest(f) for f in weight_files},
+        "weights": {f.name: known.get(f) or file_digest(f) for f in weight_files},
         "tokenizer": tokenizer_digest,
         "config": model_config.as_dict(),
         "dtype": dtype,

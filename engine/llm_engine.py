@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -14,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from engine.block_manager import BlockManager, KVStats, public_prefix
 from engine.config import EngineConfig, ModelConfig
 from engine.envelope import ExecutionEnvelope
-from engine.errors import ConfigError, RequestError
-from engine.fingerprint import model_fingerprint
+from engine.errors import ConfigError, RequestError, WeightsError
+from engine.fingerprint import file_digest, model_fingerprint
 from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model.quant import QUANTIZED_FILE
-from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype
+from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype, start_quantized_kernels
 from engine.outputs import CompletedRequest, RequestOutput
 from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
@@ -39,6 +40,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = False, sinks: Seq[RecordSink] = ()) -> None:
         self.config = config
         self.sinks = list(sinks)  # the recorder's: a sink appended here gets the records that follow
+        start_quantized_kernels(config)  # built while the GGUF file converts; the runner waits for them
         self.model_path: Path = resolve_model_path(config.model, progress=progress)
         self.model_config = ModelConfig.from_dir(self.model_path)
         self.tokenizer = Tokenizer.from_dir(self.model_path)
@@ -56,9 +58,12 @@ class LLMEngine:
         self.grammars = Grammars(self.tokenizer, mc.vocab_size, min(self.eos_token_ids, default=None),
                                  compile_timeout_s=config.grammar_compile_timeout_s,
                                  compile_workers=config.grammar_workers, cache_size=config.grammar_cache_size)
+        # The weight files are hashed (for the fingerprint) while a first start's kernel build finishes.
+        weight_digests: dict[Path, str] = {}
+        hash_weights = functools.partial(_hash_weight_files, self.model_path, weight_digests)
         if size_from_device:
             self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, None, progress=progress,
-                                      grammars=self.grammars)
+                                      grammars=self.grammars, before_kernels=hash_weights)
             num_blocks = self.runner.num_blocks
         if config.max_model_len is None and num_blocks * config.block_size < self.max_model_len:
             # Nobody asked for the model's whole context: serve what the KV cache holds rather than refuse.
@@ -79,13 +84,14 @@ class LLMEngine:
 
         if not size_from_device:
             self.runner = ModelRunner(mc, config, self.model_path, self.max_model_len, num_blocks, progress=progress,
-                                      grammars=self.grammars)
+                                      grammars=self.grammars, before_kernels=hash_weights)
         self.runner.prepare_decode_graphs()
         files = weight_files(self.model_path)
         if self.runner.weights != "dequantized":
             files.append(self.model_path / QUANTIZED_FILE)
         self.fingerprint = model_fingerprint(
-            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights
+            files, self.tokenizer.digest(), mc, str(self.runner.dtype).removeprefix("torch."), self.runner.weights,
+            digests=weight_digests,
         )
         self.scheduler = Scheduler(config, BlockManager(num_blocks, config.block_size, self.fingerprint))
         self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint,
@@ -345,3 +351,14 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
+
+
+def _hash_weight_files(model_path: Path, digests: dict[Path, str]) -> None:
+    """file_digest of each weight file into digests; none where the checkpoint names none (the runner says so).
+    Run by the runner after it tunes the C allocator, as the fingerprint's own hashing was: the
+    read buffers then stay in the heap (tests/engine/remote/test_edge.py's memory bounds see that)."""
+    try:
+        files = weight_files(model_path)
+    except WeightsError:
+        return
+    digests.update((f, file_digest(f)) for f in files)

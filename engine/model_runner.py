@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import cast
@@ -169,6 +170,19 @@ def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sizes) + (max_num_seqs,)
 
 
+def start_quantized_kernels(config: EngineConfig) -> None:
+    """Start building (or loading) the quantized kernels on a thread where the runner will ask for
+    them: weights not "dequantized", on CPU, for a GGUF model. The build, seconds of g++ on a first
+    start, then runs while the GGUF file is converted; the runner's kernels.load waits for it."""
+    if config.weights == "dequantized" or resolve_device(config.device).type != "cpu":
+        return
+    from engine.model import kernels
+    from engine.model.catalog import names_gguf
+
+    if names_gguf(config.model):
+        kernels.load_in_background(default_cache_dir())
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -179,7 +193,9 @@ class ModelRunner:
         num_blocks: int | None,  # None: as many as free device memory allows (CUDA)
         progress: bool = False,
         grammars: Grammars | None = None,
+        before_kernels: Callable[[], None] | None = None,
     ) -> None:
+        # before_kernels: work of the caller's that can run while a first start's kernel build finishes.
         self.grammars = grammars  # fills the grammar masks of structured outputs; None: none are asked for
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -215,6 +231,12 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(prev_dtype)
         self.model.eval()
+        # A pool of known size is allocated first: on a first start that happens while the quantized
+        # kernels still build on their thread (start_quantized_kernels), which the next line waits for.
+        scratch = 1 if self._cuda else 0  # on CUDA one scratch block past the pool (below)
+        kv_caches = None if num_blocks is None else self._allocate_kv(model_config, num_blocks + scratch)
+        if before_kernels is not None:
+            before_kernels()
         kernels = self._quantized_kernels(config.weights, model_path)
         # "dequantized", or the kernels' instruction set: it decides the order of their sums.
         self.weights = "dequantized" if kernels is None else f"quantized-{kernels.isa_name}"
@@ -226,7 +248,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         # On CUDA one scratch block past the pool takes the K/V of a captured graph's padded rows.
         self._scratch_slot = num_blocks * config.block_size
-        self.kv_caches = self._allocate_kv(model_config, num_blocks + (1 if self._cuda else 0))
+        self.kv_caches = kv_caches if kv_caches is not None else self._allocate_kv(model_config, num_blocks + scratch)
         self.sampler = Sampler(config.seed)
 
     def _quantized_kernels(self, mode: str, model_path: Path):

@@ -7,7 +7,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelNotFoundError
+from engine.errors import GGUFError, ModelNotFoundError
 from engine.paths import default_cache_dir
 
 
@@ -69,6 +69,18 @@ def resolve_model_path(model: str, progress: bool = True, cache_dir: Path | None
             f"model not found: {path} (pass a Hugging Face checkpoint directory, a .gguf file, or one of {names})"
         )
     return path
+
+
+def names_gguf(model: str) -> bool:
+    """Whether `model` resolves to a GGUF file (converted on first use); it converts nothing."""
+    from engine.model.gguf import GGUF_SUFFIX, find_gguf
+
+    try:
+        if model in PACKAGED_MODELS:
+            return packaged_model_file(model).suffix.lower() == GGUF_SUFFIX
+        return find_gguf(Path(model).expanduser()) is not None
+    except (ModelNotFoundError, GGUFError):  # not installed, several GGUF files: resolve_model_path says so
+        return False
 
 
 def served_model_name(model: str) -> str:

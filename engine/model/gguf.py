@@ -4,7 +4,8 @@ A GGUF file carries the weights (often quantized), the model's hyperparameters a
 tokenizer as metadata. The first load dequantizes every tensor to float32 and writes a
 Hugging Face-style directory (config.json, tokenizer.json, tokenizer_config.json,
 generation_config.json, model.safetensors) under the cache, keyed by the file's SHA-256;
-later loads find it there. The file is read with the `gguf` package, llama.cpp's own reader.
+later loads find it there. The file is read by engine.model.gguf_file (header, metadata and tensor
+table over a memory map) and dequantized with the `gguf` package, llama.cpp's own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import sys
 import time
 import uuid
@@ -28,6 +30,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tqdm import tqdm
 
 from engine.errors import GGUFError
+from engine.model.gguf_file import GGUFFile
 from engine.model.quant import PACKED_TYPES, QUANTIZED_FILE, Format, format_to_str, pack
 
 logger = logging.getLogger(__name__)
@@ -317,7 +320,7 @@ def _row_order(tensor: Any, config: dict[str, Any]) -> np.ndarray | None:
 class _Metadata:
     """The key-value metadata of a GGUF file, decoded on access."""
 
-    def __init__(self, reader: Any, source: str) -> None:
+    def __init__(self, reader: GGUFFile, source: str) -> None:
         self._fields = reader.fields
         self.source = source
 
@@ -337,13 +340,11 @@ class _Metadata:
         return value
 
 
-def _open(gguf_file: Path) -> Any:
-    import gguf
-
+def _open(gguf_file: Path) -> GGUFFile:
     try:
-        return gguf.GGUFReader(gguf_file)
-    except (ValueError, OSError, KeyError, IndexError, TypeError) as exc:
-        # Unknown tensor types and truncated files surface as ValueError/KeyError from the reader.
+        return GGUFFile(gguf_file)
+    except (ValueError, OSError, KeyError, IndexError, TypeError, struct.error) as exc:
+        # Truncated files, bad magic or versions and unknown tensor types are ValueError from the reader.
         raise GGUFError(f"{gguf_file.name} is not a readable GGUF file: {exc}") from None
 
 

@@ -4,17 +4,19 @@ The source is compiled once per source, torch build and machine type with torch'
 extension builder and cached under `<cache>/kernels/`, the way a GGUF conversion is cached;
 a second process finds the library there. Where it cannot be built (no compiler, no ninja,
 a read-only cache), `load()` says why in one log line and returns None, and the engine serves
-dequantized weights instead.
+dequantized weights instead. `load_in_background()` starts the same load on a thread, so that the
+build (seconds of g++ on a first start) runs while the engine converts the GGUF file; `load()`
+then waits for it, and the library is built and loaded once per process whoever asks first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import os
 import platform
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,9 +58,36 @@ def build_key() -> str:
     return h.hexdigest()[:16]
 
 
-@functools.cache
+# One load per cache directory and process: the first caller builds, later ones (the background
+# thread's or the runner's) wait on the lock and get its result.
+_lock = threading.Lock()
+_loaded: dict[Path, Kernels | None] = {}
+
+
 def load(cache_dir: Path) -> Kernels | None:
     """The kernels, built into cache_dir on first use; None (and a log line saying why) where they cannot be."""
+    cache_dir = Path(cache_dir)
+    with _lock:
+        if cache_dir not in _loaded:
+            _loaded[cache_dir] = _load(cache_dir)
+        return _loaded[cache_dir]
+
+
+def load_in_background(cache_dir: Path) -> threading.Thread | None:
+    """Start load(cache_dir) on a thread unless it has run; None where it has.
+
+    Not a daemon: an interpreter that exits mid-build waits for it rather than leave torch's build
+    lock behind in the cache (a later build would wait on it forever).
+    """
+    with _lock:
+        if Path(cache_dir) in _loaded:
+            return None
+    thread = threading.Thread(target=load, args=(cache_dir,), name="tenantgate-kernels-build")
+    thread.start()
+    return thread
+
+
+def _load(cache_dir: Path) -> Kernels | None:
     key = build_key()
     build_dir = Path(cache_dir) / "kernels" / f"qmatmul-{key}"
     start = time.monotonic()
