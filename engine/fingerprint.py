@@ -51,6 +51,8 @@ def model_fingerprint(
         "dtype": dtype,
     }
     if weights != "dequantized":  # keeps the fingerprints of dense weights as they were
-        manifest["weights"] = weights
+        # Beside the files' digests, never instead of them: two quantized checkpoints that differ
+        # only in their weights must not share a fingerprint (and so a prefix cache).
+        manifest["kernels"] = weights
     encoded = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()

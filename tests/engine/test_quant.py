@@ -308,3 +308,16 @@ def test_the_threads_setting_overrides_the_choice(demo_model_dir):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_quantized_fingerprint_covers_the_weight_files(tmp_path, demo_model_dir, loaded):
+    # Two checkpoints alike in all but their weights (one tensor's blocks drawn from another seed):
+    # engines serving them quantized compute different functions, so they must not share a
+    # fingerprint, and with it a prefix cache.
+    first = write_tiny_gguf(tmp_path / "first.gguf", demo_model_dir, qtype="Q8_0", shape=ODD)
+    second = write_tiny_gguf(tmp_path / "second.gguf", demo_model_dir, qtype="Q8_0", shape=ODD, seed=1)
+    assert first.read_bytes() != second.read_bytes()
+    a, b = engine_for(first, "quantized"), engine_for(second, "quantized")
+    assert a.runner.weights == b.runner.weights == f"quantized-{loaded.isa_name}"
+    assert a.fingerprint != b.fingerprint
+    assert engine_for(first, "quantized").fingerprint == a.fingerprint  # and it is stable
