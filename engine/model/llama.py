@@ -2,6 +2,13 @@
 
 q/k/v and gate/up projections are fused into one matmul each; the loader fills the
 fused weights from the checkpoint's separate tensors.
+
+Where the quantized-weight kernels are loaded (CPU), the loader also turns on their small
+ops (LlamaForCausalLM.use_cpu_kernels): the residual add with each RMSNorm, rotary in place,
+SiLU times up, and decode attention over the pool each run as one op instead of a dozen
+PyTorch ops whose dispatch dominated a one-row step (docs/engine.md, "Kernels"). They work
+row by row, so the deterministic lane's row invariance holds; elsewhere (CUDA, dequantized
+weights) the eager ops below run.
 """
 
 from __future__ import annotations
@@ -34,21 +41,40 @@ class Embedding(nn.Embedding):
         pass
 
 
+def _kernels():
+    return torch.ops.tenantgate_quant
+
+
+def _eager(module: nn.Module) -> bool:
+    """Whether module runs PyTorch's ops: no CPU kernels, or gradients wanted (the kernels have none)."""
+    return not module.cpu_kernels or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+
+
 class RMSNorm(nn.Module):
+    cpu_kernels = False  # set by LlamaForCausalLM.use_cpu_kernels
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _eager(self):
+            return self.add_forward(x, None)
         # Normalise in fp32 and scale after casting back, as the reference implementation does.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """x += delta in place (when given), then the norm of x, in one op (CPU kernels only)."""
+        return _kernels().rms_norm(x, delta, self.weight, self.eps)
+
 
 class Attention(nn.Module):
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -69,6 +95,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
+        if not _eager(self):
+            _kernels().rotary_(qkv, rope[0], rope[1], self.num_heads + self.num_kv_heads, self.head_dim)
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, cpu_kernels=True)
+            return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_sizes)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = apply_rotary(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -78,6 +111,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
@@ -85,6 +120,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _eager(self):
+            return self.down_proj(_kernels().silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -104,8 +141,19 @@ class DecoderLayer(nn.Module):
     def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(x))
 
+    def add_forward(self, x, delta, rope, meta, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(x + delta) as (x + delta + attention, MLP output), the stream x updated in place
+        and the MLP's output left for the next norm to add (CPU kernels only). Each add is the one
+        forward() makes (same rounding), each norm and op per row: bit for bit what forward() gives
+        with the kernels' norms, in both lanes."""
+        h = self.input_layernorm.add_forward(x, delta)
+        h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, meta, kv_cache))
+        return x, apply_rows(self.mlp, h, meta.row_sizes)
+
 
 class LlamaForCausalLM(nn.Module):
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
@@ -126,12 +174,29 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        if not _eager(self):
+            x = x.contiguous()  # the residual stream, updated in place
+            delta = None
+            for layer, kv_cache in zip(self._decoder_layers(), kv_caches):
+                x, delta = layer.add_forward(x, delta, rope, meta, kv_cache)
+            return self.norm.add_forward(x, delta)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, meta, kv_cache)
         return apply_rows(self.norm, x, meta.row_sizes)
 
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         return apply_rows(self.lm_head, hidden, row_sizes).float()
+
+    def use_cpu_kernels(self) -> bool:
+        """Run the small ops through the quantized-weight kernels (engine/model/kernels, loaded by the
+        caller) where they serve this model: on CPU, in float32 or bfloat16. Returns whether they do."""
+        norm = self.norm.weight
+        if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        for module in self.modules():
+            if isinstance(module, (LlamaForCausalLM, RMSNorm, Attention, MLP)):
+                module.cpu_kernels = True
+        return True
 
     def row_functions(self) -> list[tuple[RowFn, int]]:
         """Each row-wise function forward() runs, with its input width (every layer has the same shapes)."""
