@@ -176,9 +176,9 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary.tables(positions, x.dtype)
         if not _eager(self):
             x = x.contiguous()  # the residual stream, updated in place
-            delta = None
-            for layer, kv_cache in zip(self._decoder_layers(), kv_caches):
-                x, delta = layer.add_forward(x, delta, rope, meta, kv_cache)
+            delta: torch.Tensor | None = None  # the last MLP's output, which the next norm adds
+            for decoder, kv_cache in zip(self._decoder_layers(), kv_caches):
+                x, delta = decoder.add_forward(x, delta, rope, meta, kv_cache)
             return self.norm.add_forward(x, delta)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, meta, kv_cache)
