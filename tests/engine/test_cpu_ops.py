@@ -103,6 +103,8 @@ def test_decode_attention_matches_sdpa_over_the_pool_and_is_row_local(ops, dtype
         alone = ops.decode_attention(q[row : row + 1], k_cache, v_cache, tables[row : row + 1], mask[row : row + 1],
                                      scale, None, None, None)
         assert torch.equal(alone[0], got[row])
+    scalar = ops.decode_attention(q, k_cache, v_cache, tables, mask, scale, None, None, None, 0)  # any CPU's path
+    torch.testing.assert_close(scalar, got, rtol=0, atol=8e-3 if dtype == torch.bfloat16 else 1e-6)
 
 
 def test_decode_attention_writes_every_rows_kv_before_reading(ops) -> None:

@@ -970,10 +970,11 @@ TG_AVX512 void attend_avx512(const float* qf, const T* const* k_rows, const T* c
 // [B, 1, 1, n * block_size] (True: attend; as model_runner builds them for decodes). With k, v
 // [B, Hkv, D] and slots [B], the rows' own keys and values are written to the pool first, all of
 // them before any row is read. Scores, softmax and the weighted sum of values in fp32, keys in
-// order; the output [B, H, D] is rounded to q's dtype.
+// order; the output [B, H, D] is rounded to q's dtype. isa (at most the CPU's) picks AVX-512 or
+// the scalar path.
 at::Tensor decode_attention(const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& tables,
                             const at::Tensor& mask, double scale, const c10::optional<at::Tensor>& k,
-                            const c10::optional<at::Tensor>& v, const c10::optional<at::Tensor>& slots) {
+                            const c10::optional<at::Tensor>& v, const c10::optional<at::Tensor>& slots, int64_t isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q: [B, H, D] with unit stride in D");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   v_cache.sizes() == k_cache.sizes() && k_cache.dtype() == q.dtype() && v_cache.dtype() == q.dtype(),
@@ -1013,7 +1014,7 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor k_cache, at::Tensor 
     const bool* mp = mask.data_ptr<bool>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const int64_t blocks = k_cache.size(0);
-    const bool vector = detected_isa() >= kAvx512 && D % 16 == 0 && group <= 8;
+    const bool vector = clamp_isa(isa) >= kAvx512 && D % 16 == 0 && group <= 8;
     for_rows(B * Hkv, 1, [&](int64_t w0, int64_t w1) {
       std::vector<float> qf(group * D), kv(D), scores(group * L), acc(group * D), total(group);
       std::vector<const scalar_t*> k_rows(L), v_rows(L);
@@ -1075,7 +1076,7 @@ TORCH_LIBRARY(tenantgate_quant, m) {
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor tables, Tensor mask, float scale, "
-        "Tensor? k, Tensor? v, Tensor? slots) -> Tensor");
+        "Tensor? k, Tensor? v, Tensor? slots, int isa=3) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tenantgate_quant, CPU, m) {
