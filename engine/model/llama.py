@@ -4,11 +4,12 @@ q/k/v and gate/up projections are fused into one matmul each; the loader fills t
 fused weights from the checkpoint's separate tensors.
 
 Where the quantized-weight kernels are loaded (CPU), the loader also turns on their small
-ops (LlamaForCausalLM.use_cpu_kernels): the residual add with each RMSNorm, rotary in place,
-SiLU times up, and decode attention over the pool each run as one op instead of a dozen
-PyTorch ops whose dispatch dominated a one-row step (docs/engine.md, "Kernels"). They work
-row by row, so the deterministic lane's row invariance holds; elsewhere (CUDA, dequantized
-weights) the eager ops below run.
+ops (LlamaForCausalLM.use_cpu_kernels) for steps of at most KERNEL_OPS_MAX_ROWS rows outside
+the deterministic lane: the residual add with each RMSNorm, rotary in place, SiLU times up,
+and decode attention over the pool each run as one op instead of a dozen PyTorch ops whose
+dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps, the
+deterministic lane, CUDA and dequantized weights run the eager ops below, which are faster
+once there are rows enough to vectorize over.
 """
 
 from __future__ import annotations
@@ -45,22 +46,19 @@ def _kernels():
     return torch.ops.tenantgate_quant
 
 
-def _eager(module: nn.Module) -> bool:
-    """Whether module runs PyTorch's ops: no CPU kernels, or gradients wanted (the kernels have none)."""
-    return not module.cpu_kernels or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+# The widest step that runs the CPU kernels' small ops: a decode, or a draft's verification (at
+# most 4 rows: engine/speculation.py), so a draft row gets a one-token step's bits; the quantized
+# projections change path above 4 rows too (quant.BF16_MIN_ROWS).
+KERNEL_OPS_MAX_ROWS = 4
 
 
 class RMSNorm(nn.Module):
-    cpu_kernels = False  # set by LlamaForCausalLM.use_cpu_kernels
-
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _eager(self):
-            return self.add_forward(x, None)
         # Normalise in fp32 and scale after casting back, as the reference implementation does.
         dtype = x.dtype
         x = x.float()
@@ -73,8 +71,6 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    cpu_kernels = False
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -92,10 +88,11 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # RotaryEmbedding.tables() of the step's positions
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kernels: bool = False,  # rotary and attention by the CPU kernels (LlamaForCausalLM.forward decides)
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
-        if not _eager(self):
+        if kernels:
             _kernels().rotary_(qkv, rope[0], rope[1], self.num_heads + self.num_kv_heads, self.head_dim)
             q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -111,8 +108,6 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    cpu_kernels = False
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
@@ -120,8 +115,6 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _eager(self):
-            return self.down_proj(_kernels().silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -142,13 +135,12 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(x))
 
     def add_forward(self, x, delta, rope, meta, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward(x + delta) as (x + delta + attention, MLP output), the stream x updated in place
-        and the MLP's output left for the next norm to add (CPU kernels only). Each add is the one
-        forward() makes (same rounding), each norm and op per row: bit for bit what forward() gives
-        with the kernels' norms, in both lanes."""
+        """forward(x + delta) by the CPU kernels' ops, as (x + delta + attention, MLP output): the
+        stream x updated in place and the MLP's output left for the next norm to add. Each add is
+        the one forward() makes (the same rounding); every op works row by row."""
         h = self.input_layernorm.add_forward(x, delta)
-        h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, meta, kv_cache))
-        return x, apply_rows(self.mlp, h, meta.row_sizes)
+        h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, meta, kv_cache, kernels=True))
+        return x, self.mlp.down_proj(_kernels().silu_mul(self.mlp.gate_up_proj(h)))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -174,7 +166,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        if not _eager(self):
+        if self._kernel_step(x, meta):
             x = x.contiguous()  # the residual stream, updated in place
             delta: torch.Tensor | None = None  # the last MLP's output, which the next norm adds
             for decoder, kv_cache in zip(self._decoder_layers(), kv_caches):
@@ -187,15 +179,19 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         return apply_rows(self.lm_head, hidden, row_sizes).float()
 
+    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step runs the CPU kernels' small ops: on, a few rows, not the deterministic lane
+        (its row-wise work runs on calls of its own sizes), no gradients wanted (the ops have none)."""
+        return (self.cpu_kernels and x.shape[0] <= KERNEL_OPS_MAX_ROWS and meta.row_sizes is None
+                and (torch.is_inference_mode_enabled() or not torch.is_grad_enabled()))
+
     def use_cpu_kernels(self) -> bool:
         """Run the small ops through the quantized-weight kernels (engine/model/kernels, loaded by the
         caller) where they serve this model: on CPU, in float32 or bfloat16. Returns whether they do."""
         norm = self.norm.weight
         if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
             return False
-        for module in self.modules():
-            if isinstance(module, (LlamaForCausalLM, RMSNorm, Attention, MLP)):
-                module.cpu_kernels = True
+        self.cpu_kernels = True
         return True
 
     def row_functions(self) -> list[tuple[RowFn, int]]:
