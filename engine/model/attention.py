@@ -100,8 +100,14 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    cpu_kernels: bool = False,  # decodes through the CPU kernels' decode_attention (engine/model/kernels)
 ) -> torch.Tensor:
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    decodes_only = meta.decode_rows is not None and not meta.prefills and meta.row_sizes is None
+    if cpu_kernels and decodes_only and meta.paged is None:
+        # Every row is a decode: the step's K/V written and each row's context read in place, one op.
+        return torch.ops.tenantgate_quant.decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale, k, v, meta.slot_mapping)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     enable_gqa = q.shape[1] != num_kv_heads
@@ -120,12 +126,12 @@ def paged_attention(
         out = torch.empty_like(q)
         _invariant_attention(q, k_cache, v_cache, meta, scale, out)
         return out
-    if meta.decode_rows is not None and not meta.prefills:  # every row is a decode, in order
-        return _decode_attention(q, k_cache, v_cache, meta, scale)
+    decode = _decode_attention if not cpu_kernels else _kernel_decode_attention
+    if decodes_only:  # every row is a decode, in order
+        return decode(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.decode_rows is not None:
-        out.index_copy_(0, meta.decode_rows,
-                        _decode_attention(q.index_select(0, meta.decode_rows), k_cache, v_cache, meta, scale))
+        out.index_copy_(0, meta.decode_rows, decode(q.index_select(0, meta.decode_rows), k_cache, v_cache, meta, scale))
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         kp = _gather(k_cache, span.block_table).view(-1, num_kv_heads, head_dim)
@@ -153,6 +159,13 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     out = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=scale,
                                          enable_gqa=q.shape[1] != num_kv_heads)
     return out.squeeze(2)
+
+
+def _kernel_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                             scale: float) -> torch.Tensor:
+    """_decode_attention by the CPU kernels (each row's result the same as in an all-decode step)."""
+    return torch.ops.tenantgate_quant.decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_mask,
+                                                       scale, None, None, None)
 
 
 def _invariant_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:

@@ -2,6 +2,14 @@
 
 q/k/v and gate/up projections are fused into one matmul each; the loader fills the
 fused weights from the checkpoint's separate tensors.
+
+Where the quantized-weight kernels are loaded (CPU), the loader also turns on their small
+ops (LlamaForCausalLM.use_cpu_kernels) for steps of at most KERNEL_OPS_MAX_ROWS rows outside
+the deterministic lane: the residual add with each RMSNorm, rotary in place, SiLU times up,
+and decode attention over the pool each run as one op instead of a dozen PyTorch ops whose
+dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps, the
+deterministic lane, CUDA and dequantized weights run the eager ops below, which are faster
+once there are rows enough to vectorize over.
 """
 
 from __future__ import annotations
@@ -34,6 +42,16 @@ class Embedding(nn.Embedding):
         pass
 
 
+def _kernels():
+    return torch.ops.tenantgate_quant
+
+
+# The widest step that runs the CPU kernels' small ops: a decode, or a draft's verification (at
+# most 4 rows: engine/speculation.py), so a draft row gets a one-token step's bits; the quantized
+# projections change path above 4 rows too (quant.BF16_MIN_ROWS).
+KERNEL_OPS_MAX_ROWS = 4
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -46,6 +64,10 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """x += delta in place (when given), then the norm of x, in one op (CPU kernels only)."""
+        return _kernels().rms_norm(x, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -66,9 +88,17 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # RotaryEmbedding.tables() of the step's positions
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kernels: bool = False,  # rotary and attention by the CPU kernels (LlamaForCausalLM.forward decides)
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
+        if kernels:
+            _kernels().rotary_(qkv, rope[0], rope[1], self.num_heads + self.num_kv_heads, self.head_dim)
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, cpu_kernels=True)
+            return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_sizes)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = apply_rotary(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -104,8 +134,18 @@ class DecoderLayer(nn.Module):
     def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(x))
 
+    def add_forward(self, x, delta, rope, meta, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(x + delta) by the CPU kernels' ops, as (x + delta + attention, MLP output): the
+        stream x updated in place and the MLP's output left for the next norm to add. Each add is
+        the one forward() makes (the same rounding); every op works row by row."""
+        h = self.input_layernorm.add_forward(x, delta)
+        h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, meta, kv_cache, kernels=True))
+        return x, self.mlp.down_proj(_kernels().silu_mul(self.mlp.gate_up_proj(h)))
+
 
 class LlamaForCausalLM(nn.Module):
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
@@ -126,12 +166,33 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        if self._kernel_step(x, meta):
+            x = x.contiguous()  # the residual stream, updated in place
+            delta: torch.Tensor | None = None  # the last MLP's output, which the next norm adds
+            for decoder, kv_cache in zip(self._decoder_layers(), kv_caches):
+                x, delta = decoder.add_forward(x, delta, rope, meta, kv_cache)
+            return self.norm.add_forward(x, delta)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, meta, kv_cache)
         return apply_rows(self.norm, x, meta.row_sizes)
 
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         return apply_rows(self.lm_head, hidden, row_sizes).float()
+
+    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step runs the CPU kernels' small ops: on, a few rows, not the deterministic lane
+        (its row-wise work runs on calls of its own sizes), no gradients wanted (the ops have none)."""
+        return (self.cpu_kernels and x.shape[0] <= KERNEL_OPS_MAX_ROWS and meta.row_sizes is None
+                and (torch.is_inference_mode_enabled() or not torch.is_grad_enabled()))
+
+    def use_cpu_kernels(self) -> bool:
+        """Run the small ops through the quantized-weight kernels (engine/model/kernels, loaded by the
+        caller) where they serve this model: on CPU, in float32 or bfloat16. Returns whether they do."""
+        norm = self.norm.weight
+        if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        self.cpu_kernels = True
+        return True
 
     def row_functions(self) -> list[tuple[RowFn, int]]:
         """Each row-wise function forward() runs, with its input width (every layer has the same shapes)."""

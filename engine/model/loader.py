@@ -59,7 +59,8 @@ def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, is
                  threads: int = 1) -> None:
     """Fill the model from the checkpoint at path. With isa (the quantized kernels' instruction set),
     the layers whose weights the checkpoint also holds packed (quantized.safetensors) are replaced by
-    quantized ones first, and their dense copies are never read."""
+    quantized ones first, and their dense copies are never read; the model's small ops then run
+    through the same kernels too (LlamaForCausalLM.use_cpu_kernels)."""
     files = weight_files(path)
     targets = model.checkpoint_tensors()
     packed = (frozenset(quantize_layers(model, path / QUANTIZED_FILE, targets, isa, threads)) if isa is not None
@@ -87,6 +88,8 @@ def load_weights(model: LlamaForCausalLM, path: Path, progress: bool = False, is
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"tensor {missing[0]!r} is missing from the checkpoint{more}")
+    if isa is not None:
+        model.use_cpu_kernels()
 
 
 def quantize_layers(model: LlamaForCausalLM, file: Path,

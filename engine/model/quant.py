@@ -45,6 +45,7 @@ AVX2_ISA = 1  # engine/model/kernels ISA_NAMES: avx2
 TILED_MIN_ROWS = 8
 # Weight rows per work item that torch's threads take from a shared counter.
 CHUNK_ROWS = 16
+_CAST_DTYPES = (torch.float32, torch.bfloat16)  # what qlinear_cast takes
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,14 @@ class QuantizedLinear(nn.Module):
         self.isa = isa
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dim() == 2 and x.shape[0] < BF16_MIN_ROWS and x.dtype in _CAST_DTYPES and len(self.parts) == 1
+                and self.bias is None):
+            # A decode step's few rows: qlinear with the casts to and from fp32 in the op, one
+            # dispatch instead of five (the same bits).
+            p = self.parts[0]
+            fmt = p.format
+            return torch.ops.tenantgate_quant.qlinear_cast(x, p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
+                                                           fmt.offset, self.isa, CHUNK_ROWS, self.threads)
         shape, dtype = x.shape, x.dtype
         x = x.reshape(-1, shape[-1])
         outs = [self._part(x, p) for p in self.parts]

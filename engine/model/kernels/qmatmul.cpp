@@ -32,11 +32,15 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <c10/util/BFloat16.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -507,20 +511,12 @@ void parallel_chunks(int64_t total, int64_t chunk, int64_t threads, const F& bod
 
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, kScalar), detected_isa()); }
 
-// y [M, N] = x [M, K] W^T, x float32.
-at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                   int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t isa, int64_t chunk_rows,
-                   int64_t threads) {
-  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
-  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
-              "x: contiguous float32 [M, ", cols, "]");
-  isa = clamp_isa(isa);
-  const int64_t M = x.size(0), N = w.rows, blocks = cols / block;
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+// y [M, N] = x [M, K] W^T over fp32 rows (xp, yp contiguous).
+void qlinear_rows(const Packed& w, const float* xp, int64_t M, float* yp, int64_t isa, int64_t chunk_rows,
+                  int64_t threads) {
+  const int64_t cols = w.cols, N = w.rows, blocks = cols / w.block;
   std::vector<float> xsum(w.is_signed ? 0 : M * blocks);
-  if (!w.is_signed) block_sums(xp, M, cols, block, xsum.data());
+  if (!w.is_signed) block_sums(xp, M, cols, w.block, xsum.data());
   DotFn tiles[4];
   for (int r = 0; r < 4; ++r) tiles[r] = by_format(w, PickDot{isa, r + 1});
   parallel_chunks(N, std::max<int64_t>(chunk_rows, 1), threads, [&](int64_t n0, int64_t n1) {
@@ -536,6 +532,40 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
       }
     }
   });
+}
+
+// y [M, N] = x [M, K] W^T, x float32.
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                   int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t isa, int64_t chunk_rows,
+                   int64_t threads) {
+  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
+              "x: contiguous float32 [M, ", cols, "]");
+  at::Tensor y = at::empty({x.size(0), w.rows}, x.options());
+  qlinear_rows(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), clamp_isa(isa), chunk_rows, threads);
+  return y;
+}
+
+// qlinear of x in float32 or bfloat16, y in x's dtype: for bfloat16, x widened to fp32 and y rounded
+// to nearest even, bit for bit qlinear(x.float()).to(x.dtype) without those two ops' dispatch (a
+// decode step's projections take one row each).
+at::Tensor qlinear_cast(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                        int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t isa, int64_t chunk_rows,
+                        int64_t threads) {
+  if (x.dtype() == at::kFloat)
+    return qlinear(x.contiguous(), codes, scales, mins, cols, bits, block, offset, isa, chunk_rows, threads);
+  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
+  TORCH_CHECK(x.dtype() == at::kBFloat16 && x.dim() == 2 && x.size(1) == cols && x.stride(1) == 1,
+              "x: float32 or bfloat16 [M, ", cols, "] with unit column stride");
+  const int64_t M = x.size(0), N = w.rows;
+  std::vector<float> xf(M * cols), yf(M * N);
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t k = 0; k < cols; ++k) xf[r * cols + k] = static_cast<float>(xp[r * x.stride(0) + k]);
+  qlinear_rows(w, xf.data(), M, yf.data(), clamp_isa(isa), chunk_rows, threads);
+  at::Tensor y = at::empty({M, N}, x.options());
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0; i < M * N; ++i) yp[i] = static_cast<c10::BFloat16>(yf[i]);
   return y;
 }
 
@@ -650,12 +680,388 @@ at::Tensor qdequantize_bf16(const at::Tensor& codes, const at::Tensor& scales, c
   return out;
 }
 
+// -- the decode path's small ops -----------------------------------------------------------------
+//
+// At one row a decode step's norms, rotary, SiLU and attention cost more in PyTorch's per-op
+// dispatch (3-8 us each, a dozen of them a layer) than in arithmetic, so each is one op here
+// (engine/model/llama.py uses them where these kernels are loaded: CPU, quantized weights). Every
+// op works row by row (a row's result depends on that row only, never on the call's row count or
+// the row's place: the deterministic lane relies on it) and takes float32 or bfloat16. bfloat16
+// values are widened to fp32, and every result PyTorch's bfloat16 ops would round is rounded the
+// same way (nearest even), so rotary and the residual add are bit for bit PyTorch's; the norm's sum
+// of squares, SiLU's exp and attention's softmax are fp32 evaluations of their own order.
+// Plain C++ that the compiler vectorizes; per-row sums run in 16 fixed lanes so their order does
+// not depend on the instruction set the compiler picked.
+
+constexpr int kLanes = 16;
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+template <typename T>
+inline T narrow(float v) { return static_cast<T>(v); }  // c10::BFloat16(float) rounds to nearest even
+
+// sum of v[0, n) in kLanes lanes, then the lanes in order.
+inline float lane_sum(const float* v, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += v[k + l];
+  for (int l = 0; k < n; ++k, ++l) lanes[l] += v[k];
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  return s;
+}
+
+inline float dot_lanes(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[k + l] * b[k + l];
+  for (int l = 0; k < n; ++k, ++l) lanes[l] += a[k] * b[k];
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  return s;
+}
+
+// exp(x) in fp32 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n from the exponent
+// bits), branch-free so loops of it vectorize; within 2 ulp of expf over [-87, 88] (x is clamped to
+// it: below, about 1e-38 where expf gives less).
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.0f);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+template <typename F>
+void for_rows(int64_t rows, int64_t grain, const F& body) {
+  if (rows <= grain || at::in_parallel_region()) {
+    body(0, rows);
+    return;
+  }
+  at::parallel_for(0, rows, grain, body);
+}
+
+#define TG_DISPATCH_FLOAT(dtype, ...)                                                   \
+  [&] {                                                                                \
+    if ((dtype) == at::kBFloat16) {                                                    \
+      using scalar_t = c10::BFloat16;                                                  \
+      return __VA_ARGS__();                                                            \
+    }                                                                                  \
+    TORCH_CHECK((dtype) == at::kFloat, "float32 or bfloat16 tensors expected");       \
+    using scalar_t = float;                                                            \
+    return __VA_ARGS__();                                                              \
+  }()
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.stride(1) == 1, name, ": a CPU [rows, width] tensor with unit column stride");
+}
+
+// x [M, H] += delta (when given, in place: the residual stream), then returns
+// weight * (x * rsqrt(mean(x^2) + eps)), as engine/model/llama.py's RMSNorm computes it (fp32
+// normalisation, rounded to the dtype, then scaled by the weight in the dtype).
+at::Tensor rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  const int64_t M = x.size(0), H = x.size(1);
+  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous() && weight.numel() == H, "weight: [H] in x's dtype");
+  if (delta.has_value()) {
+    check_rows(*delta, "delta");
+    TORCH_CHECK(delta->dtype() == x.dtype() && delta->size(0) == M && delta->size(1) == H, "delta: x's shape and dtype");
+  }
+  at::Tensor out = at::empty({M, H}, x.options());
+  TG_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* dp = delta.has_value() ? delta->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t ldx = x.stride(0), ldd = delta.has_value() ? delta->stride(0) : 0;
+    for_rows(M, 16, [&](int64_t r0, int64_t r1) {
+      std::vector<float> xf(H), sq(H);
+      for (int64_t r = r0; r < r1; ++r) {
+        scalar_t* xr = xp + r * ldx;
+        if (dp != nullptr) {
+          const scalar_t* dr = dp + r * ldd;
+          for (int64_t k = 0; k < H; ++k) xr[k] = narrow<scalar_t>(widen(xr[k]) + widen(dr[k]));
+        }
+        for (int64_t k = 0; k < H; ++k) {
+          xf[k] = widen(xr[k]);
+          sq[k] = xf[k] * xf[k];
+        }
+        const float inv = 1.0f / std::sqrt(lane_sum(sq.data(), H) / static_cast<float>(H) + static_cast<float>(eps));
+        scalar_t* orow = op + r * H;
+        for (int64_t k = 0; k < H; ++k) orow[k] = narrow<scalar_t>(widen(wp[k]) * widen(narrow<scalar_t>(xf[k] * inv)));
+      }
+    });
+  });
+  return out;
+}
+
+// Rotates, in place, the first `heads` heads of each row of x [T, >= heads * D] by the row's
+// cos and sin [T, 1, D] (RotaryEmbedding.tables): x * cos + rotate_half(x) * sin, each product and
+// the sum rounded to the dtype as PyTorch's ops round them.
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t head_dim) {
+  check_rows(x, "x");
+  const int64_t T = x.size(0), D = head_dim, half = D / 2;
+  TORCH_CHECK(D % 2 == 0 && heads * D <= x.size(1), "x: rows of at least heads * head_dim, head_dim even");
+  TORCH_CHECK(cos.dtype() == x.dtype() && sin.dtype() == x.dtype() && cos.is_contiguous() && sin.is_contiguous() &&
+                  cos.numel() == T * D && sin.numel() == T * D,
+              "cos, sin: contiguous [T, 1, head_dim] in x's dtype");
+  TG_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    const int64_t ldx = x.stride(0);
+    for_rows(T, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t t = r0; t < r1; ++t) {
+        const scalar_t* c = cp + t * D;
+        const scalar_t* s = sp + t * D;
+        for (int64_t h = 0; h < heads; ++h) {
+          scalar_t* v = xp + t * ldx + h * D;
+          for (int64_t j = 0; j < half; ++j) {
+            const float a = widen(v[j]), b = widen(v[j + half]);
+            const float lo = widen(narrow<scalar_t>(a * widen(c[j]))) + widen(narrow<scalar_t>(-b * widen(s[j])));
+            const float hi = widen(narrow<scalar_t>(b * widen(c[j + half]))) + widen(narrow<scalar_t>(a * widen(s[j + half])));
+            v[j] = narrow<scalar_t>(lo);
+            v[j + half] = narrow<scalar_t>(hi);
+          }
+        }
+      }
+    });
+  });
+}
+
+// silu(gate) * up of x [M, 2I] = [gate | up] (the fused gate_up projection's output): [M, I].
+at::Tensor silu_mul(const at::Tensor& x) {
+  check_rows(x, "x");
+  const int64_t M = x.size(0), I = x.size(1) / 2;
+  TORCH_CHECK(x.size(1) % 2 == 0, "x: an even width");
+  at::Tensor out = at::empty({M, I}, x.options());
+  TG_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t ldx = x.stride(0);
+    for_rows(M, 8, [&](int64_t r0, int64_t r1) {
+      std::vector<float> g(I);
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* gate = xp + r * ldx;
+        const scalar_t* up = gate + I;
+        for (int64_t k = 0; k < I; ++k) {
+          const float v = widen(gate[k]);
+          g[k] = v / (1.0f + exp_approx(-v));
+        }
+        scalar_t* orow = op + r * I;
+        for (int64_t k = 0; k < I; ++k) orow[k] = narrow<scalar_t>(widen(narrow<scalar_t>(g[k])) * widen(up[k]));
+      }
+    });
+  });
+  return out;
+}
+
+// One KV head's attention for one query row: qf [group, D] (scaled, fp32) over the n keys and
+// values at k_rows[j], v_rows[j] (D each); scores [group, L] is scratch, acc [group, D] receives
+// the unnormalised sums and total [group] the softmax denominators.
+template <typename T>
+void attend_scalar(const float* qf, const T* const* k_rows, const T* const* v_rows, int64_t n, int64_t group,
+                   int64_t D, int64_t L, float* kv, float* scores, float* acc, float* total) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t d = 0; d < D; ++d) kv[d] = widen(k_rows[j][d]);
+    for (int64_t i = 0; i < group; ++i) scores[i * L + j] = dot_lanes(qf + i * D, kv, D);
+  }
+  for (int64_t i = 0; i < group; ++i) {
+    float* s = scores + i * L;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+    for (int64_t j = 0; j < n; ++j) s[j] = exp_approx(s[j] - top);
+    total[i] = lane_sum(s, n);
+  }
+  std::fill(acc, acc + group * D, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t d = 0; d < D; ++d) kv[d] = widen(v_rows[j][d]);
+    for (int64_t i = 0; i < group; ++i) {
+      const float p = scores[i * L + j];
+      for (int64_t d = 0; d < D; ++d) acc[i * D + d] += p * kv[d];
+    }
+  }
+}
+
+#ifdef TG_X86
+TG_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TG_AVX512 inline __m512 load16(const c10::BFloat16* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// exp_approx on 16 lanes, the same operations in the same order.
+TG_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.0f));
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), round), round);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+  p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+  __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// attend_scalar with 16-lane vectors (D a multiple of 16, group at most 8): fused multiply-adds,
+// so the last bits differ from the scalar path's (the caller's instruction set decides which runs).
+template <typename T>
+TG_AVX512 void attend_avx512(const float* qf, const T* const* k_rows, const T* const* v_rows, int64_t n,
+                             int64_t group, int64_t D, int64_t L, float* scores, float* acc, float* total) {
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 dot[8];
+    for (int64_t i = 0; i < group; ++i) dot[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 kv = load16(k_rows[j] + d);
+      for (int64_t i = 0; i < group; ++i) dot[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + i * D + d), kv, dot[i]);
+    }
+    for (int64_t i = 0; i < group; ++i) scores[i * L + j] = _mm512_reduce_add_ps(dot[i]);
+  }
+  for (int64_t i = 0; i < group; ++i) {
+    float* s = scores + i * L;
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
+    if (j < n) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, static_cast<__mmask16>((1u << (n - j)) - 1), s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), m));
+      _mm512_mask_storeu_ps(s + j, live, e);
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(live, e));
+    }
+    total[i] = _mm512_reduce_add_ps(sum);
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {  // 64 columns of every head's sums in registers
+    const int64_t width = std::min<int64_t>(64, D - d0);
+    __m512 a[8][4];
+    for (int64_t i = 0; i < group; ++i)
+      for (int c = 0; c < 4; ++c) a[i][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t c = 0; c < width / 16; ++c) {
+        const __m512 vv = load16(v_rows[j] + d0 + 16 * c);
+        for (int64_t i = 0; i < group; ++i) a[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[i * L + j]), vv, a[i][c]);
+      }
+    }
+    for (int64_t i = 0; i < group; ++i)
+      for (int64_t c = 0; c < width / 16; ++c) _mm512_storeu_ps(acc + i * D + d0 + 16 * c, a[i][c]);
+  }
+}
+#endif
+
+// One query per row over its paged context: q [B, H, D] (rows and heads may be strided), the pool's
+// k_cache, v_cache [blocks, block_size, Hkv, D], each row's block table [B, n] and key mask
+// [B, 1, 1, n * block_size] (True: attend; as model_runner builds them for decodes). With k, v
+// [B, Hkv, D] and slots [B], the rows' own keys and values are written to the pool first, all of
+// them before any row is read. Scores, softmax and the weighted sum of values in fp32, keys in
+// order; the output [B, H, D] is rounded to q's dtype. isa (at most the CPU's) picks AVX-512 or
+// the scalar path.
+at::Tensor decode_attention(const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& tables,
+                            const at::Tensor& mask, double scale, const c10::optional<at::Tensor>& k,
+                            const c10::optional<at::Tensor>& v, const c10::optional<at::Tensor>& slots, int64_t isa) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q: [B, H, D] with unit stride in D");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.dtype() == q.dtype() && v_cache.dtype() == q.dtype(),
+              "caches: contiguous [blocks, block_size, Hkv, D] in q's dtype");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t BS = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && H % Hkv == 0, "q and the caches disagree on head_dim or heads");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == B && tables.dtype() == at::kLong && tables.is_contiguous(),
+              "tables: contiguous int64 [B, blocks]");
+  const int64_t L = tables.size(1) * BS;
+  TORCH_CHECK(mask.dtype() == at::kBool && mask.is_contiguous() && mask.numel() == B * L, "mask: contiguous bool [B, 1, 1, blocks * block_size]");
+  const int64_t group = H / Hkv, row_elems = Hkv * D;
+  at::Tensor out = at::empty({B, H, D}, q.options());
+  TG_DISPATCH_FLOAT(q.scalar_type(), [&] {
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    if (slots.has_value()) {
+      TORCH_CHECK(k.has_value() && v.has_value(), "k, v and slots go together");
+      TORCH_CHECK(slots->dtype() == at::kLong && slots->is_contiguous() && slots->numel() == B, "slots: int64 [B]");
+      const int64_t* sp = slots->data_ptr<int64_t>();
+      const int64_t pool = k_cache.size(0) * BS;
+      for (const at::Tensor* src : {&*k, &*v}) {
+        TORCH_CHECK(src->dim() == 3 && src->size(0) == B && src->size(1) == Hkv && src->size(2) == D &&
+                        src->stride(2) == 1 && src->dtype() == q.dtype(),
+                    "k, v: [B, Hkv, D] in q's dtype with unit stride in D");
+        scalar_t* dst = src == &*k ? kc : vc;
+        const scalar_t* base = src->data_ptr<scalar_t>();
+        for (int64_t b = 0; b < B; ++b) {
+          TORCH_CHECK(sp[b] >= 0 && sp[b] < pool, "slot out of range");
+          for (int64_t h = 0; h < Hkv; ++h)
+            std::memcpy(dst + sp[b] * row_elems + h * D, base + b * src->stride(0) + h * src->stride(1), D * sizeof(scalar_t));
+        }
+      }
+    }
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const int64_t* tp = tables.data_ptr<int64_t>();
+    const bool* mp = mask.data_ptr<bool>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t blocks = k_cache.size(0);
+    const bool vector = clamp_isa(isa) >= kAvx512 && D % 16 == 0 && group <= 8;
+    for_rows(B * Hkv, 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> qf(group * D), kv(D), scores(group * L), acc(group * D), total(group);
+      std::vector<const scalar_t*> k_rows(L), v_rows(L);
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t b = w / Hkv, g = w % Hkv;
+        int64_t n = 0;  // the visible keys' pool rows, oldest first
+        for (int64_t j = 0; j < L; ++j) {
+          if (!mp[b * L + j]) continue;
+          const int64_t block = tp[b * tables.size(1) + j / BS];
+          TORCH_CHECK(block >= 0 && block < blocks, "block out of range");
+          const int64_t row = (block * BS + j % BS) * row_elems + g * D;
+          k_rows[n] = kc + row;
+          v_rows[n++] = vc + row;
+        }
+        for (int64_t i = 0; i < group; ++i) {
+          const scalar_t* qr = qp + b * q.stride(0) + (g * group + i) * q.stride(1);
+          for (int64_t d = 0; d < D; ++d) qf[i * D + d] = widen(qr[d]) * static_cast<float>(scale);
+        }
+#ifdef TG_X86
+        if (vector) {
+          attend_avx512<scalar_t>(qf.data(), k_rows.data(), v_rows.data(), n, group, D, L, scores.data(), acc.data(),
+                                  total.data());
+        } else
+#endif
+        {
+          attend_scalar<scalar_t>(qf.data(), k_rows.data(), v_rows.data(), n, group, D, L, kv.data(), scores.data(),
+                                  acc.data(), total.data());
+        }
+        for (int64_t i = 0; i < group; ++i) {
+          scalar_t* orow = op + (b * H + g * group + i) * D;
+          const float inv = n > 0 ? 1.0f / total[i] : 0.0f;
+          for (int64_t d = 0; d < D; ++d) orow[d] = narrow<scalar_t>(acc[i * D + d] * inv);
+        }
+      }
+    });
+  });
+  return out;
+}
+
 int64_t cpu_isa() { return detected_isa(); }
 
 }  // namespace
 
 TORCH_LIBRARY(tenantgate_quant, m) {
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
+        "int isa, int chunk_rows, int threads) -> Tensor");
+  m.def("qlinear_cast(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int isa, int chunk_rows, int threads) -> Tensor");
   m.def("qlinear_bf16(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int chunk_rows, int threads) -> Tensor");
@@ -666,12 +1072,22 @@ TORCH_LIBRARY(tenantgate_quant, m) {
   m.def("qdequantize_bf16(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int threads) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
+  m.def("rms_norm(Tensor(a!) x, Tensor? delta, Tensor weight, float eps) -> Tensor");
+  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
+  m.def("silu_mul(Tensor x) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor tables, Tensor mask, float scale, "
+        "Tensor? k, Tensor? v, Tensor? slots, int isa=3) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tenantgate_quant, CPU, m) {
   m.impl("qlinear", qlinear);
+  m.impl("qlinear_cast", qlinear_cast);
   m.impl("qlinear_bf16", qlinear_bf16);
   m.impl("qlinear_tiled", qlinear_tiled);
   m.impl("qdequantize", qdequantize);
   m.impl("qdequantize_bf16", qdequantize_bf16);
+  m.impl("rms_norm", rms_norm);
+  m.impl("rotary_", rotary_);
+  m.impl("silu_mul", silu_mul);
+  m.impl("decode_attention", decode_attention);
 }
