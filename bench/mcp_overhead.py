@@ -33,7 +33,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway_overhead import print_profile, serve_at_the_edge, start_server, stop_server
+from bench.gateway_overhead import (
+    cpu_seconds,
+    percentile,
+    print_profile,
+    serve_at_the_edge,
+    start_server,
+    stop_server,
+)
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 from gateway.policy.loader import DEFAULT_POLICY_DIR
@@ -123,17 +130,6 @@ async def run_load(url: str, headers: dict[str, str], n: int, concurrency: int) 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     return latencies, n / elapsed
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time so far (/proc; Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> int:
