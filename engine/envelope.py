@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.errors import EnvelopeError
 
-KEY_CACHE_SIZE = 16384  # tenants' keys and namespaces remembered (a few hundred bytes each)
+KEY_CACHE_SIZE = 16384  # keyed digests remembered: tenants, principals, namespaces (a few hundred bytes each)
 
 
 class Isolation(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() and f-strings of a member
@@ -130,20 +130,19 @@ def tenant_digest(key: bytes) -> str:
     return key.hex()[:TENANT_DIGEST_CHARS]
 
 
-@functools.lru_cache(maxsize=KEY_CACHE_SIZE)
 def isolation_key(secret: bytes, tenant_id: str) -> bytes:
     """The engine's key for a tenant (fairness, KV quota, isolation), whose tenant_digest is the
     tenant's digest everywhere. The "audit:" prefix is the one the audit trail's tenant digests
     always had, so trails, dashboards and stored keys written before the digests were one still
-    name the same tenant. Remembered: a request asks for its tenant's key several times (the
-    envelope, the audit record's digests, the metric label)."""
+    name the same tenant."""
     return keyed_digest(secret, "audit:tenant:" + tenant_id)
 
 
 @functools.lru_cache(maxsize=KEY_CACHE_SIZE)
 def keyed_digest(secret: bytes, value: str) -> bytes:
-    """HMAC-SHA256 of a namespace or tenant name under the deployment secret (remembered, like
-    isolation_key: each request asks for its namespace's)."""
+    """HMAC-SHA256 of a namespace or tenant name under the deployment secret. Remembered: a
+    request asks for its tenant's key and namespace several times (the envelope, its audit
+    records' digests, its quota keys, its metric label)."""
     return hmac.new(secret, value.encode(), hashlib.sha256).digest()
 
 

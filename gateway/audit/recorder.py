@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import hashlib
-import hmac
 import time
 import uuid
 
-from engine import isolation_key, tenant_digest
+from engine import isolation_key, keyed_digest, tenant_digest
 from gateway.audit.trail import AuditRefused, AuditTrail
 from gateway.errors import AuditUnavailable
 
 # How long a finished request waits for the engine's x-record (an abort is recorded by the
 # engine thread a moment after the caller has gone).
 ENGINE_RECORD_WAIT_S = 2.0
-DIGEST_CACHE_SIZE = 16384  # principals' digests remembered
 
 DIGEST_LABEL_CHARS = 12  # enough to tell tenants apart on a dashboard, short enough for a label
 
@@ -41,12 +37,11 @@ class AuditRecorder:
         self._key = key
         self.redactor = redactor
         self.pending: set[asyncio.Task] = set()
-        # A request asks for its principal's digest several times (its records, its quota keys):
-        # remembered per recorder, for the principals seen lately.
-        self.digest = functools.lru_cache(maxsize=DIGEST_CACHE_SIZE)(self._digest)
 
-    def _digest(self, value: str) -> str:
-        return hmac.new(self._key, b"audit:" + value.encode(), hashlib.sha256).hexdigest()[:32]
+    def digest(self, value: str) -> str:
+        # The engine's keyed digest (HMAC-SHA256, remembered for the values seen lately: a request
+        # asks for its principal's several times, for its records and its quota keys).
+        return keyed_digest(self._key, "audit:" + value).hex()[:32]
 
     def tenant_digest(self, tenant_id: str) -> str:
         """The engine's tag of the tenant (its step records show the same), under this recorder's key."""
