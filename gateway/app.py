@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from engine.paths import default_cache_dir
+from engine.remote import NO_NATIVE_TELEMETRY
 from gateway.audit import (
     AuditRecorder,
     AuditSink,
@@ -41,7 +42,6 @@ from gateway.mcp import build_mcp
 from gateway.mcp import router as mcp_router
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
-    NO_NATIVE_TELEMETRY,
     BodySizeLimit,
     RequestMetrics,
     RequestsBeforeShutdown,
@@ -344,8 +344,8 @@ def create_app(settings: Settings | None = None, *, backend: InferenceBackend | 
     openapi_url = "/openapi.json" if settings.environment == "development" else None
     app = _GatewayApp(title="tenantgate", version="0.1.0", lifespan=lifespan, openapi_url=openapi_url,
                       telemetry=NO_NATIVE_TELEMETRY,
-                  description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
-                              "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
+                      description="A zero-trust, policy-as-code gateway for multi-tenant LLM inference "
+                                  "(OpenAI-compatible; every call carries a Microsoft Entra ID access token).")
     install_handlers(app)
 
     @app.exception_handler(ClientGone)

@@ -7,7 +7,6 @@ import json
 import logging
 import time
 
-from fastapi.telemetry import TelemetryConfig
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,13 +21,6 @@ _ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "compl
            "/v1/embeddings": "embeddings", "/v1/responses": "responses", "/healthz": "healthz",
            "/readyz": "readyz"}
 _PREFIXES = (("/v1/models/", "models"), ("/v1/responses/", "responses"))
-
-
-# FastAPI's own OpenTelemetry instrumentation stays off: the gateway's spans and metrics are its
-# own (gateway/tracing.py, gateway/metrics.py), checked to carry no request content, and a second
-# set would duplicate them once any library set a global provider. Off, it also stops asking for
-# the global providers on every request (4 us each).
-NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
 class UnexpectedErrors:

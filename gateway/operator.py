@@ -24,13 +24,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client.exposition import choose_encoder
 
-from engine.remote import EdgeLimits, edge_config
+from engine.remote import NO_NATIVE_TELEMETRY, EdgeLimits, edge_config
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
 from gateway.deps import bearer_token, verified_principal
 from gateway.error_handlers import install_handlers
 from gateway.errors import GatewayError
-from gateway.middleware import NO_NATIVE_TELEMETRY, BodySizeLimit
+from gateway.middleware import BodySizeLimit
 
 OPERATOR_ROLE = "TenantGate.Operator"
 STARTUP_TIMEOUT_S = 10.0

@@ -1,7 +1,14 @@
 """The engine as a network service: the wire format, envelope tokens, the HTTP edge every listener
 of the product goes through, the server and its CLI."""
 
-from engine.remote.edge import EdgeLimits, EdgeRefusal, edge_config, new_edge_request_id, read_body
+from engine.remote.edge import (
+    NO_NATIVE_TELEMETRY,
+    EdgeLimits,
+    EdgeRefusal,
+    edge_config,
+    new_edge_request_id,
+    read_body,
+)
 from engine.remote.protocol import (
     ENVELOPE_HEADER,
     GENERATE_PATH,
@@ -28,6 +35,7 @@ from engine.remote.signing import (
 )
 
 __all__ = [
+    "NO_NATIVE_TELEMETRY",
     "EdgeLimits",
     "EdgeRefusal",
     "ENVELOPE_HEADER",

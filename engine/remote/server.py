@@ -28,7 +28,7 @@ from engine.async_engine import AsyncLLMEngine
 from engine.envelope import ExecutionEnvelope
 from engine.errors import EngineDeadError, RequestError
 from engine.llm_engine import LLMEngine
-from engine.remote.edge import EdgeRefusal, read_body
+from engine.remote.edge import NO_NATIVE_TELEMETRY, EdgeRefusal, read_body
 from engine.remote.protocol import (
     ENVELOPE_HEADER,
     GENERATE_PATH,
@@ -166,9 +166,7 @@ def create_app(server: EngineServer, *, grace_s: float = 10.0) -> FastAPI:
         yield
         await asyncio.to_thread(server.async_engine.shutdown, grace_s)
 
-    # FastAPI's own OpenTelemetry instrumentation off, as in the gateway (gateway/app.py).
-    app = FastAPI(title="tenantgate engine", lifespan=lifespan, openapi_url=None,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(title="tenantgate engine", lifespan=lifespan, openapi_url=None, telemetry=NO_NATIVE_TELEMETRY)
 
     @app.exception_handler(_Refused)
     async def _refused(request: Request, exc: _Refused) -> JSONResponse:
