@@ -320,7 +320,7 @@ class AuditTrail:
         line = canonical_json(self._signed(ANCHOR, final, position))
         # Every store takes the anchor or none does: a number skipped in one would read as a deleted anchor.
         if not all(sink.accepts(line) for sink in self.anchors):
-            logger.error("audit anchor at seq %d held back: an anchor store refuses writes", self._seq)
+            logger.error("audit anchor at seq %d held back: an anchor store refuses writes", position[0])
             self._anchored_at = time.monotonic()  # tried again in an interval
             return
         kept = 0
@@ -330,12 +330,12 @@ class AuditTrail:
                 kept += 1
             except Exception as exc:  # noqa: BLE001 - one anchor sink that fails must not keep it from the others
                 self._count_sink_error()
-                logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink), self._seq,
-                             _name(exc))
+                logger.error("audit anchor sink %s failed to write the anchor at seq %d (%s)", _name(sink),
+                             position[0], _name(exc))
         if kept:
             self._anchors_written += 1
             self._anchor_head = line_digest(line)
-        self._flush(self.anchors, self._seq)
+        self._flush(self.anchors, position[0])
         self._anchored_at = time.monotonic()
 
     def _flush(self, sinks: list[AuditSink], seq: int) -> bool:
