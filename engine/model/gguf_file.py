@@ -25,17 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
-# GGUFValueType: the scalar types' struct codes (numpy reads the same codes for arrays).
-UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_SCALARS = {
-    UINT8: "B", INT8: "b", UINT16: "H", INT16: "h", UINT32: "I", INT32: "i", FLOAT32: "f", BOOL: "?",
-    UINT64: "Q", INT64: "q", FLOAT64: "d",
+# The metadata value types (the gguf package's enum) and the scalar ones' struct codes (numpy
+# reads the same codes for arrays).
+V = GGUFValueType
+_SCALARS: dict[int, str] = {
+    V.UINT8: "B", V.INT8: "b", V.UINT16: "H", V.INT16: "h", V.UINT32: "I", V.INT32: "i", V.FLOAT32: "f",
+    V.BOOL: "?", V.UINT64: "Q", V.INT64: "q", V.FLOAT64: "d",
 }
 # Tensor types stored as plain numbers; every other type is stored as bytes of blocks.
 _PLAIN_TENSORS = {
@@ -99,7 +100,7 @@ class GGUFFile:
         reader = _Cursor(self._map, size)
         if reader.take(4, "the magic number") != MAGIC:
             raise ValueError("no GGUF magic number at its start")
-        version = reader.scalar(UINT32, "the version")
+        version = reader.scalar(V.UINT32, "the version")
         if version & 0xFFFF == 0:  # written by a machine of the other byte order: big-endian throughout
             reader.order = ">"
             version = int.from_bytes(version.to_bytes(4, "little"), "big")
@@ -107,8 +108,8 @@ class GGUFFile:
         self.version = version
         if self.version not in SUPPORTED_VERSIONS:
             raise ValueError(f"GGUF version {self.version}, which this reader does not read (it reads 2 and 3)")
-        tensor_count = reader.scalar(UINT64, "the tensor count")
-        kv_count = reader.scalar(UINT64, "the metadata count")
+        tensor_count = reader.scalar(V.UINT64, "the tensor count")
+        kv_count = reader.scalar(V.UINT64, "the metadata count")
         self.fields: dict[str, Field] = {}
         reader.expect(kv_count, 12, "metadata entries")  # a key's length and a value's type at least
         for _ in range(kv_count):
@@ -120,14 +121,14 @@ class GGUFFile:
         reader.expect(tensor_count, 24, "tensor infos")  # a name's length, a dimension count, type and offset
         for _ in range(tensor_count):
             name = reader.string("a tensor name").decode("utf-8")
-            n_dims = reader.scalar(UINT32, f"tensor {name!r}'s dimension count")
-            dims = tuple(reader.array(UINT64, n_dims, f"tensor {name!r}'s dimensions"))
-            kind = reader.scalar(UINT32, f"tensor {name!r}'s type")
-            offset = reader.scalar(UINT64, f"tensor {name!r}'s offset")
+            n_dims = reader.scalar(V.UINT32, f"tensor {name!r}'s dimension count")
+            dims = tuple(reader.array(V.UINT64, n_dims, f"tensor {name!r}'s dimensions"))
+            kind = reader.scalar(V.UINT32, f"tensor {name!r}'s type")
+            offset = reader.scalar(V.UINT64, f"tensor {name!r}'s offset")
             infos.append((name, dims, kind, offset))
         self.alignment = DEFAULT_ALIGNMENT
         if (align := self.fields.get("general.alignment")) is not None:
-            if align.type != UINT32:
+            if align.type != V.UINT32:
                 raise ValueError("general.alignment is not a uint32")
             self.alignment = align.contents()
             if self.alignment == 0 or self.alignment & (self.alignment - 1):
@@ -197,7 +198,7 @@ class _Cursor:
         return value
 
     def string(self, what: str) -> bytes:
-        return self.take(self.scalar(UINT64, f"the length of {what}"), what)
+        return self.take(self.scalar(V.UINT64, f"the length of {what}"), what)
 
     def array(self, kind: int, count: int, what: str) -> list:
         dtype = np.dtype(self.order + _SCALARS[kind])
@@ -220,15 +221,15 @@ class _Cursor:
         return out
 
     def field(self, key: str) -> Field:
-        kind = self.scalar(UINT32, f"the type of {key!r}")
-        if kind == ARRAY:
-            item = self.scalar(UINT32, f"the item type of {key!r}")
-            count = self.scalar(UINT64, f"the length of {key!r}")
-            return Field(ARRAY, self.items(item, count, key), item)
+        kind = self.scalar(V.UINT32, f"the type of {key!r}")
+        if kind == V.ARRAY:
+            item = self.scalar(V.UINT32, f"the item type of {key!r}")
+            count = self.scalar(V.UINT64, f"the length of {key!r}")
+            return Field(V.ARRAY, self.items(item, count, key), item)
         return Field(kind, self.value(kind, key))
 
     def value(self, kind: int, key: str) -> Any:
-        if kind == STRING:
+        if kind == V.STRING:
             return self.string(f"{key!r}")
         if kind in _SCALARS:
             return self.scalar(kind, f"{key!r}")
@@ -237,13 +238,13 @@ class _Cursor:
     def items(self, kind: int, count: int, key: str) -> list:
         if kind in _SCALARS:
             return self.array(kind, count, f"{key!r}")
-        if kind == STRING:
+        if kind == V.STRING:
             return self.strings(count, f"{key!r}")
-        if kind == ARRAY:  # arrays of arrays: each its own item type and length
+        if kind == V.ARRAY:  # arrays of arrays: each its own item type and length
             self.expect(count, 12, f"{key!r}")
             out = []
             for _ in range(count):
-                item = self.scalar(UINT32, f"an item type of {key!r}")
-                out.append(self.items(item, self.scalar(UINT64, f"a length in {key!r}"), key))
+                item = self.scalar(V.UINT32, f"an item type of {key!r}")
+                out.append(self.items(item, self.scalar(V.UINT64, f"a length in {key!r}"), key))
             return out
         raise ValueError(f"{key!r} has item type {kind}, which GGUF does not define")
