@@ -21,7 +21,14 @@ from engine.grammar import Grammars
 from engine.model.catalog import resolve_model_path
 from engine.model.loader import weight_files
 from engine.model.quant import QUANTIZED_FILE
-from engine.model_runner import ModelRunner, kv_bytes_per_block, resolve_device, resolve_dtype, start_quantized_kernels
+from engine.model_runner import (
+    ModelRunner,
+    kv_bytes_per_block,
+    resolve_device,
+    resolve_dtype,
+    return_freed_memory,
+    start_quantized_kernels,
+)
 from engine.outputs import CompletedRequest, RequestOutput
 from engine.sampler import SampleResult
 from engine.sampling_params import SamplingParams
@@ -97,6 +104,8 @@ class LLMEngine:
         self.recorder = Recorder(self.sinks, config.record_key or os.urandom(32), self.fingerprint,
                                  config.block_size)
         self._arrivals = itertools.count()
+        if self.runner.device.type == "cpu":
+            return_freed_memory()
         logger.info(
             "engine ready: %s on %s, weights %s, %d KV blocks of %d tokens, fingerprint %s",
             mc.architecture, self.runner.device, self.runner.weights, num_blocks, config.block_size,

@@ -154,6 +154,21 @@ def keep_cpu_memory_mapped() -> bool:
         return False
 
 
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the kernel once, after loading (glibc's malloc_trim).
+
+    keep_cpu_memory_mapped stops glibc from trimming after each free, so what loading freed (the
+    tokenizer's parse of its JSON, the load's buffers: tens of MiB) would stay resident for the
+    process's life; the steps' own buffers are allocated again at the first step and kept."""
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return
+    try:
+        ctypes.CDLL(path).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()

@@ -37,7 +37,14 @@ logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
 # Bump whenever the converted files would change for the same GGUF, so stale caches are never reused.
-CONVERTER_VERSION = "gguf-v3"  # v3: quantized tensors also packed for the kernels (quantized.safetensors)
+# v3: quantized tensors also packed for the kernels (quantized.safetensors); v4: the projections a
+# layer fuses (q/k/v, gate/up) packed as one tensor each (FUSED_GROUPS).
+CONVERTER_VERSION = "gguf-v4"
+# Projections the Llama family runs as one matmul, in the model's row order. Stored packed as one
+# tensor each, the loader serves a fused layer straight from the file's pages (shared by every
+# process that maps it) instead of concatenating copies of its parts at every start.
+FUSED_GROUPS = {"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj")}
 
 # The dequantizers of the gguf package this converter accepts (K-quants included).
 SUPPORTED_TENSOR_TYPES = (
@@ -158,8 +165,26 @@ def convert_gguf(gguf_file: Path, out_dir: Path, progress: bool = True) -> None:
     (out_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8", newline="\n")
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_file.name})
     if packed:
+        fused = _fuse(packed, formats, config["num_hidden_layers"])
         save_file(packed, str(out_dir / QUANTIZED_FILE),
-                  metadata={"format": "pt", "source": gguf_file.name, "formats": json.dumps(formats, sort_keys=True)})
+                  metadata={"format": "pt", "source": gguf_file.name, "formats": json.dumps(formats, sort_keys=True),
+                            "fused": json.dumps(fused, sort_keys=True)})
+
+
+def _fuse(packed: dict[str, torch.Tensor], formats: dict[str, str], layers: int) -> dict[str, list[str]]:
+    """Replace, in packed, each layer's FUSED_GROUPS members by one tensor of their rows in order,
+    where all are packed in one format (a Q4_K_M file may pack v apart); returns group -> members."""
+    fused = {}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}."
+        for group, parts in FUSED_GROUPS.items():
+            members = [f"{prefix}{part}.weight" for part in parts]
+            if any(m not in formats for m in members) or len({formats[m] for m in members}) != 1:
+                continue
+            for field in ("codes", "scales", "mins"):
+                packed[f"{prefix}{group}.{field}"] = torch.cat([packed.pop(f"{m}.{field}") for m in members])
+            fused[f"{prefix}{group}"] = members
+    return fused
 
 
 def model_config(meta: _Metadata, tensors: dict[str, Any]) -> dict[str, Any]:

@@ -99,12 +99,30 @@ def quantize_layers(model: LlamaForCausalLM, file: Path,
     packed (a dense k beside a packed q) stays dense."""
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            formats = json.loads((f.metadata() or {}).get("formats", "{}"))
+            metadata = f.metadata() or {}
+            formats = json.loads(metadata.get("formats", "{}"))
+            fused = json.loads(metadata.get("fused", "{}"))
+
+            def packed(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"), f.get_tensor(f"{name}.mins")
+
             weights = {}
+            for group, members in fused.items():
+                # One tensor of its members' rows in order: each member a view of its rows, so that
+                # PackedWeight.cat joins them back without a copy.
+                tensors, start = packed(group), 0
+                for name in members:
+                    fmt, cols, _ = format_from_str(formats[name])
+                    rows = targets[name][2] if name in targets else 0
+                    codes, scales, mins = (t[start:start + rows] for t in tensors)
+                    weights[name] = PackedWeight(codes, scales, mins, cols, fmt)
+                    start += rows
+                if start != tensors[0].shape[0]:
+                    raise ValueError(f"{group} has {tensors[0].shape[0]} rows, its members {start}")
             for name, text in formats.items():
-                fmt, cols, _ = format_from_str(text)
-                weights[name] = PackedWeight(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"),
-                                             f.get_tensor(f"{name}.mins"), cols, fmt)
+                if name not in weights:
+                    fmt, cols, _ = format_from_str(text)
+                    weights[name] = PackedWeight(*packed(name), cols, fmt)
     except (SafetensorError, OSError, ValueError, KeyError) as exc:
         raise WeightsError(f"{file.name} is not a readable packed-weights file: {exc}") from None
     by_param: dict[int, list[tuple[int, str]]] = {}

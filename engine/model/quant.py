@@ -79,8 +79,21 @@ class PackedWeight:
     @staticmethod
     def cat(parts: list[PackedWeight]) -> PackedWeight:
         first = parts[0]
-        return PackedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                            torch.cat([p.mins for p in parts]), first.cols, first.format)
+        return PackedWeight(_join_rows([p.codes for p in parts]), _join_rows([p.scales for p in parts]),
+                            _join_rows([p.mins for p in parts]), first.cols, first.format)
+
+
+def _join_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat of rows; a view instead of a copy where the tensors are adjacent rows of one storage
+    (a fused projection the converter stored as one tensor: its pages stay the mapped file's)."""
+    first = tensors[0]
+    end = first.data_ptr()
+    for t in tensors:
+        if (not t.is_contiguous() or t.data_ptr() != end or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return torch.cat(tensors)
+        end += t.numel() * t.element_size()
+    return first.as_strided((sum(t.shape[0] for t in tensors), *first.shape[1:]), first.stride())
 
 
 # -- packing GGUF blocks -------------------------------------------------------------------------

