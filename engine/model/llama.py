@@ -7,9 +7,10 @@ Where the quantized-weight kernels are loaded (CPU), the loader also turns on th
 ops (LlamaForCausalLM.use_cpu_kernels) for steps of at most KERNEL_OPS_MAX_ROWS rows outside
 the deterministic lane: the residual add with each RMSNorm, rotary in place, SiLU times up,
 and decode attention over the pool each run as one op instead of a dozen PyTorch ops whose
-dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps, the
-deterministic lane, CUDA and dequantized weights run the eager ops below, which are faster
-once there are rows enough to vectorize over.
+dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps run the
+eager ops below, which are faster once there are rows enough to vectorize over, except their
+decodes' attention, which the kernel still runs (it reads each context in place where PyTorch's
+gathers a copy first). The deterministic lane, CUDA and dequantized weights run the eager ops only.
 """
 
 from __future__ import annotations
