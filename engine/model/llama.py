@@ -186,7 +186,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         return apply_rows(self.lm_head, hidden, row_sizes).float()
 
-    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata, max_rows: int | None = KERNEL_OPS_MAX_ROWS) -> bool:
+    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata,
+                     max_rows: int | None = KERNEL_OPS_MAX_ROWS) -> bool:
         """Whether this step runs the CPU kernels' small ops: on, at most max_rows rows (None: any), not the
         deterministic lane (its row-wise work runs on calls of its own sizes), no gradients wanted (the
         ops have none)."""

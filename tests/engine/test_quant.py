@@ -25,8 +25,7 @@ from engine.config import EngineConfig
 from engine.envelope import local_envelope
 from engine.errors import ConfigError
 from engine.llm_engine import LLMEngine
-from engine.model import kernels
-from engine.model import invariant
+from engine.model import invariant, kernels
 from engine.model.quant import (
     AMX_CHUNK_ROWS,
     AMX_MAX_ROWS,
