@@ -7,10 +7,9 @@ Where the quantized-weight kernels are loaded (CPU), the loader also turns on th
 ops (LlamaForCausalLM.use_cpu_kernels) for steps of at most KERNEL_OPS_MAX_ROWS rows outside
 the deterministic lane: the residual add with each RMSNorm, rotary in place, SiLU times up,
 and decode attention over the pool each run as one op instead of a dozen PyTorch ops whose
-dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps run the
-eager ops below, which are faster once there are rows enough to vectorize over, except their
-decodes' attention, which the kernel still runs (it reads each context in place where PyTorch's
-gathers a copy first). The deterministic lane, CUDA and dequantized weights run the eager ops only.
+dispatch dominated a one-row step (docs/engine.md, "Quantized weights"). Wider steps, the
+deterministic lane, CUDA and dequantized weights run the eager ops below, which are faster
+once there are rows enough to vectorize over.
 """
 
 from __future__ import annotations
@@ -90,7 +89,6 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         kernels: bool = False,  # rotary and attention by the CPU kernels (LlamaForCausalLM.forward decides)
-        kernel_attention: bool = False,  # only the decodes' attention by the CPU kernel (a wider step)
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = apply_rows(self.qkv_proj, x, meta.row_sizes)
@@ -105,7 +103,7 @@ class Attention(nn.Module):
         qk = apply_rotary(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, cpu_kernels=kernel_attention)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return apply_rows(self.o_proj, out.reshape(num_tokens, self.q_size), meta.row_sizes)
 
 
@@ -129,9 +127,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, meta, kv_cache, kernel_attention: bool = False):
-        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_sizes), rope, meta, kv_cache,
-                               kernel_attention=kernel_attention)
+    def forward(self, x, rope, meta, kv_cache):
+        x = x + self.self_attn(apply_rows(self.input_layernorm, x, meta.row_sizes), rope, meta, kv_cache)
         return x + apply_rows(self._mlp_block, x, meta.row_sizes)
 
     def _mlp_block(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,23 +172,17 @@ class LlamaForCausalLM(nn.Module):
             for decoder, kv_cache in zip(self._decoder_layers(), kv_caches):
                 x, delta = decoder.add_forward(x, delta, rope, meta, kv_cache)
             return self.norm.add_forward(x, delta)
-        # Wider steps keep PyTorch's norms, rotary and SiLU (vectorized over the rows, as fast or faster),
-        # but their decodes' attention reads each context in place by the kernel: PyTorch's gathers a
-        # copy of every context first (a concurrency-32 decode step: docs/engine.md, "Quantized weights").
-        kernel_attention = self._kernel_step(x, meta, max_rows=None)
-        for decoder, kv_cache in zip(self._decoder_layers(), kv_caches):
-            x = decoder(x, rope, meta, kv_cache, kernel_attention)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, meta, kv_cache)
         return apply_rows(self.norm, x, meta.row_sizes)
 
     def compute_logits(self, hidden: torch.Tensor, row_sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         return apply_rows(self.lm_head, hidden, row_sizes).float()
 
-    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata,
-                     max_rows: int | None = KERNEL_OPS_MAX_ROWS) -> bool:
-        """Whether this step runs the CPU kernels' small ops: on, at most max_rows rows (None: any), not the
-        deterministic lane (its row-wise work runs on calls of its own sizes), no gradients wanted (the
-        ops have none)."""
-        return (self.cpu_kernels and (max_rows is None or x.shape[0] <= max_rows) and meta.row_sizes is None
+    def _kernel_step(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step runs the CPU kernels' small ops: on, a few rows, not the deterministic lane
+        (its row-wise work runs on calls of its own sizes), no gradients wanted (the ops have none)."""
+        return (self.cpu_kernels and x.shape[0] <= KERNEL_OPS_MAX_ROWS and meta.row_sizes is None
                 and (torch.is_inference_mode_enabled() or not torch.is_grad_enabled()))
 
     def use_cpu_kernels(self) -> bool:
