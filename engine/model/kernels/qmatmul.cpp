@@ -7,7 +7,7 @@
 // stored two to a byte: in each run of 64 elements, byte j holds element j in its low nibble and
 // element 32 + j in its high one; wider codes take a byte each. Rows are padded to whole runs.
 //
-// Two products, both reading the codes directly:
+// Three products:
 //  - qlinear (fp32 activations, any row count): per block, the codes as floats are multiplied
 //    into x and summed, then scaled; the mins multiply per-block sums of x:
 //        y = sum_b scale_b * sum_{k in b} c_k x_k  +  sum_b min_b * sum_{k in b} x_k.
@@ -15,7 +15,9 @@
 //  - qlinear_bf16 (bf16 activations, AVX512-BF16 only): each weight row is dequantized once
 //    (scale * c + min in fp32, rounded to bf16, as a dense bf16 copy of the dequantized checkpoint
 //    would hold it) and multiplied into up to 4 activation rows at a time with bf16 dot products.
-// In both, a row's result depends on its own values only, never on how many rows the call has or
+//  - qlinear_amx (bf16 activations, CPUs with AMX-BF16): as qlinear_bf16, a chunk of weight rows
+//    dequantized to bf16 once, then multiplied with AMX tiles (tdpbf16ps) 32 x 32 rows at a time.
+// In all three, a row's result depends on its own values only, never on how many rows the call has or
 // where the row sits (the deterministic lane relies on it); it does depend on the instruction
 // set, which the caller chooses and the fingerprint records. Instruction sets are picked from what
 // the CPU reports at run time, with a portable scalar path for every other CPU.
@@ -345,8 +347,8 @@ TG_AMX void amx_configure() {
 
 TG_AMX void amx_release() { _tile_release(); }
 
-// y^T for 32 weight rows (wt, bf16, `ldw` elements apart) and 32 activation rows (xb: two packed
-// activation tiles per 32 elements of k, 1,024 bytes each, `ldx` bytes from one k-step to the next):
+// y^T for 32 weight rows (wt, bf16, `ldw` elements apart) and 32 activation rows (xb: for each 32
+// elements of k, two packed activation tiles of 1,024 bytes, one after the other):
 // c [2][2][16][16] fp32, c[i][j][n][m] the sum for weight row 16i + n and activation row 16j + m.
 // Each sum runs over k in order (tdpbf16ps adds a pair's two products, then the next pair's), the
 // same operations for a row wherever it sits in the call, so a row's result does not depend on the
@@ -372,8 +374,9 @@ TG_AMX void tile_amx(const uint16_t* wt, int64_t ldw, const uint16_t* xb, int64_
   _tile_stored(3, c + 768, 64);
 }
 
-// The 16 x 16 fp32 tile c (row n, column m) transposed and rounded to bf16 (nearest even): row m
-// of it to y + m * ldy, its first `cols` values, for rows m < `rows`.
+// The 16 x 16 fp32 tile c (row n, column m) transposed and rounded to bf16 (nearest even, denormals
+// flushed to zero as vcvtneps2bf16 does): row m of it to y + m * ldy, its first `cols` values, for
+// rows m < `rows`.
 TG_AMX void store_transposed(const float* c, int64_t rows, int64_t cols, uint16_t* y, int64_t ldy) {
   __m512 t[16], u[16];
   for (int k = 0; k < 8; ++k) {  // within 128-bit lanes: pairs of rows interleaved
@@ -399,7 +402,6 @@ TG_AMX void store_transposed(const float* c, int64_t rows, int64_t cols, uint16_
     }
   }
 }
-
 
 // -- AVX2 + FMA --------------------------------------------------------------------------------
 
