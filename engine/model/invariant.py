@@ -30,7 +30,9 @@ its deterministic lane can be trusted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +44,24 @@ KEY_UNIT = 64
 
 RowFn = Callable[[torch.Tensor], torch.Tensor]
 
+# Set while row-wise work runs for this path (apply_rows with sizes, rows_are_invariant): kernels
+# that have a faster path for some call sizes (engine/model/quant.py's AMX product) keep the one
+# this path was checked on, so the lane's bits stay what they were.
+_in_lane: ContextVar[bool] = ContextVar("tenantgate_invariant_lane", default=False)
+
+
+def in_lane() -> bool:
+    return _in_lane.get()
+
+
+@contextmanager
+def lane() -> Iterator[None]:
+    token = _in_lane.set(True)
+    try:
+        yield
+    finally:
+        _in_lane.reset(token)
+
 
 def apply_rows(fn: RowFn, x: torch.Tensor, sizes: tuple[int, ...] | None) -> torch.Tensor:
     """fn(x), computed on calls of exactly one of `sizes` rows (ascending) when sizes is set."""
@@ -49,13 +69,14 @@ def apply_rows(fn: RowFn, x: torch.Tensor, sizes: tuple[int, ...] | None) -> tor
         return fn(x)
     n, largest = x.shape[0], sizes[-1]
     outs = []
-    for start in range(0, n, largest):
-        chunk = x[start : start + largest]
-        rows = chunk.shape[0]
-        size = next(s for s in sizes if s >= rows)
-        if size > rows:
-            chunk = torch.cat([chunk, chunk.new_zeros(size - rows, *chunk.shape[1:])])
-        outs.append(fn(chunk)[:rows])
+    with lane():
+        for start in range(0, n, largest):
+            chunk = x[start : start + largest]
+            rows = chunk.shape[0]
+            size = next(s for s in sizes if s >= rows)
+            if size > rows:
+                chunk = torch.cat([chunk, chunk.new_zeros(size - rows, *chunk.shape[1:])])
+            outs.append(fn(chunk)[:rows])
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -67,12 +88,13 @@ def rows_are_invariant(fns: Iterable[tuple[RowFn, int]], sizes: tuple[int, ...],
     one random row per (size, position) exposes a size or position that differs.
     """
     generator = torch.Generator().manual_seed(0)
-    for fn, width in fns:
-        x = torch.randn(sizes[-1], width, generator=generator).to(device=device, dtype=dtype)
-        reference = apply_rows(fn, x, (ROW_TILE,))
-        for size in sizes:
-            if not torch.equal(fn(x[:size]), reference[:size]):
-                return False
+    with lane():
+        for fn, width in fns:
+            x = torch.randn(sizes[-1], width, generator=generator).to(device=device, dtype=dtype)
+            reference = apply_rows(fn, x, (ROW_TILE,))
+            for size in sizes:
+                if not torch.equal(fn(x[:size]), reference[:size]):
+                    return False
     return True
 
 

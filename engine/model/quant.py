@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model import invariant
+
 QUANTIZED_FILE = "quantized.safetensors"
 BF16_ISA = 3  # engine/model/kernels ISA_NAMES: avx512-bf16
 # Types packed for the kernels; F32/F16/BF16 tensors stay dense.
@@ -36,6 +38,15 @@ RUN = 64  # rows are padded to whole runs of 64 elements
 # least DENSE_MIN_ROWS (engine/model_runner.py, invariant_row_sizes).
 BF16_MIN_ROWS = 5
 DENSE_MIN_ROWS = 32
+# Where the CPU also has AMX-BF16 (and the kernel lets this process use it), bfloat16 calls of
+# DENSE_MIN_ROWS up to AMX_MAX_ROWS rows (a concurrency-32 decode step) take qlinear_amx instead: a
+# chunk of weight rows dequantized to bf16 into a buffer that stays in cache and multiplied with
+# AMX tiles, so the whole weight is never written out. Wider calls (prefill) read the dequantized
+# weight faster through oneDNN (docs/engine.md, "Quantized weights"). The deterministic lane keeps
+# the dense path at every size it was checked on (invariant.in_lane).
+AMX_ISA = 4  # engine/model/kernels ISA_NAMES: avx512-bf16-amx
+AMX_MAX_ROWS = 64
+AMX_CHUNK_ROWS = 64
 # fp32 calls (every CPU without AVX512-BF16) of at least TILED_MIN_ROWS rows, where the CPU has AVX2,
 # take the fp32 analogue of the tiled kernel: a chunk of weight rows dequantized to fp32 once, then
 # fp32 dot products over every activation row. Fewer rows read the codes directly, once per row,
@@ -240,19 +251,23 @@ class QuantizedLinear(nn.Module):
                                                            fmt.offset, self.isa, CHUNK_ROWS, self.threads)
         shape, dtype = x.shape, x.dtype
         x = x.reshape(-1, shape[-1])
-        outs = [self._part(x, p) for p in self.parts]
+        # Parts come back in fp32 or, from the bf16 matmuls, already in bf16 (then the cast is none).
+        outs = [self._part(x, p).to(dtype) for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        y = y.to(dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
     def _part(self, x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
         fmt, ops = p.format, torch.ops.tenantgate_quant
+        if (x.dtype == torch.bfloat16 and DENSE_MIN_ROWS <= x.shape[0] <= AMX_MAX_ROWS and self.isa >= AMX_ISA
+                and not invariant.in_lane()):
+            return ops.qlinear_amx(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block, fmt.offset,
+                                   AMX_CHUNK_ROWS, self.threads)
         if x.dtype == torch.bfloat16 and x.shape[0] >= DENSE_MIN_ROWS and self.isa >= BF16_ISA:
             weight = ops.qdequantize_bf16(p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block, fmt.offset,
                                           self.threads)
-            return F.linear(x, weight).float()
+            return F.linear(x, weight)  # bf16, as a dense bf16 layer's output
         if x.dtype == torch.bfloat16 and x.shape[0] >= BF16_MIN_ROWS and self.isa >= BF16_ISA:
             return ops.qlinear_bf16(x.contiguous(), p.codes, p.scales, p.mins, p.cols, fmt.bits, fmt.block,
                                     fmt.offset, CHUNK_ROWS, self.threads)

@@ -28,8 +28,10 @@ from engine.envelope import local_envelope
 from engine.errors import ConfigError
 from engine.llm_engine import LLMEngine
 from engine.model import gguf as gguf_module
-from engine.model import kernels
+from engine.model import invariant, kernels
 from engine.model.quant import (
+    AMX_CHUNK_ROWS,
+    AMX_MAX_ROWS,
     BF16_MIN_ROWS,
     DENSE_MIN_ROWS,
     PACKED_TYPES,
@@ -182,7 +184,8 @@ def test_bf16_products_use_the_bf16_weights_and_are_row_local(loaded, kind):
     w_bf16 = torch.ops.tenantgate_quant.qdequantize_bf16(weight.codes, weight.scales, weight.mins, cols, fmt.bits,
                                                          fmt.block, fmt.offset, 2)
     assert torch.equal(w_bf16, dense.to(torch.bfloat16))
-    assert torch.equal(layer(x[:DENSE_MIN_ROWS + 2]), F.linear(x[:DENSE_MIN_ROWS + 2], w_bf16))
+    with invariant.lane():  # where the CPU has AMX, only the deterministic lane takes it at these sizes
+        assert torch.equal(layer(x[:DENSE_MIN_ROWS + 2]), F.linear(x[:DENSE_MIN_ROWS + 2], w_bf16))
 
 
 @pytest.mark.parametrize("kind", PACKED_TYPES)
@@ -198,6 +201,44 @@ def test_a_bf16_row_has_the_same_bits_in_a_call_of_any_size(loaded, kind):
             for chunk_rows in (4, 16):
                 call = qlinear_bf16(x[start : start + m], weight, chunk_rows)
                 assert torch.equal(call, alone[start : start + m]), f"{kind}, M={m}, rows from {start}"
+
+
+def qlinear_amx(x: torch.Tensor, weight: PackedWeight, chunk_rows: int = AMX_CHUNK_ROWS) -> torch.Tensor:
+    return tiled("qlinear_amx", x, weight, chunk_rows)
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_amx_products_use_the_bf16_weights_and_give_a_row_the_same_bits_in_any_call(loaded, kind):
+    if loaded.isa < kernels.AMX:
+        pytest.skip("this CPU (or its kernel) offers no AMX-BF16: bfloat16 calls of 32 rows and more run oneDNN")
+    rows, cols = 77, odd_shape(kind)[1]  # two whole 32-row weight tiles and a partial one
+    weight, dense = packed(kind, rows, cols, seed=13)
+    x = torch.randn(AMX_MAX_ROWS + 6, cols, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    w16 = dense.to(torch.bfloat16).double()
+    reference = x.double() @ w16.T
+    # fp32 sums of exact bf16 products (within gamma_cols), then one rounding to bf16 (2^-8 relative).
+    bound = cols * U / (1 - cols * U) * (x.double().abs() @ w16.abs().T)
+    bound = bound + 2.0**-8 * (reference.abs() + bound)
+    alone = torch.cat([qlinear_amx(x[i : i + 1], weight) for i in range(x.shape[0])])
+    assert alone.dtype == torch.bfloat16
+    err = (alone.double() - reference).abs()
+    assert (err <= bound).all(), f"{kind}: {(err / bound).max():.2f}x the bound"
+    for m in (2, 16, 31, 32, 33, 64, 70):  # whole and partial 32-row activation tiles, rows at every place
+        for start in (0, 3):
+            for chunk_rows in (32, 64, 96):
+                call = qlinear_amx(x[start : start + m], weight, chunk_rows)
+                assert torch.equal(call, alone[start : start + m]), f"{kind}, M={m}, rows from {start}"
+    layer = QuantizedLinear([weight], None, loaded.isa, threads=2)
+    for m in (DENSE_MIN_ROWS, 45, AMX_MAX_ROWS):
+        assert torch.equal(layer(x[:m]), alone[:m]), f"{kind}, M={m}: the layer did not take the AMX kernel"
+    # Wider calls, and the deterministic lane at every size, keep the dense path they were checked on.
+    fmt = weight.format
+    w_bf16 = torch.ops.tenantgate_quant.qdequantize_bf16(weight.codes, weight.scales, weight.mins, cols, fmt.bits,
+                                                         fmt.block, fmt.offset, 2)
+    wide = x[: AMX_MAX_ROWS + 6]
+    assert torch.equal(layer(wide), F.linear(wide, w_bf16))
+    with invariant.lane():
+        assert torch.equal(layer(x[:DENSE_MIN_ROWS]), F.linear(x[:DENSE_MIN_ROWS], w_bf16))
 
 
 def test_a_fused_projection_of_mixed_formats_keeps_its_parts(loaded):
@@ -315,6 +356,19 @@ def test_quantized_gguf_matches_the_dequantized_path(tmp_path, demo_model_dir, l
         assert q.token_ids == d.token_ids
         torch.testing.assert_close(torch.stack(q.logits), torch.stack(d.logits), atol=LOGIT_ATOL, rtol=0)
         assert len(set(d.token_ids)) > 1  # a model that repeats one token would prove little
+
+
+def test_wide_decode_steps_match_the_dequantized_path(tmp_path, demo_model_dir, loaded):
+    """Steps of more than a few decodes read each context in place (the CPU kernel's attention; PyTorch
+    runs the rest): the same greedy tokens as the dequantized path, logits within its tolerance."""
+    path = write_tiny_gguf(tmp_path / "wide.gguf", demo_model_dir, qtype="Q4_1", shape=ODD)
+    prompts = [[(7 * i + j) % 250 + 3 for j in range(5 + i % 23)] for i in range(36)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, keep_logits=True)
+    quantized = engine_for(path, "quantized", max_num_seqs=36).generate(prompts, params, local_envelope())
+    dense = engine_for(path, "dequantized", max_num_seqs=36).generate(prompts, params, local_envelope())
+    for q, d in zip(quantized, dense):
+        assert q.token_ids == d.token_ids
+        torch.testing.assert_close(torch.stack(q.logits), torch.stack(d.logits), atol=LOGIT_ATOL, rtol=0)
 
 
 def test_auto_serves_dequantized_weights_where_the_kernels_cannot_build(tmp_path, demo_model_dir, monkeypatch, caplog):

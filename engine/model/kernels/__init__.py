@@ -31,9 +31,10 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 # Instruction sets, as qmatmul.cpp numbers them; the kernels never run one the CPU lacks.
-ISA_NAMES = ("scalar", "avx2", "avx512", "avx512-bf16")
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512-bf16", "avx512-bf16-amx")
 AVX2 = 1  # AVX2 + FMA: fp32 calls of TILED_MIN_ROWS rows or more run qlinear_tiled
 BF16 = 3  # AVX512-BF16: bfloat16 activations run qlinear_bf16
+AMX = 4  # AVX512-BF16 and AMX-BF16 (the kernel allows it): bfloat16 calls of 32 rows and more run qlinear_amx
 # -ffp-contract=off: weights are dequantized as a multiply then an add, two roundings, as the
 # gguf package does, so they equal the dequantized checkpoint's bit for bit.
 _CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17"]

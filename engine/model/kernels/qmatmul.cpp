@@ -7,7 +7,7 @@
 // stored two to a byte: in each run of 64 elements, byte j holds element j in its low nibble and
 // element 32 + j in its high one; wider codes take a byte each. Rows are padded to whole runs.
 //
-// Two products, both reading the codes directly:
+// Three products:
 //  - qlinear (fp32 activations, any row count): per block, the codes as floats are multiplied
 //    into x and summed, then scaled; the mins multiply per-block sums of x:
 //        y = sum_b scale_b * sum_{k in b} c_k x_k  +  sum_b min_b * sum_{k in b} x_k.
@@ -15,7 +15,9 @@
 //  - qlinear_bf16 (bf16 activations, AVX512-BF16 only): each weight row is dequantized once
 //    (scale * c + min in fp32, rounded to bf16, as a dense bf16 copy of the dequantized checkpoint
 //    would hold it) and multiplied into up to 4 activation rows at a time with bf16 dot products.
-// In both, a row's result depends on its own values only, never on how many rows the call has or
+//  - qlinear_amx (bf16 activations, CPUs with AMX-BF16): as qlinear_bf16, a chunk of weight rows
+//    dequantized to bf16 once, then multiplied with AMX tiles (tdpbf16ps) 32 x 32 rows at a time.
+// In all three, a row's result depends on its own values only, never on how many rows the call has or
 // where the row sits (the deterministic lane relies on it); it does depend on the instruction
 // set, which the caller chooses and the fingerprint records. Instruction sets are picked from what
 // the CPU reports at run time, with a portable scalar path for every other CPU.
@@ -45,20 +47,27 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TG_X86 1
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
 
-enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
+
+bool amx_usable();
 
 int64_t detected_isa() {
 #ifdef TG_X86
   __builtin_cpu_init();
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) return kAvx512Bf16;
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return amx_usable() ? kAmx : kAvx512Bf16;
   if (avx512) return kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
 #endif
@@ -290,6 +299,108 @@ constexpr std::array<TileFn, kTileR> tiles_for(std::index_sequence<R...>) {
 template <std::size_t... W>
 constexpr std::array<std::array<TileFn, kTileR>, kTileW> all_tiles(std::index_sequence<W...>) {
   return {tiles_for<static_cast<int>(W) + 1>(std::make_index_sequence<kTileR>{})...};
+}
+
+// -- AMX-BF16: bf16 activations, many rows -------------------------------------------------------
+
+#define TG_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
+
+// AMX's tile registers need the kernel's leave (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA)
+// once per process before any thread touches them; the CPU must report AMX-TILE and AMX-BF16.
+bool amx_usable() {
+  static const bool usable = [] {
+#if defined(__linux__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
+// The tile layout every AMX call uses: tiles 0-3 the fp32 sums of 16 weight rows by 16 activation
+// rows, 4-5 two weight tiles (16 rows x 32 bf16 of k), 6-7 two activation tiles (16 pairs of k x 16
+// rows, the pairs interleaved as tdpbf16ps wants them).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TG_AMX void amx_configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // GCC 12 does not see that ldtilecfg reads cfg and drops the stores above without this barrier.
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+TG_AMX void amx_release() { _tile_release(); }
+
+// y^T for 32 weight rows (wt, bf16, `ldw` elements apart) and 32 activation rows (xb: for each 32
+// elements of k, two packed activation tiles of 1,024 bytes, one after the other):
+// c [2][2][16][16] fp32, c[i][j][n][m] the sum for weight row 16i + n and activation row 16j + m.
+// Each sum runs over k in order (tdpbf16ps adds a pair's two products, then the next pair's), the
+// same operations for a row wherever it sits in the call, so a row's result does not depend on the
+// call's row count or the row's place in it.
+TG_AMX void tile_amx(const uint16_t* wt, int64_t ldw, const uint16_t* xb, int64_t kt, float* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t t = 0; t < kt; ++t) {
+    _tile_loadd(4, wt + t * 32, ldw * 2);
+    _tile_loadd(5, wt + 16 * ldw + t * 32, ldw * 2);
+    _tile_loadd(6, xb + t * 1024, 64);
+    _tile_loadd(7, xb + t * 1024 + 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 256, 64);
+  _tile_stored(2, c + 512, 64);
+  _tile_stored(3, c + 768, 64);
+}
+
+// The 16 x 16 fp32 tile c (row n, column m) transposed and rounded to bf16 (nearest even, denormals
+// flushed to zero as vcvtneps2bf16 does): row m of it to y + m * ldy, its first `cols` values, for
+// rows m < `rows`.
+TG_AMX void store_transposed(const float* c, int64_t rows, int64_t cols, uint16_t* y, int64_t ldy) {
+  __m512 t[16], u[16];
+  for (int k = 0; k < 8; ++k) {  // within 128-bit lanes: pairs of rows interleaved
+    const __m512 a = _mm512_loadu_ps(c + 32 * k), b = _mm512_loadu_ps(c + 32 * k + 16);
+    t[2 * k] = _mm512_unpacklo_ps(a, b);
+    t[2 * k + 1] = _mm512_unpackhi_ps(a, b);
+  }
+  for (int k = 0; k < 4; ++k) {  // u[4k + j], lane L: rows 4k..4k+3 of column 4L + j
+    u[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  const __mmask16 live = cols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1);
+  for (int j = 0; j < 4; ++j) {  // the 4 x 4 transpose of 128-bit lanes: column 4L + j is lane L of u[j], u[4 + j], ...
+    const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44), v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+    const __m512 col[4] = {_mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
+                           _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
+    for (int L = 0; L < 4; ++L) {
+      const int64_t m = 4 * L + j;
+      if (m < rows) _mm256_mask_storeu_epi16(y + m * ldy, live, (__m256i)_mm512_cvtneps_pbh(col[L]));
+    }
+  }
 }
 
 // -- AVX2 + FMA --------------------------------------------------------------------------------
@@ -599,6 +710,59 @@ at::Tensor qlinear_bf16(const at::Tensor& x, const at::Tensor& codes, const at::
                              yp + r0 * N + i0, N);
       }
     }
+  });
+#endif
+  return y;
+}
+
+// y [M, N] = x [M, K] W^T in bfloat16, x bfloat16, by AMX (the CPU has it and the kernel allows it):
+// each chunk of weight rows is dequantized to bfloat16 once (the values a dense bf16 copy holds)
+// into a buffer that stays in cache, and multiplied into every activation row 32 x 32 at a time
+// with tdpbf16ps; the fp32 sums are rounded to bf16 as a dense bf16 matmul rounds its output. The
+// activations are repacked once per call into the pairs-of-k layout the tiles read.
+at::Tensor qlinear_amx(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                       int64_t cols, int64_t bits, int64_t block, int64_t offset, int64_t chunk_rows,
+                       int64_t threads) {
+  Packed w = packed_of(codes, scales, mins, cols, bits, block, offset);
+  TORCH_CHECK(x.dtype() == at::kBFloat16 && x.dim() == 2 && x.size(1) == cols && x.is_contiguous(),
+              "x: contiguous bfloat16 [M, ", cols, "]");
+  TORCH_CHECK(detected_isa() >= kAmx, "qlinear_amx needs AMX-BF16");
+  const int64_t M = x.size(0), N = w.rows, steps = cols / 32, pairs = (M + 31) / 32;
+  at::Tensor y = at::empty({M, N}, x.options());
+#ifdef TG_X86
+  // xb[pair][step]: two tiles of 16 k-pairs x 16 rows (rows 32 * pair + 0..15, then + 16..31),
+  // each entry two bf16 (k, k + 1) as one 32-bit word; rows past M stay zero.
+  std::vector<uint32_t> xb(pairs * steps * 512, 0);
+  const uint32_t* x32 = reinterpret_cast<const uint32_t*>(x.data_ptr());
+  for (int64_t m = 0; m < M; ++m) {
+    uint32_t* dst = xb.data() + (m / 32) * steps * 512 + ((m % 32) / 16) * 256 + m % 16;
+    const uint32_t* src = x32 + m * (cols / 2);
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t p = 0; p < 16; ++p) dst[t * 512 + p * 16] = src[t * 16 + p];
+  }
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  RowBf16Fn dequantize_row = by_format(w, PickRowBf16{});
+  const int64_t ldw = w.padded_cols;
+  chunk_rows = std::max<int64_t>((chunk_rows + 31) / 32 * 32, 32);
+  parallel_chunks(N, chunk_rows, threads, [&](int64_t n0, int64_t n1) {
+    amx_configure();  // tile configuration is per thread
+    std::vector<uint16_t> rows(32 * ldw, 0);  // rows past the chunk's end stay as they were: finite
+    std::vector<float> scratch(ldw);
+    alignas(64) float c[1024];
+    for (int64_t g = n0; g < n1; g += 32) {
+      const int64_t live = std::min<int64_t>(32, n1 - g);
+      for (int64_t n = 0; n < live; ++n) dequantize_row(w, g + n, scratch.data(), rows.data() + n * ldw);
+      for (int64_t pair = 0; pair < pairs; ++pair) {
+        tile_amx(rows.data(), ldw, reinterpret_cast<const uint16_t*>(xb.data() + pair * steps * 512), steps, c);
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < 2; ++j) {
+            const int64_t m0 = pair * 32 + 16 * j;
+            if (16 * i < live && m0 < M)
+              store_transposed(c + (2 * i + j) * 256, M - m0, live - 16 * i, yp + m0 * N + g + 16 * i, N);
+          }
+      }
+    }
+    amx_release();
   });
 #endif
   return y;
@@ -1065,6 +1229,8 @@ TORCH_LIBRARY(tenantgate_quant, m) {
         "int isa, int chunk_rows, int threads) -> Tensor");
   m.def("qlinear_bf16(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int chunk_rows, int threads) -> Tensor");
+  m.def("qlinear_amx(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
+        "int chunk_rows, int threads) -> Tensor");
   m.def("qlinear_tiled(Tensor x, Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
         "int chunk_rows, int threads) -> Tensor");
   m.def("qdequantize(Tensor codes, Tensor scales, Tensor mins, int cols, int bits, int block, int offset, "
@@ -1083,6 +1249,7 @@ TORCH_LIBRARY_IMPL(tenantgate_quant, CPU, m) {
   m.impl("qlinear", qlinear);
   m.impl("qlinear_cast", qlinear_cast);
   m.impl("qlinear_bf16", qlinear_bf16);
+  m.impl("qlinear_amx", qlinear_amx);
   m.impl("qlinear_tiled", qlinear_tiled);
   m.impl("qdequantize", qdequantize);
   m.impl("qdequantize_bf16", qdequantize_bf16);
