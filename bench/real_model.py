@@ -281,7 +281,8 @@ def llamacpp_bin_dir() -> Path:
 class LlamaCpp:
     name = label = "llama.cpp"
 
-    def __init__(self, bin_dir: Path, gguf_file: Path, threads: int, slots: int, slot_ctx: int) -> None:
+    def __init__(self, bin_dir: Path, gguf_file: Path, threads: int, slots: int, slot_ctx: int,
+                 repack: bool = True) -> None:
         self.bin_dir, self.gguf_file, self.threads = bin_dir, gguf_file, threads
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -291,7 +292,7 @@ class LlamaCpp:
              "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(slots * slot_ctx),
              # A KV stream per slot: with one unified buffer and no RAM cache, idle slots keep their
              # cells and every later request attends over them (a 1,024-token TTFT took 2x as long).
-             "--no-kv-unified", "--cache-ram", "0", "--no-webui"],
+             "--no-kv-unified", "--cache-ram", "0", "--no-webui", *([] if repack else ["--no-repack"])],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.note = ""  # the server's own timings of the last call
@@ -509,6 +510,10 @@ def main() -> None:
                              "(bounded by the time budget)")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="comma-separated, e.g. float32,bfloat16")
     parser.add_argument("--llamacpp-bin", type=Path, help="directory with llama-server; default: the cached build")
+    parser.add_argument("--llamacpp-no-repack", action="store_true",
+                        help="llama-server --no-repack: its plain CPU path, where its repacked (AMX) buffers "
+                             "crash (the 11434 build segfaulted in ggml_backend_amx_mul_mat on an AMX Xeon); "
+                             "its figures are then not its best, and the run says so")
     parser.add_argument("--batched-bench", action="store_true",
                         help="also print llama-batched-bench's decode-only table (about a minute)")
     parser.add_argument("--quick", action="store_true",
@@ -541,8 +546,10 @@ def main() -> None:
         slot_ctx = max(args.prompt_len, args.ttft_prompt_len) + args.new_tokens
         try:
             llama = LlamaCpp(args.llamacpp_bin or llamacpp_bin_dir(), gguf_file, args.threads, max(concurrency),
-                             slot_ctx)
+                             slot_ctx, repack=not args.llamacpp_no_repack)
             systems.append(llama)
+            if args.llamacpp_no_repack:
+                print("llama.cpp: --no-repack (its plain CPU path, not its repacked/AMX one: not its best)")
         except (RuntimeError, OSError) as exc:
             print(f"llama.cpp: SKIPPED ({exc})")
     spinners = Spinners(args.busy_cores, args.time_budget * 2 + 600) if args.busy_cores else None
