@@ -5,8 +5,9 @@ The demo model on one CPU thread, 256-token prefixes (16 blocks): a miss prefill
 4, about 50 ms against 13 ms on an AMX Xeon, so 16 trials separate hits from misses completely
 (p ~ 1e-8) while a run stays near 5 s. (With 64-token prefixes a miss took 200 ms against 50 on
 the CPUs these tests first ran on, but 17 ms against 11 where oneDNN's bf16 matmuls use AMX: the
-hit's fixed cost then came within half a miss, which the magnitude checks below require.) The tests use alpha 0.001: when namespaces hold, the cross probes and
-the misses are exchangeable, so the no-leak test fails by chance in at most 0.1% of runs."""
+hit's fixed cost then came within half a miss, which the magnitude checks below require.) The
+tests use alpha 0.001: when namespaces hold, the cross probes and the misses are exchangeable, so
+the no-leak test fails by chance in at most 0.1% of runs."""
 
 from __future__ import annotations
 
