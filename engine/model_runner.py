@@ -135,6 +135,15 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
+def _libc() -> ctypes.CDLL | None:
+    """The C library, where it can be loaded; its glibc-only functions may still be missing."""
+    path = ctypes.util.find_library("c")
+    try:
+        return None if path is None else ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
 def keep_cpu_memory_mapped() -> bool:
     """Stop glibc from handing large freed buffers back to the kernel after every op.
 
@@ -143,14 +152,13 @@ def keep_cpu_memory_mapped() -> bool:
     step page-faults them in again: in a VM that made the KV gather ten times slower
     than the copy itself. Keeping them in the heap is what jemalloc/tcmalloc would do.
     """
-    path = ctypes.util.find_library("c")
-    if path is None:
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(path)
         ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
         return libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+    except AttributeError:  # not glibc (musl, macOS): nothing to tune
         return False
 
 
@@ -160,12 +168,12 @@ def return_freed_memory() -> None:
     keep_cpu_memory_mapped stops glibc from trimming after each free, so what loading freed (the
     tokenizer's parse of its JSON, the load's buffers: tens of MiB) would stay resident for the
     process's life; the steps' own buffers are allocated again at the first step and kept."""
-    path = ctypes.util.find_library("c")
-    if path is None:
+    libc = _libc()
+    if libc is None:
         return
     try:
-        ctypes.CDLL(path).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
+        libc.malloc_trim(0)
+    except AttributeError:  # not glibc: nothing to do
         pass
 
 

@@ -197,3 +197,35 @@ def test_kv_waste_is_reported(tiny_dir, make_engine) -> None:
     peak = engine.peak_kv_stats()
     assert peak.allocated_slots == 32  # 28 prompt + up to 3 decoded tokens in two blocks
     assert 0 < peak.waste < 0.2
+
+
+class _FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        if name not in ("mallopt", "malloc_trim"):  # a C library without them (musl, macOS)
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, args)) or 1
+
+
+def test_a_cpu_engine_hands_back_what_loading_freed_once_it_is_loaded(tiny_dir, make_engine, monkeypatch) -> None:
+    import engine.model_runner as runner_module
+
+    libc = _FakeLibc()
+    monkeypatch.setattr(runner_module, "_libc", lambda: libc)
+    make_engine(model=str(tiny_dir))
+    # The allocator tuned when the runner starts, its free pages handed back once the engine is loaded.
+    assert [name for name, _ in libc.calls] == ["mallopt", "mallopt", "malloc_trim"]
+    assert libc.calls[-1] == ("malloc_trim", (0,))
+
+
+def test_a_c_library_without_the_glibc_calls_is_left_alone(monkeypatch) -> None:
+    import engine.model_runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_libc", lambda: object())  # no mallopt, no malloc_trim
+    assert runner_module.keep_cpu_memory_mapped() is False
+    runner_module.return_freed_memory()  # no error
+    monkeypatch.setattr(runner_module, "_libc", lambda: None)
+    assert runner_module.keep_cpu_memory_mapped() is False
+    runner_module.return_freed_memory()

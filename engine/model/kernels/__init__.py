@@ -97,9 +97,14 @@ def library_name() -> str:
     return f"tenantgate_qmatmul_{build_key()}"
 
 
+def library_path(directory: Path) -> Path:
+    """Where build(directory) puts the library for this source, torch and machine."""
+    return Path(directory) / f"qmatmul-{build_key()}" / f"{library_name()}.so"
+
+
 def installed_library() -> Path | None:
     """The library `make install` built for this source, torch and machine; None where there is none."""
-    path = INSTALLED_DIR / f"qmatmul-{build_key()}" / f"{library_name()}.so"
+    path = library_path(INSTALLED_DIR)
     return path if path.is_file() else None
 
 
@@ -107,7 +112,7 @@ def build(directory: Path) -> None:
     """Compile the library into directory/qmatmul-<key>/ and load it (g++ through torch's builder and ninja)."""
     from torch.utils import cpp_extension
 
-    build_dir = Path(directory) / f"qmatmul-{build_key()}"
+    build_dir = library_path(directory).parent
     build_dir.mkdir(parents=True, exist_ok=True)
     with _ninja_on_path():
         cpp_extension.load(name=library_name(), sources=[str(SOURCE)], extra_cflags=_CFLAGS,
@@ -129,7 +134,7 @@ def _load(cache_dir: Path) -> Kernels | None:
         if installed is not None:
             torch.ops.load_library(str(installed))
         else:
-            fresh = not any((Path(cache_dir) / "kernels" / f"qmatmul-{build_key()}").glob("*.so"))
+            fresh = not library_path(Path(cache_dir) / "kernels").is_file()
             if fresh:
                 logger.info("building the quantized-weight kernels (first use; later starts reuse them)")
             build(Path(cache_dir) / "kernels")
