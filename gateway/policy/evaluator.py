@@ -40,11 +40,13 @@ class EmbeddedEvaluator:
     thread but its creator's, clone() included). An engine built elsewhere on the calling
     thread (the gateway's loop builds one a slice at a time) may be given as `engine`.
     An evaluation error is that input's alone: the engine stays, and the next input is
-    judged as if the error had never happened. With cache_size > 0, decisions are cached by
-    what the entrypoint's packages read of the input (reads.py: a field no rule they reach refers
-    to never misses the cache); the policy revision is part of the key, so a reload never serves
-    a stale decision. A revision that calls a builtin of the clock, chance or the network is
-    never cached. The request decision and the tools decision have a cache each.
+    judged as if the error had never happened. Each entrypoint is evaluated on what its packages
+    read of the input (reads.py), never on the whole document: a decision is a function of those
+    paths alone, and regorus parses and holds only them. With cache_size > 0, decisions are also
+    cached by that projection (a field no rule they reach refers to never misses the cache); the
+    policy revision is part of the key, so a reload never serves a stale decision. A revision that
+    calls a builtin of the clock, chance or the network is never cached. The request decision and
+    the tools decision have a cache each; the arguments are judged afresh on every call.
     """
 
     def __init__(
@@ -61,9 +63,11 @@ class EmbeddedEvaluator:
         self._local.engine = engine if engine is not None else _new_engine(self._source)  # errors surface here
         if isinstance(self._source, PreparedPolicy):
             self._reads, self._tools_reads = self._source.reads, self._source.tools_reads
+            self._arguments_reads = self._source.arguments_reads
         else:
             self._reads = engine_reads(self._local.engine, ENTRYPOINT)
             self._tools_reads = engine_reads(self._local.engine, TOOLS_ENTRYPOINT)
+            self._arguments_reads = engine_reads(self._local.engine, ARGUMENTS_ENTRYPOINT)
         self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._tools_cache: OrderedDict[tuple[str, str], ToolsDecision] = OrderedDict()
@@ -82,6 +86,11 @@ class EmbeddedEvaluator:
     def tools_reads(self) -> InputReads:
         """What this revision's tools decision reads of its input (the tools cache's key)."""
         return self._tools_reads
+
+    @property
+    def arguments_reads(self) -> InputReads:
+        """What this revision's arguments package reads of its input (what it is evaluated on)."""
+        return self._arguments_reads
 
     @property
     def source(self) -> PolicySource | PreparedPolicy:
@@ -116,11 +125,11 @@ class EmbeddedEvaluator:
         """The validated tools decision for one MCP tools/list or tools/call; raises a PolicyError
         (deny) otherwise. The decision is cached (it never reads a call's arguments); a call it
         allows is then judged on its arguments, every time."""
-        decision = self._cached(self._tools_cache, self._tools_reads, input_document, lambda: parse_tools_decision(
-            raw_decision(self._engine(), json.dumps(input_document), TOOLS_ENTRYPOINT)))
+        decision = self._cached(self._tools_cache, self._tools_reads, input_document, lambda read: parse_tools_decision(
+            raw_decision(self._engine(), read, TOOLS_ENTRYPOINT)))
         if not decision.allow or input_document.get("method") != "tools/call":
             return decision
-        raw = raw_decision(self._engine(), json.dumps(input_document), ARGUMENTS_ENTRYPOINT)
+        raw = raw_decision(self._engine(), self._arguments_reads.key(input_document), ARGUMENTS_ENTRYPOINT)
         if raw == "null":  # no arguments package: no call can be judged, so none is allowed
             raise PolicyEvaluationError(f"{ARGUMENTS_ENTRYPOINT} is undefined")
         return with_argument_denials(decision, parse_argument_denials(raw))
@@ -128,19 +137,21 @@ class EmbeddedEvaluator:
     def decide(self, input_document: Mapping) -> Decision:
         """The validated decision for one request; raises a PolicyError (deny) otherwise."""
         return self._cached(self._cache, self._reads, input_document,
-                            lambda: parse_decision(self.evaluate_json(json.dumps(input_document))))
+                            lambda read: parse_decision(self.evaluate_json(read)))
 
     def _cached(self, cache: OrderedDict[tuple[str, str], T], reads: InputReads, input_document: Mapping,
-                evaluate: Callable[[], T]) -> T:
+                evaluate: Callable[[str], T]) -> T:
+        """evaluate(the input as its packages read it, JSON), unless the cache holds its answer."""
+        read = reads.key(input_document)
         if not self._cache_size or not reads.cacheable:
-            return evaluate()
-        key = (self.revision, reads.key(input_document))
+            return evaluate(read)
+        key = (self.revision, read)
         with self._cache_lock:
             cached = cache.get(key)
             if cached is not None:
                 cache.move_to_end(key)
                 return cached
-        value = evaluate()
+        value = evaluate(read)
         with self._cache_lock:
             cache[key] = value
             if len(cache) > self._cache_size:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.loader import ENTRYPOINT, TOOLS_ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
+from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, ENTRYPOINT, TOOLS_ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
 from gateway.policy.reads import InputReads, engine_reads
 from gateway.policy.schema import validate_decision
 
@@ -34,7 +34,7 @@ SLICE_BYTES = 64 * 1024  # of data JSON per slice: well under a millisecond of r
 class PreparedPolicy:
     """What the loop needs of a checked revision: its digest, the module texts, the data as JSON
     slices that merge into the whole document, the registered tenants and the enabled ones, and
-    what its request and tools decisions read of the input (reads.py)."""
+    what its request, tools and arguments entrypoints read of the input (reads.py)."""
 
     revision: str
     modules: dict[str, str]
@@ -43,6 +43,7 @@ class PreparedPolicy:
     enabled_tenant_ids: frozenset[str] = frozenset()  # those whose data says enabled: true
     reads: InputReads = InputReads.whole()
     tools_reads: InputReads = InputReads.whole()
+    arguments_reads: InputReads = InputReads.whole()
 
 
 def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPolicy, object]:
@@ -63,7 +64,8 @@ def checked(policy_dir: Path, data_dir: Path | None = None) -> tuple[PreparedPol
     del source, tenants
     engine = build_engine(prepared)
     prepared = replace(prepared, reads=engine_reads(engine, ENTRYPOINT),
-                       tools_reads=engine_reads(engine, TOOLS_ENTRYPOINT))
+                       tools_reads=engine_reads(engine, TOOLS_ENTRYPOINT),
+                       arguments_reads=engine_reads(engine, ARGUMENTS_ENTRYPOINT))
     samples = load_samples(Path(policy_dir)).items()
     problem = next((p for name, (_, sample) in samples if (p := _sample_problem(engine, name, sample["input"]))), None)
     if problem is not None:
@@ -94,7 +96,8 @@ def write_prepared(policy_dir: str, data_dir: str, out: BinaryIO) -> None:
         return
     header = {"revision": prepared.revision, "modules": prepared.modules, "tenants": sorted(prepared.tenant_ids),
               "enabled": sorted(prepared.enabled_tenant_ids), "slices": len(prepared.data_slices),
-              "reads": prepared.reads.to_json(), "tools_reads": prepared.tools_reads.to_json()}
+              "reads": prepared.reads.to_json(), "tools_reads": prepared.tools_reads.to_json(),
+              "arguments_reads": prepared.arguments_reads.to_json()}
     out.write(json.dumps(header).encode() + b"\n")
     for text in prepared.data_slices:  # ASCII JSON (json.dumps escapes the rest): never a newline inside
         out.write(text.encode() + b"\n")
@@ -139,7 +142,8 @@ async def _read_prepared(stream: asyncio.StreamReader) -> PreparedPolicy | None:
     return PreparedPolicy(revision=header["revision"], modules=header["modules"], data_slices=tuple(slices),
                           tenant_ids=frozenset(header["tenants"]), enabled_tenant_ids=frozenset(header["enabled"]),
                           reads=InputReads.from_json(header["reads"]),
-                          tools_reads=InputReads.from_json(header["tools_reads"]))
+                          tools_reads=InputReads.from_json(header["tools_reads"]),
+                          arguments_reads=InputReads.from_json(header["arguments_reads"]))
 
 
 def _sample_problem(engine, name: str, input_document: dict) -> str | None:

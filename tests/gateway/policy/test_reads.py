@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import regorus
 
+from gateway.policy import evaluator as evaluator_module
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, TOOLS_ENTRYPOINT
+from gateway.policy.prepared import checked
 from gateway.policy.reads import InputReads, describe, engine_reads
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
 
@@ -202,6 +204,37 @@ def test_the_shipped_tools_decision_reads_no_arguments_and_the_request_decision_
     assert "input.tool" not in tools
     request = describe(evaluator.reads)
     assert not any(path.startswith(("input.tool", "input.server", "input.method")) for path in request)
+
+
+def test_the_shipped_arguments_package_is_evaluated_on_the_call_and_the_callers_tenant_alone() -> None:
+    evaluator = EmbeddedEvaluator(POLICY_DIR)
+    assert set(describe(evaluator.arguments_reads)) == {
+        "input.method", "input.principal.tenant_id", "input.server", "input.tool.name", "input.tool.arguments"}
+    prepared, engine = checked(POLICY_DIR)  # the reload's path carries the same reads
+    assert prepared.arguments_reads == evaluator.arguments_reads
+    del engine
+
+
+def test_a_decision_is_evaluated_on_what_its_packages_read(monkeypatch) -> None:
+    """regorus is handed the projection (the cache's key), never fields no rule reads."""
+    evaluator = EmbeddedEvaluator(POLICY_DIR)
+    seen: list[dict] = []
+    real = evaluator_module.raw_decision
+    monkeypatch.setattr(evaluator_module, "raw_decision",
+                        lambda engine, text, *entry: seen.append(json.loads(text)) or real(engine, text, *entry))
+    document = copy.deepcopy(SAMPLES["allow_standard_app_token"]["input"])
+    document["request"]["temperature"], document["principal"]["uti"] = 0.25, "never read"
+    evaluator.decide(document)
+    call = {"principal": {"tenant_id": NORTHWIND, "object_id": "o1", "idtyp": "user", "scopes": ["Tools.Invoke"],
+                          "roles": []},
+            "server": "devtools", "method": "tools/call",
+            "tool": {"name": "echo", "digest": DIGESTS[0], "recorded_digest": DIGESTS[0], "arguments": {"text": "a"}}}
+    evaluator.decide_tools(call)
+    request, tools, arguments = seen
+    assert "temperature" not in request["request"] and "uti" not in request["principal"]
+    assert "arguments" not in tools["tool"] and "object_id" in tools["principal"]
+    assert arguments == {"method": "tools/call", "principal": {"tenant_id": NORTHWIND}, "server": "devtools",
+                         "tool": {"name": "echo", "arguments": {"text": "a"}}}
 
 
 # -- the tools decision, cached ----------------------------------------------------------------
