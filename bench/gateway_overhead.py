@@ -137,13 +137,16 @@ def serve_bare(port: int, body_file: str, stream_file: str) -> None:
 
 
 def start_server(args: list[str], port: int, profile: Path | None = None, script: str = __file__,
-                 env: dict[str, str] | None = None, ready_path: str = "/docs") -> subprocess.Popen:
-    """`script --serve ARGS --port PORT` in a process of its own, once it answers."""
+                 env: dict[str, str] | None = None, ready_path: str = "/docs",
+                 cpus: set[int] | None = None) -> subprocess.Popen:
+    """`script --serve ARGS --port PORT` in a process of its own (on `cpus` alone, when given), once
+    it answers."""
     command = [sys.executable]
     if profile is not None:
         command += ["-m", "cProfile", "-o", str(profile)]
     command += [str(Path(script).resolve()), "--serve", *args, "--port", str(port)]
-    process = subprocess.Popen(command, cwd=ROOT, env=None if env is None else {**os.environ, **env})
+    process = subprocess.Popen(command, cwd=ROOT, env=None if env is None else {**os.environ, **env},
+                               preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
