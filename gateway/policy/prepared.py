@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.policy.exceptions import PolicyError, PolicyEvaluationError
-from gateway.policy.loader import ARGUMENTS_ENTRYPOINT, ENTRYPOINT, TOOLS_ENTRYPOINT, add_policy, load_samples, load_source, raw_decision
+from gateway.policy.loader import (
+    ARGUMENTS_ENTRYPOINT,
+    ENTRYPOINT,
+    TOOLS_ENTRYPOINT,
+    add_policy,
+    load_samples,
+    load_source,
+    raw_decision,
+)
 from gateway.policy.reads import InputReads, engine_reads
 from gateway.policy.schema import validate_decision
 
