@@ -52,21 +52,29 @@ def traces_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return True
 
 
+HANDOVER_SPANS = 64  # spans per batch handed to the export process (about 0.3 ms of pickling)
+
+
 def tracer_provider(environ: Mapping[str, str] = os.environ):
     """An SDK TracerProvider exporting OTLP over HTTP as OTEL_* says, or None when tracing is off."""
     if not traces_enabled(environ):
         return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from gateway.span_export import ChildSpanExporter
 
     resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "tenantgate"}))
     provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER(_ARG)
-    # The exporter reads the endpoint, headers, timeout and compression; the processor OTEL_BSP_*.
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    # The processor reads OTEL_BSP_*; the OTLP exporter, in a process of its own (span_export.py: its
+    # encoding would hold this process's GIL), the endpoint, headers, timeout and compression. The
+    # processor hands spans over in batches of HANDOVER_SPANS unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+    # says otherwise: each is one hold of the GIL, and the child sends what arrives together at once.
+    handover = None if environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else HANDOVER_SPANS
+    provider.add_span_processor(BatchSpanProcessor(ChildSpanExporter(), max_export_batch_size=handover))
     return provider
 
 
