@@ -50,6 +50,7 @@ class ChildSpanExporter(SpanExporter):
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()  # the processor's thread exports; force_flush may come from another
         self._closed = False
+        self._failing = False
 
     def _running(self) -> subprocess.Popen:
         child = self._child
@@ -57,6 +58,7 @@ class ChildSpanExporter(SpanExporter):
             if child is not None:
                 logger.warning("the span export process ended (status %s); starting another", child.returncode)
                 _close_pipes(child)
+                self._child = None
             child = self._child = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return child
 
@@ -65,14 +67,21 @@ class ChildSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE
         payload = pickle.dumps(flatten(spans), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            child = self._running()
             try:
+                child = self._running()
                 _write(child.stdin, _FRAME.pack(len(payload)) + payload)
-            except OSError:  # it died under the write: the batch is lost, as with a collector that is down
+            except OSError as exc:  # it could not start, or died under the write: the batch is lost,
+                if not self._failing:  # as with a collector that is down (said once, until one goes out)
+                    logger.warning("spans not exported: the export process is not there (%s)", type(exc).__name__)
+                self._failing = True
                 return SpanExportResult.FAILURE
+            self._failing = False
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Whether the child has sent everything handed to it so far (within the timeout). The SDK's
+        processor does not call this from its own force_flush, which returns once its spans are
+        handed over: a caller that needs them at the collector calls this, or shuts down."""
         with self._lock:
             child = self._child
             if child is None or child.poll() is not None:

@@ -150,3 +150,13 @@ def test_the_child_outlives_a_ctrl_c_to_the_process_group(tmp_path: Path) -> Non
     exporter.export(spans[1:2])
     exporter.shutdown()
     assert record.read_text().split() == [spans[0].name, spans[1].name, "shutdown"]
+
+
+def test_an_export_process_that_cannot_start_fails_the_batch_and_the_next_one_tries_again(tmp_path: Path) -> None:
+    exporter = ChildSpanExporter([str(tmp_path / "no-such-python")])
+    spans = finished_spans()
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # not an exception into the processor
+    exporter._command = [sys.executable, "-c", RECORDING_CHILD, str(tmp_path / "exported.txt")]
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert (tmp_path / "exported.txt").read_text().split()[-1] == "shutdown"
