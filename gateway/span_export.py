@@ -63,10 +63,10 @@ class ChildSpanExporter(SpanExporter):
         return child
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._closed:
-            return SpanExportResult.FAILURE
         payload = pickle.dumps(flatten(spans), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
+            if self._closed:  # under the lock: a batch racing shutdown must not start a child after it
+                return SpanExportResult.FAILURE
             try:
                 child = self._running()
                 _write(child.stdin, _FRAME.pack(len(payload)) + payload)

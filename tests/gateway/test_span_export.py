@@ -10,6 +10,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -160,3 +161,28 @@ def test_an_export_process_that_cannot_start_fails_the_batch_and_the_next_one_tr
     assert exporter.export(spans) is SpanExportResult.SUCCESS
     exporter.shutdown()
     assert (tmp_path / "exported.txt").read_text().split()[-1] == "shutdown"
+
+
+def test_a_batch_that_races_shutdown_starts_no_child_after_it(tmp_path: Path, monkeypatch) -> None:
+    """The processor's last batch may still be pickling when shutdown runs: it is refused, and no
+    export process outlives the exporter."""
+    import threading
+
+    exporter = ChildSpanExporter([sys.executable, "-c", RECORDING_CHILD, str(tmp_path / "exported.txt")])
+    pickling, shut = threading.Event(), threading.Event()
+    real_flatten = span_export.flatten
+
+    def slow_flatten(spans):
+        pickling.set()
+        shut.wait(10)
+        return real_flatten(spans)
+
+    monkeypatch.setattr(span_export, "flatten", slow_flatten)
+    results: list = []
+    racer = threading.Thread(target=lambda: results.append(exporter.export(finished_spans())))
+    racer.start()
+    assert pickling.wait(10)
+    exporter.shutdown()
+    shut.set()
+    racer.join(10)
+    assert results == [SpanExportResult.FAILURE] and exporter._child is None
