@@ -166,8 +166,6 @@ def test_an_export_process_that_cannot_start_fails_the_batch_and_the_next_one_tr
 def test_a_batch_that_races_shutdown_starts_no_child_after_it(tmp_path: Path, monkeypatch) -> None:
     """The processor's last batch may still be pickling when shutdown runs: it is refused, and no
     export process outlives the exporter."""
-    import threading
-
     exporter = ChildSpanExporter([sys.executable, "-c", RECORDING_CHILD, str(tmp_path / "exported.txt")])
     pickling, shut = threading.Event(), threading.Event()
     real_flatten = span_export.flatten
