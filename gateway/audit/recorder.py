@@ -78,32 +78,48 @@ class AuditRecorder:
                     "response": {"choices": [{"text": text} for text in texts]} if texts is not None else {}}
         return self.redactor.redact(document, decision.logging.redact)
 
-    def write_after_engine(self, backend, request_id: str, record: dict) -> asyncio.Task | None:
-        """Writes the record once the engine's x-record for the request is in (or a moment has passed).
+    def write_after_engine(self, backend, request_id: str, record: dict) -> asyncio.Future | None:
+        """Writes the record with the engine's x-record for the request: at once when the engine has
+        it (or keeps none), else once it is in (or a moment has passed).
         backend: whatever ran the request (None: nothing did), with engine_record() and expects_records.
-        Returns the task that writes it (None: written already, or refused), for a caller that must wait:
-        the task raises AuditUnavailable when the trail could not keep the record."""
+        Returns None when the record is written (or, for a refusal, refused: no acknowledgement waits
+        on it); else a future for a caller that must wait, which raises AuditUnavailable when the trail
+        could not keep the record."""
         if backend is None:  # nothing ran: a refusal, which is no acknowledgement, record or not
             try:
                 self.write(record)
             except AuditUnavailable:
                 pass  # the trail logged it
             return None
+        engine_record = backend.engine_record(request_id)
+        if engine_record is not None or not backend.expects_records:
+            # Nothing to wait for: written now, without a task and two turns of the event loop.
+            try:
+                self._write_with(record, engine_record)
+            except AuditUnavailable as exc:
+                refused = asyncio.get_running_loop().create_future()
+                refused.set_exception(exc)
+                refused.exception()  # raised to a caller who awaits it; no warning when none does
+                return refused
+            return None
 
         async def join() -> None:
             deadline = time.monotonic() + ENGINE_RECORD_WAIT_S
-            engine_record = backend.engine_record(request_id)
-            while engine_record is None and backend.expects_records and time.monotonic() < deadline:
+            engine_record = None
+            while engine_record is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
                 engine_record = backend.engine_record(request_id)
-            if engine_record is not None:
-                record["engine"] = {k: v for k, v in dataclasses.asdict(engine_record).items() if k != "request_id"}
-            self.write(record)
+            self._write_with(record, engine_record)
 
         task = asyncio.get_running_loop().create_task(join())
         self.pending.add(task)
         task.add_done_callback(self._settled)
         return task
+
+    def _write_with(self, record: dict, engine_record) -> None:
+        if engine_record is not None:
+            record["engine"] = {k: v for k, v in dataclasses.asdict(engine_record).items() if k != "request_id"}
+        self.write(record)
 
     def _settled(self, task: asyncio.Task) -> None:
         self.pending.discard(task)

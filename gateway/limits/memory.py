@@ -47,8 +47,11 @@ class InProcessLimiter:
         return Ticket(admission, headers=rate_limit_headers(admission, now, new_tats))
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:
+        self.settle_at_once(ticket, used_tokens)
+
+    def settle_at_once(self, ticket: Ticket, used_tokens: int) -> bool:
         if ticket.settled or not ticket.accounted:
-            return
+            return True
         ticket.settled = True
         a = ticket.admission
         unused = max(0, a.tokens - used_tokens)
@@ -58,6 +61,7 @@ class InProcessLimiter:
                                (f"{a.tenant}:{a.principal}:t", a.principal_tokens_per_minute)):
                 if unused and key in self._tat:
                     self._tat[key] -= unused * WINDOW_S / limit
+        return True
 
     def ready(self) -> bool:
         return True

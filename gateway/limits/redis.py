@@ -230,6 +230,9 @@ class RedisLimiter:
             self._unavailable(exc)
             self._retry(call)
 
+    def settle_at_once(self, ticket: Ticket, used_tokens: int) -> bool:
+        return ticket.settled or not ticket.accounted  # anything else is a call to the store
+
     def _release_call(self, a: Admission):
         return lambda: self._release(keys=[keys(a)[4], tombstone_key(a)], args=[a.request_id, self._lease_ms])
 

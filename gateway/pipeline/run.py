@@ -73,7 +73,7 @@ class Run:
         self._texts: dict[int, list[str]] | None = {} if admitted.keeps_content else None
         self._outputs: AsyncGenerator[RequestOutput, None] | None = None
         self._closed = False
-        self._written: asyncio.Task | None = None  # the audit record, once close() handed it over
+        self._written: asyncio.Future | None = None  # the audit record, while it waits for the engine's
 
     @property
     def request_id(self) -> str:
@@ -309,11 +309,12 @@ class Run:
             return
         self._closed = True
         gateway, admitted = self.gateway, self.admitted
-        # A task of its own: settling must happen even when the caller's task is being cancelled.
-        settle = asyncio.get_running_loop().create_task(
-            gateway.limiter.settle(admitted.ticket, self.prompt_tokens + self.output_tokens))
-        gateway.background.add(settle)
-        settle.add_done_callback(gateway.background.discard)
+        used = self.prompt_tokens + self.output_tokens
+        if not gateway.limiter.settle_at_once(admitted.ticket, used):
+            # A task of its own: settling must happen even when the caller's task is being cancelled.
+            settle = asyncio.get_running_loop().create_task(gateway.limiter.settle(admitted.ticket, used))
+            gateway.background.add(settle)
+            settle.add_done_callback(gateway.background.discard)
         ended = time.perf_counter()
         gateway.metrics.served(
             admitted.route, admitted.ask.model,

@@ -21,9 +21,12 @@ class SlowSettling(InProcessLimiter):
         super().__init__()
         self.settled: list[int] = []
 
+    def settle_at_once(self, ticket, used_tokens: int) -> bool:
+        return False  # as a store's limiter: settling is a call to make
+
     async def settle(self, ticket, used_tokens: int) -> None:
         await asyncio.sleep(0.5)
-        await super().settle(ticket, used_tokens)
+        super().settle_at_once(ticket, used_tokens)
         self.settled.append(used_tokens)
 
 
