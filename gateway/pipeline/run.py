@@ -206,22 +206,35 @@ class Run:
         return await self.until_disconnect(run())
 
     async def until_disconnect(self, awaitable: Awaitable):
-        """Awaits `awaitable`, or cancels it and raises ClientGone when the caller disconnects first."""
-        work = asyncio.ensure_future(awaitable)
+        """Awaits `awaitable` in the caller's task; when the caller disconnects first, that task is
+        cancelled (inside the engine stream, cancellation aborts the engine request) and ClientGone
+        raised. Awaited in place, not in a task of its own: that cost two turns of the event loop."""
+        task = asyncio.current_task()
+        assert task is not None
+        watching, gone = True, False
+
+        def on_disconnect(watch: asyncio.Future) -> None:
+            nonlocal gone
+            # Only while the work runs: a disconnect noticed after it returned cancels nothing.
+            if watching and not watch.cancelled() and watch.exception() is None:
+                gone = True
+                task.cancel()
+
         watch = asyncio.ensure_future(self._disconnected())
+        watch.add_done_callback(on_disconnect)
         try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            return await awaitable
+        except asyncio.CancelledError:
+            if gone:
+                gone = False
+                if task.uncancel() == 0:  # ours alone; a cancellation from elsewhere goes on
+                    raise ClientGone() from None
+            raise
         finally:
+            watching = False
             watch.cancel()
-            if not work.done():
-                work.cancel()  # inside the engine stream, cancellation aborts the engine request
-        if work not in done:
-            try:
-                await work
-            except asyncio.CancelledError:
-                pass
-            raise ClientGone()
-        return work.result()
+            if gone:  # the work returned despite the cancellation: it is spent
+                task.uncancel()
 
     def _request(self, span) -> RunRequest:
         """What one attempt asks its target, with the attempt's span as its traceparent."""
