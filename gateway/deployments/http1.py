@@ -21,6 +21,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -135,6 +136,7 @@ class Http1Client:
             await response.read_head()
         except BaseException:
             connection.close()
+            response._drop_parser()
             raise
         return response
 
@@ -185,7 +187,7 @@ class Response:
 
     def __init__(self, client: Http1Client, connection: _Connection) -> None:
         self._client, self._connection = client, connection
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.status_code = 0
         self.headers: dict[str, str] = {}
         self._pieces: list[bytes] = []
@@ -197,8 +199,9 @@ class Response:
 
     def on_headers_complete(self) -> None:
         self._head_done = True
-        self.status_code = self._parser.get_status_code()
-        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the message is complete
+        parser = cast(httptools.HttpResponseParser, self._parser)  # it is calling back
+        self.status_code = parser.get_status_code()
+        self._keep_alive = parser.should_keep_alive()  # llhttp forgets it once the message is complete
 
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
@@ -227,9 +230,16 @@ class Response:
                 return
             raise Interrupted("the connection closed mid-response")
         try:
-            self._parser.feed_data(data)
+            cast(httptools.HttpResponseParser, self._parser).feed_data(data)  # dropped only once done
         except httptools.HttpParserError:
             raise Interrupted("the response is not valid HTTP/1.1") from None
+        if self._done:
+            self._drop_parser()
+
+    def _drop_parser(self) -> None:
+        # The parser calls back this response's methods: a reference cycle, which would leave each
+        # response to the cyclic collector. Once the message is whole (or abandoned) it is cut.
+        self._parser = None
 
     async def read_head(self) -> None:
         while not self._head_done:
@@ -275,6 +285,7 @@ class Response:
         if self._released:
             return
         self._released = True
+        self._drop_parser()
         if self._done and self._keep_alive:
             self._client._release(self._connection)
         else:

@@ -1,6 +1,8 @@
 """The upstream HTTP/1.1 client (gateway/deployments/http1.py) against servers over real sockets."""
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -101,6 +103,27 @@ async def test_a_body_closed_before_its_end_or_marked_close_is_never_reused() ->
         await third.aclose()
         await http.aclose()
     assert server.connections == 3
+
+
+async def test_a_response_read_or_abandoned_goes_when_its_last_reference_does() -> None:
+    # Without a reference cycle (the parser calls the response back): the cyclic collector, which
+    # is off here, would be the only way to free it.
+    partial = OK.replace(b"content-length: 11", b"content-length: 99")
+    async with Server([OK, partial]) as server:
+        http = client()
+        gc.disable()
+        try:
+            read = await http.send("POST", server.url, {}, b"{}")
+            await read.aread()
+            await read.aclose()
+            abandoned = await http.send("POST", server.url, {}, b"{}")
+            await abandoned.aclose()  # before its end
+            refs = [weakref.ref(read), weakref.ref(abandoned)]
+            del read, abandoned
+            assert [ref() for ref in refs] == [None, None]
+        finally:
+            gc.enable()
+        await http.aclose()
 
 
 async def test_a_chunked_event_stream_is_read_as_lines_across_chunk_boundaries() -> None:
