@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -26,6 +25,8 @@ from typing import TYPE_CHECKING, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from engine.ids import random_hex
 
 if TYPE_CHECKING:
     from fastapi.telemetry import TelemetryConfig
@@ -71,7 +72,7 @@ def body_too_large(max_bytes: int) -> EdgeRefusal:
 
 
 def new_edge_request_id() -> str:
-    return "req-" + uuid.uuid4().hex
+    return "req-" + random_hex()
 
 
 def edge_config(app, limits: EdgeLimits, **options) -> uvicorn.Config:

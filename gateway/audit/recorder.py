@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 
 from engine import isolation_key, keyed_digest, tenant_digest
+from engine.ids import random_uuid
 from gateway.audit.trail import AuditRefused, AuditTrail
 from gateway.errors import AuditUnavailable
 
@@ -63,7 +63,7 @@ class AuditRecorder:
         if self.trail is None:
             return None
         try:
-            return self.trail.append({"decision_id": str(uuid.uuid4()), "time": round(time.time(), 3), **record})
+            return self.trail.append({"decision_id": random_uuid(), "time": round(time.time(), 3), **record})
         except AuditRefused:
             raise AuditUnavailable() from None
 

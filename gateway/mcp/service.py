@@ -17,13 +17,13 @@ import binascii
 import logging
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from engine.ids import random_hex
 from gateway.audit import AuditRecorder
 from gateway.auth.principal import Principal
 from gateway.errors import AuditUnavailable, RateLimited
@@ -195,7 +195,7 @@ class McpService:
         # A budget key of its own per tenant, server and tool (the listing's: tool None), keyed like the
         # tenant's own keys so that no id appears in the quota store.
         key = self.audit.digest(f"mcp:{principal.tenant_id}:{server_name}:{tool or ''}")
-        admission = Admission(tenant=key, principal=principal_digest, request_id=uuid.uuid4().hex, tokens=0,
+        admission = Admission(tenant=key, principal=principal_digest, request_id=random_hex(), tokens=0,
                               requests_per_minute=budget.calls_per_minute, tokens_per_minute=1,
                               principal_requests_per_minute=budget.calls_per_minute, principal_tokens_per_minute=1,
                               concurrent_requests=budget.concurrency)

@@ -10,12 +10,12 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
+from engine.ids import random_hex, random_uuid
 from gateway.auth.challenge import challenge_header, claims_request
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
@@ -138,7 +138,7 @@ class Admitted:
 
 
 def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{random_hex()}"
 
 
 def policy_input(gateway: Gateway, principal: Principal, exchange: Exchange, *, route: str, model: str,
@@ -325,7 +325,7 @@ async def admit(gateway: Gateway, exchange: Exchange, principal: Principal, ask:
     judgement = None
     token_ids, prompt_tokens = ask.token_ids, ask.prompt_tokens
     # Known before the answer, so a refusal and a success alike name their audit record.
-    decision_id = str(uuid.uuid4())
+    decision_id = random_uuid()
     exchange.request_id = ask.request_id
     exchange.add_headers({DECISION_ID_HEADER: decision_id})
     trace = exchange.trace
