@@ -63,6 +63,8 @@ class Run:
         self.prompt_tokens = admitted.prompt_tokens  # the gateway's count until a deployment reports its own
         self._reported_prompt = 0  # the deployment's last reported prompt count, before its bound
         self.output_tokens = 0
+        params = admitted.params
+        self._output_bound = params.max_tokens * params.n if params else 0  # per output, checked first
         self.cached_tokens = 0
         self.first_token_at: float | None = None  # perf_counter() at the deployment's first output token
         self.finish_reason: str | None = None  # choice 0's, else the last choice's to finish (the record's)
@@ -158,7 +160,10 @@ class Run:
         if self.first_token_at is None and output.num_output_tokens:
             self.first_token_at = time.perf_counter()
         generated[output.index] = output.num_output_tokens
-        self.output_tokens = self._bounded_output(sum(generated.values()))
+        total = output.num_output_tokens if len(generated) == 1 else sum(generated.values())
+        if total > self._output_bound or self.usage_excess:
+            total = self._bounded_output(total)
+        self.output_tokens = total
         self.cached_tokens = output.num_cached_tokens
         # Engines report the prompt's count with every output: bounded again only when it changes.
         if output.num_prompt_tokens and output.num_prompt_tokens != self._reported_prompt:
@@ -266,8 +271,7 @@ class Run:
 
     def _bounded_output(self, reported: int) -> int:
         """Output tokens as counted, at most max_tokens for each choice; any excess is noted."""
-        params = self.admitted.params
-        return self._bounded("completion_tokens", reported, params.max_tokens * params.n if params else 0)
+        return self._bounded("completion_tokens", reported, self._output_bound)
 
     def _bounded_prompt(self, reported: int) -> int:
         """A deployment's prompt count, at most what the request could have run: the ids the gateway
