@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         segment_digest,
         tenant_digest,
     )
+    from engine.ids import random_hex, random_uuid
     from engine.llm_engine import LLMEngine
     from engine.model.catalog import (
         DEFAULT_MODEL,
@@ -89,6 +90,7 @@ _MODULES = {
         "tenant_digest", "PublicSegment", "segment_digest", "MAX_PUBLIC_SEGMENTS",
     ),
     "engine.tokenizer": ("Tokenizer",),
+    "engine.ids": ("random_hex", "random_uuid"),
     "engine.telemetry": (
         "RecordSink", "ListSink", "PrometheusSink", "PendingRecords", "StepHistory", "RequestRecord", "StepRecord",
     ),

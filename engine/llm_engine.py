@@ -233,6 +233,7 @@ class LLMEngine:
                 index=choice.choice_index,
             ))
         self.recorder.request(seq)
+        seq.release_choices()
         return finals
 
     def has_unfinished_requests(self) -> bool:
@@ -284,6 +285,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, reason)
                 self.runner.release(seq.seq_id)
                 self.recorder.request(seq)
+                seq.release_choices()
             outputs.append(
                 RequestOutput(
                     request_id=seq.request_id,

@@ -170,3 +170,12 @@ class Sequence:
     def finish(self, reason: FinishReason) -> None:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
+
+    def release_choices(self) -> None:
+        """Once every choice of the request has ended (and its x-record is made): the choices let go
+        of their shared list. Each is in it, a reference cycle that would leave every request's
+        sequences, detokenizers and envelopes to the cyclic collector instead of going at once."""
+        choices = self.choices
+        if all(choice.is_finished for choice in choices):
+            for choice in choices:
+                choice.choices = []

@@ -13,8 +13,7 @@ import asyncio
 import dataclasses
 import time
 
-from engine import isolation_key, keyed_digest, tenant_digest
-from engine.ids import random_uuid
+from engine import isolation_key, keyed_digest, random_uuid, tenant_digest
 from gateway.audit.trail import AuditRefused, AuditTrail
 from gateway.errors import AuditUnavailable
 

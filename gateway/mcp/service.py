@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from engine.ids import random_hex
+from engine import random_hex
 from gateway.audit import AuditRecorder
 from gateway.auth.principal import Principal
 from gateway.errors import AuditUnavailable, RateLimited

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError
-from engine.ids import random_hex, random_uuid
+from engine import EnvelopeError, ExecutionEnvelope, SamplingParams, SamplingParamsError, random_hex, random_uuid
 from gateway.auth.challenge import challenge_header, claims_request
 from gateway.auth.principal import Principal
 from gateway.context import Gateway

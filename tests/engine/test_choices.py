@@ -3,6 +3,9 @@ sample apart, and give every block back, however each of them ends."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from engine.llm_engine import RequestError
@@ -177,3 +180,27 @@ def test_under_memory_pressure_the_last_choice_goes_first_and_all_finish(tiny_di
     assert seq.num_preemptions <= min(c.num_preemptions for c in seq.choices[1:])
     run(engine, "r", tokens)
     assert sorted(tokens) == [0, 1, 2] and all(len(t) == 30 for t in tokens.values())
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("ending", ["finished", "aborted"])
+def test_a_requests_sequences_go_when_it_ends_without_the_cyclic_collector(tiny_dir, make_engine, n, ending) -> None:
+    # The choices share one list that each is in: cut once the last ends, or every request's
+    # sequences (and their detokenizers, envelopes) would wait for the cyclic collector.
+    engine = make_engine(model=str(tiny_dir))
+    gc.collect()
+    gc.disable()
+    try:
+        seq = engine.add_request("r", PROMPT, sampled(n=n, seed=7), envelope=ENV)
+        step_until_forked(engine, seq)
+        refs = [weakref.ref(choice) for choice in seq.choices]
+        assert len(refs) == n
+        if ending == "aborted":
+            engine.abort_request("r")
+        else:
+            run(engine, "r")
+        assert not engine.has_unfinished_requests()
+        del seq
+        assert [ref() for ref in refs] == [None] * n
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN_FACES = {"engine.remote", "engine.cli", "engine.paths"}
 # Public names whose modules do not import torch: the gateway's torch-free paths use them.
 TORCH_FREE = [
+    "random_hex", "random_uuid",
     "CacheScope", "ExecutionEnvelope", "Isolation", "keyed_digest", "local_envelope", "tenant_digest",
     "SamplingParams", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_TOKENS", "MAX_PENALTY", "EngineConfig", "Tokenizer",
     "PendingRecords", "PrometheusSink", "StepHistory", "RequestError", "EngineDeadError", "TokenizerError",
