@@ -211,7 +211,7 @@ class RedisLimiter:
         return ticket
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:
-        if ticket.settled or not ticket.accounted:
+        if self.settle_at_once(ticket, used_tokens):
             return
         ticket.settled = True
         a = ticket.admission

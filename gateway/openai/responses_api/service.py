@@ -6,14 +6,13 @@ its tenant, or where the decision's cache scope is principal (or none), by its p
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Sequence
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from engine import RequestOutput
+from engine import RequestOutput, random_hex
 from gateway.auth.principal import Principal
 from gateway.context import Gateway
 from gateway.deployments.base import UpstreamOutput
@@ -166,7 +165,7 @@ class ResponseRenderer(Renderer):
     def output(self, text: str, calls: list[dict], outputs: Sequence[RequestOutput] = ()) -> list[dict]:
         """The output items: the message (unless the answer is calls alone), then one function_call per call."""
         return ([self.message(text, self.logprobs(list(outputs)))] if text or not calls else []) + [
-            {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "status": self.status, "call_id": call["id"],
+            {"id": "fc_" + random_hex(), "type": "function_call", "status": self.status, "call_id": call["id"],
              "name": call["function"]["name"], "arguments": call["function"]["arguments"]} for call in calls]
 
     def response(self, output: list[dict] | None) -> dict:
@@ -313,7 +312,7 @@ async def create_response(gateway: Gateway, exchange: Exchange, principal: Princ
         raise InvalidRequest("responses are not stored here: this gateway has no response store", param=asked)
     previous = await _previous_conversation(gateway, principal, body)  # before admission: its tokens count
     chat = chat_request(body, previous)
-    ask = chat_ask(gateway, chat, "resp_" + uuid.uuid4().hex, route=ROUTE, format_param="text.format")
+    ask = chat_ask(gateway, chat, "resp_" + random_hex(), route=ROUTE, format_param="text.format")
     run = Run(gateway, await admit(gateway, exchange, principal, ask), exchange)
     decision = run.admitted.judgement.decision
     async with run:
