@@ -1,5 +1,5 @@
-"""A lean HTTP/1.1 client for the calls to upstream deployments: keep-alive connections over
-asyncio streams, responses parsed by httptools (the C parser uvicorn serves with).
+"""A lean HTTP/1.1 client for the calls to upstream deployments: keep-alive connections as asyncio
+protocols, responses parsed by httptools (the C parser uvicorn serves with) as their bytes arrive.
 
 httpx cost the gateway about a millisecond per upstream call on this path (its pool, anyio's
 socket layer and h11 around every read), several times what the rest of a call costs. Each
@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httptools
 
 READ_BYTES = 64 * 1024
+PAUSE_BYTES = 2 * READ_BYTES  # a response's unread body past which its connection stops reading
 
 
 class HttpError(Exception):
@@ -84,23 +85,92 @@ def default_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
 
 
-class _Connection:
-    __slots__ = ("origin", "reader", "writer", "idle_since")
+class _Connection(asyncio.Protocol):
+    """One connection to an origin. The bytes of the response being read on it go to its parser in
+    the transport's callback, and the reader waits on one future per wake-up: no stream reader,
+    writer or per-read timeout context between the socket and the parser."""
 
-    def __init__(self, origin: tuple[str, str, int], reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
-        self.origin, self.reader, self.writer = origin, reader, writer
+    def __init__(self, origin: tuple[str, str, int]) -> None:
+        self.origin = origin
         self.idle_since = 0.0
+        self.response: Response | None = None  # the one being read on it; None while idle
+        self.closed = False  # by the peer, by a failure, or here: never reused
+        self._transport: asyncio.Transport | None = None
+        self._gone: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None  # while the transport's buffer is full
+
+    # asyncio's protocol callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._gone = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:  # bytes nobody asked for: the next request could not trust this connection
+            self.close()
+            return
+        self.response._received(data)
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        if self.response is not None:
+            self.response._ended(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response._ended(exc)
+        _wake(self._writable)
+        _wake(self._gone)
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        _wake(self._writable)
+        self._writable = None
+
+    async def write(self, data: bytes, timeout_s: float) -> None:
+        """Writes the request; waits, within timeout_s, only while the transport's buffer is full."""
+        if self.closed:
+            raise Interrupted("the connection closed before the request was written")
+        cast(asyncio.Transport, self._transport).write(data)
+        waiting = self._writable
+        if waiting is None:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(waiting)
+        except TimeoutError:
+            raise Interrupted("the request could not be written in time") from None
+        if self.closed:
+            raise Interrupted("the connection closed while the request was written")
+
+    def pause_reading(self) -> None:
+        if not self.closed:
+            cast(asyncio.Transport, self._transport).pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.closed:
+            cast(asyncio.Transport, self._transport).resume_reading()
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
 
     async def aclose(self) -> None:
-        self.writer.close()
-        try:
-            await self.writer.wait_closed()
-        except (OSError, ssl.SSLError):
-            pass  # closing is all that is asked of it
+        self.close()
+        if self._gone is not None:
+            await asyncio.shield(self._gone)  # closing is all that is asked of it: its failure is not raised
+
+
+def _wake(waiter: asyncio.Future | None, value: object = None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(value)
+
+
+_EXPIRED = object()  # a waiter's result when its time ran out
 
 
 class Http1Client:
@@ -125,18 +195,11 @@ class Http1Client:
         connection = self._pooled(origin) or await self._connect(origin)
         response = Response(self, connection)
         try:
-            connection.writer.write(head + body)
-            try:
-                async with asyncio.timeout(self.io_timeout_s):
-                    await connection.writer.drain()
-            except TimeoutError:
-                raise Interrupted("the request could not be written in time") from None
-            except (OSError, ssl.SSLError) as exc:
-                raise Interrupted(type(exc).__name__) from None
+            await connection.write(head + body, self.io_timeout_s)
             await response.read_head()
         except BaseException:
             connection.close()
-            response._drop_parser()
+            response._let_go()
             raise
         return response
 
@@ -145,7 +208,7 @@ class Http1Client:
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if now - connection.idle_since < self._expiry_s and not connection.reader.at_eof():
+            if now - connection.idle_since < self._expiry_s and not connection.closed:
                 return connection
             connection.close()
         return None
@@ -155,14 +218,15 @@ class Http1Client:
         context = None
         if scheme == "https":
             context = self._ssl_context = self._ssl_context or default_ssl_context()
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                reader, writer = await asyncio.open_connection(hostname, port, ssl=context, limit=READ_BYTES)
+                _, connection = await loop.create_connection(lambda: _Connection(origin), hostname, port, ssl=context)
         except TimeoutError:
             raise ConnectFailed("the connection timed out") from None
         except (OSError, ssl.SSLError) as exc:
             raise ConnectFailed(type(exc).__name__) from None
-        return _Connection(origin, reader, writer)
+        return connection
 
     def _release(self, connection: _Connection) -> None:
         if self._closed:
@@ -191,9 +255,18 @@ class Response:
         self.status_code = 0
         self.headers: dict[str, str] = {}
         self._pieces: list[bytes] = []
+        self._buffered = 0  # bytes in _pieces; past PAUSE_BYTES the connection stops reading
+        self._paused = False
         self._head_done = self._done = self._released = self._keep_alive = False
+        self._failure: str | None = None  # why the response cannot go on (Interrupted's message)
+        self._waiter: asyncio.Future | None = None
+        connection.response = self
 
     # httptools' callbacks
+    def on_message_begin(self) -> None:
+        if self._done:  # a second message after this one: the parser stops, the connection is not reused
+            raise Interrupted("the upstream sent more than one response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -205,45 +278,78 @@ class Response:
 
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
+        self._buffered += len(body)
 
     def on_message_complete(self) -> None:
         self._done = True
 
-    async def _feed(self, deadline: Callable[[], float] | None = None) -> None:
-        """Reads once more from the socket, within io_timeout_s (Interrupted) and, if given, the
-        caller's deadline (loop time; TimeoutError, the caller's to name)."""
-        io_deadline = asyncio.get_running_loop().time() + self._client.io_timeout_s
-        at = io_deadline if deadline is None else min(io_deadline, deadline())
+    # the connection's calls
+    def _received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:  # whole already: anything more is not this response's
+            self._keep_alive = False
+            self._connection.close()
+            return
         try:
-            async with asyncio.timeout_at(at):
-                data = await self._connection.reader.read(READ_BYTES)
-        except TimeoutError:
-            if at < io_deadline:
-                raise
-            raise Interrupted("the upstream sent nothing in time") from None
-        except (OSError, ssl.SSLError) as exc:
-            raise Interrupted(type(exc).__name__) from None
-        if not data:
-            if self._head_done and "content-length" not in self.headers and \
-                    "chunked" not in self.headers.get("transfer-encoding", "").lower():
-                self._done = True  # a body that ends with the connection
-                return
-            raise Interrupted("the connection closed mid-response")
-        try:
-            cast(httptools.HttpResponseParser, self._parser).feed_data(data)  # dropped only once done
+            parser.feed_data(data)
         except httptools.HttpParserError:
-            raise Interrupted("the response is not valid HTTP/1.1") from None
+            self._failure = self._failure or "the response is not valid HTTP/1.1"
+            self._connection.close()
         if self._done:
             self._drop_parser()
+        elif self._buffered > PAUSE_BYTES and not self._paused:  # a reader that is not keeping up
+            self._paused = True
+            self._connection.pause_reading()
+        _wake(self._waiter)
+
+    def _ended(self, exc: Exception | None) -> None:
+        if not self._done:
+            if exc is not None:
+                self._failure = self._failure or type(exc).__name__
+            elif self._head_done and "content-length" not in self.headers and \
+                    "chunked" not in self.headers.get("transfer-encoding", "").lower():
+                self._done = True  # a body that ends with the connection
+                self._drop_parser()
+            else:
+                self._failure = self._failure or "the connection closed mid-response"
+        _wake(self._waiter)
 
     def _drop_parser(self) -> None:
         # The parser calls back this response's methods: a reference cycle, which would leave each
         # response to the cyclic collector. Once the message is whole (or abandoned) it is cut.
         self._parser = None
 
+    def _let_go(self) -> None:
+        """Cuts this response's ties to its parser and its connection (each a reference cycle)."""
+        self._drop_parser()
+        if self._connection.response is self:
+            self._connection.response = None
+
+    async def _next(self, deadline: Callable[[], float] | None = None) -> None:
+        """Waits for the next bytes or the end, within io_timeout_s (Interrupted) and, if given, the
+        caller's deadline (loop time; TimeoutError, the caller's to name)."""
+        if self._failure is not None:
+            raise Interrupted(self._failure)
+        loop = asyncio.get_running_loop()
+        io_deadline = loop.time() + self._client.io_timeout_s
+        at = io_deadline if deadline is None else min(io_deadline, deadline())
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_at(at, _wake, waiter, _EXPIRED)
+        try:
+            expired = await waiter is _EXPIRED
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if expired and not self._pieces and not self._done and self._failure is None:
+            if at < io_deadline:
+                raise TimeoutError
+            raise Interrupted("the upstream sent nothing in time")
+        if self._failure is not None and not self._pieces and not self._done:
+            raise Interrupted(self._failure)
+
     async def read_head(self) -> None:
         while not self._head_done:
-            await self._feed()
+            await self._next()
         if 100 <= self.status_code < 200:  # an interim response: the one that counts follows
             raise Interrupted("an interim (1xx) response is not supported")
 
@@ -254,11 +360,14 @@ class Response:
         piece or line: a fast upstream's whole stream is often one read)."""
         while True:
             if self._pieces:
-                pieces, self._pieces = self._pieces, []
+                pieces, self._pieces, self._buffered = self._pieces, [], 0
+                if self._paused:
+                    self._paused = False
+                    self._connection.resume_reading()
                 yield b"".join(pieces)
             if self._done:
                 return
-            await self._feed(deadline)
+            await self._next(deadline)
 
     async def aread(self) -> bytes:
         return b"".join([piece async for piece in self.aiter_bytes()])
@@ -285,8 +394,11 @@ class Response:
         if self._released:
             return
         self._released = True
-        self._drop_parser()
-        if self._done and self._keep_alive:
-            self._client._release(self._connection)
+        self._let_go()
+        connection = self._connection
+        if self._done and self._keep_alive and self._failure is None and not connection.closed:
+            if self._paused:
+                connection.resume_reading()  # an idle connection reads again, to notice its close
+            self._client._release(connection)
         else:
-            await self._connection.aclose()
+            await connection.aclose()

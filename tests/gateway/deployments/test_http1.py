@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from gateway.deployments.http1 import ConnectFailed, Http1Client, Interrupted
+from gateway.deployments.http1 import PAUSE_BYTES, ConnectFailed, Http1Client, Interrupted
 from gateway.deployments.openai_compatible import OpenAIUpstream
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
@@ -233,3 +233,48 @@ async def test_an_upstream_call_sends_each_header_once() -> None:
     assert outputs[-1].finish_reason == "stop"
     names = [line.split(b":")[0].lower() for line in server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
     assert len(names) == len(set(names)) and b"content-type" in names and b"user-agent" in names
+
+
+async def test_a_reader_that_falls_behind_stops_the_connection_reading_and_loses_nothing() -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB, many times what a response buffers before it pauses
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    async with Server([answer, OK]) as server:
+        http = client()
+        response = await http.send("POST", server.url, {}, b"{}")
+        await asyncio.sleep(0.2)  # the server writes all it can; the response stops reading
+        assert response._paused and response._buffered <= PAUSE_BYTES + 256 * 1024  # one read past the mark at most
+        received = bytearray()
+        async for piece in response.aiter_bytes():
+            received += piece
+            await asyncio.sleep(0)
+        assert bytes(received) == body
+        await response.aclose()
+        again = await http.send("POST", server.url, {}, b"{}")  # the same connection, reading again
+        assert await again.aread() == b'{"a": true}'
+        await again.aclose()
+        await http.aclose()
+    assert server.connections == 1
+
+
+async def test_bytes_after_the_response_keep_its_connection_out_of_the_pool() -> None:
+    async with Server([OK + OK, OK]) as server:  # a second, unasked-for response right behind the first
+        http = client()
+        response = await http.send("POST", server.url, {}, b"{}")
+        assert await response.aread() == b'{"a": true}'
+        await response.aclose()
+        again = await http.send("POST", server.url, {}, b"{}")
+        assert await again.aread() == b'{"a": true}'
+        await again.aclose()
+        await http.aclose()
+    assert server.connections == 2
+
+
+async def test_a_large_request_body_is_written_whole_while_the_server_reads_slowly() -> None:
+    body = b"x" * (8 << 20)
+    async with Server([OK]) as server:
+        http = client()
+        response = await http.send("POST", server.url, {}, body)
+        assert await response.aread() == b'{"a": true}'
+        await response.aclose()
+        await http.aclose()
+    assert server.requests[0].endswith(body)
