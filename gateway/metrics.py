@@ -118,6 +118,7 @@ class GatewayMetrics:
         self._tokens, self._tenant_tokens = Bound(self.tokens), Bound(self.tenant_tokens)
         self._server_duration, self._first_token = Bound(self.server_duration), Bound(self.time_to_first_token)
         self._per_output_token = Bound(self.time_per_output_token)
+        self.deployment_answered = Bound(self.deployment_requests)
 
     def served(self, route: str, model: str, tenant: str, *, input_tokens: int, output_tokens: int,
                duration_s: float, first_token_s: float | None, error_type: str | None) -> None:

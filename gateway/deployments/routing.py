@@ -120,7 +120,7 @@ class Router:
         health = self._of(target)
         health.failures, health.open_until = 0, 0.0
         if self.metrics is not None:
-            self.metrics.deployment_requests.labels(target.name).inc()
+            self.metrics.deployment_answered(target.name).inc()
 
     def failed(self, target: Target, *, after_output: bool) -> None:
         health = self._of(target)

@@ -42,6 +42,7 @@ from gateway.mcp.exceptions import (
 from gateway.mcp.jsonrpc import Message
 from gateway.mcp.sessions import SessionFull, Sessions
 from gateway.mcp.upstream import ResultTooLarge, Upstream
+from gateway.metrics import Bound
 from gateway.policy.exceptions import PolicyError
 from gateway.policy.schema import ToolsDecision
 from gateway.policy.service import PolicyEngine, ToolsJudgement
@@ -88,6 +89,9 @@ class McpMetrics:
                                   registry=registry)
         self.listings = Counter("tenantgate_mcp_tool_listings", "MCP tools/list by server and outcome",
                                 ["server", "outcome"], registry=registry)
+        # The children a call touches, bound once per label set (servers and outcomes are few).
+        self.call_count, self.call_time = Bound(self.calls), Bound(self.duration)
+        self.listing_count = Bound(self.listings)
 
 
 class McpService:
@@ -231,7 +235,7 @@ class McpService:
             outcome = "ok"
             return Reply(200, _result(message, {"tools": listed}))
         finally:
-            self.metrics.listings.labels(server_name, outcome).inc()
+            self.metrics.listing_count(server_name, outcome).inc()
 
     # -- tools/call ------------------------------------------------------------------------
 
@@ -273,8 +277,8 @@ class McpService:
     def _finish(self, record: dict, started: float, span, server_name: str) -> None:
         elapsed = time.perf_counter() - started
         record["latency_ms"] = round(elapsed * 1000, 3)
-        self.metrics.calls.labels(server_name, record["outcome"]).inc()
-        self.metrics.duration.labels(server_name).observe(elapsed)
+        self.metrics.call_count(server_name, record["outcome"]).inc()
+        self.metrics.call_time(server_name).observe(elapsed)
         if span is None:
             return
         if record["tool"] is not None:  # a listed tool's name: the server's, not the caller's text
