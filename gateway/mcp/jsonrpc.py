@@ -54,7 +54,9 @@ def parse_message(body: bytes) -> Message:
                            status=400)
     if not isinstance(document, dict) or document.get("jsonrpc") != "2.0":
         raise JsonRpcError(INVALID_REQUEST, "the body is not a JSON-RPC 2.0 message", status=400)
-    if _depth(document, MAX_DEPTH) > MAX_DEPTH:
+    # Objects and arrays cannot nest deeper than the brackets that open them (a string's count too,
+    # so this over-counts): only a message with more than MAX_DEPTH of them is walked.
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth(document, MAX_DEPTH) > MAX_DEPTH:
         raise JsonRpcError(INVALID_REQUEST, f"the message nests deeper than {MAX_DEPTH} levels", status=400)
     method = document.get("method")
     if "method" not in document:

@@ -83,6 +83,25 @@ def test_bad_messages_get_the_json_rpc_error_the_spec_names(body: bytes, code: i
     assert refused.value.code == code and refused.value.status == 400
 
 
+def _nested(depth: int) -> bytes:
+    # params is the 2nd level: depth - 2 arrays inside it
+    inner = b"[" * (depth - 2) + b"]" * (depth - 2)
+    return b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"a": ' + inner + b"}}"
+
+
+def test_nesting_is_bounded_however_the_brackets_are_counted() -> None:
+    assert parse_message(_nested(MAX_DEPTH)).params  # as deep as allowed
+    with pytest.raises(JsonRpcError) as refused:
+        parse_message(_nested(MAX_DEPTH + 1))
+    assert refused.value.code == -32600
+    # Brackets inside strings count towards the quick test but not the depth: walked, and accepted.
+    shallow = b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"a": "' + b"[{" * MAX_DEPTH + b'"}}'
+    assert parse_message(shallow).params == {"a": "[{" * MAX_DEPTH}
+    # json.loads reads UTF-16 too: its brackets carry the same bytes, so the bound holds there as well.
+    with pytest.raises(JsonRpcError):
+        parse_message(_nested(MAX_DEPTH + 1).decode().encode("utf-16"))
+
+
 def test_a_message_and_a_notification_parse() -> None:
     message = parse_message(b'{"jsonrpc": "2.0", "id": "a", "method": "tools/list"}')
     assert (message.method, message.id, message.params, message.notification) == ("tools/list", "a", {}, False)
