@@ -31,10 +31,15 @@ def b64url_decode(segment: bytes | str) -> bytes:
         raise ValueError("not base64url") from None
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def canonical_json(value: object) -> str:
     """Sorted keys, no whitespace, UTF-8 text, no NaN, line breaks escaped: the exact text an
     entry is hashed as. ValueError for NaN or Infinity."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _CANONICAL(value)
+    if text.isascii():  # the usual case: no character to escape
+        return text
     for raw, escaped in _LINE_BREAKS.items():
         text = text.replace(raw, escaped)
     return text

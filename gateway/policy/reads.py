@@ -41,6 +41,8 @@ UNCACHEABLE_BUILTINS = frozenset({
     "io.jwt.decode_verify",
 })
 _REFS = ("RefDot", "RefBrack")
+# json.dumps(value, sort_keys=True, separators=(",", ":")), without building an encoder per call.
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class InputReads:
     def key(self, document: Mapping) -> str:
         """The document cut down to the paths read, as JSON with sorted keys: equal keys, equal
         decisions (JSON text, not Python values, so that 1, 1.0 and true stay apart)."""
-        return json.dumps(_project(document, self._trie), sort_keys=True, separators=(",", ":"))
+        return _KEY_JSON(_project(document, self._trie))
 
     def to_json(self) -> dict:
         return {"paths": sorted(self.paths), "cacheable": self.cacheable,
