@@ -8,7 +8,7 @@ request ends. A limit of 0 admits nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,7 +37,15 @@ class Ticket:
     accounted: bool = True  # False when admitted fail-open without the store
     settled: bool = False
     extra: dict = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, after this admission
+    # x-ratelimit-*, after this admission: made when first asked for (an MCP call never asks)
+    headers_from: Callable[[], dict[str, str]] | None = None
+    _headers: dict[str, str] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        if self._headers is None:
+            self._headers = self.headers_from() if self.headers_from is not None else {}
+        return self._headers
 
 
 class QuotaStoreUnavailable(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 from gateway.errors import RateLimited
 from gateway.limits.base import KINDS, REFUSED, WINDOW_S, Admission, Ticket, check_admissible, rate_limit_headers
@@ -44,7 +45,7 @@ class InProcessLimiter:
             in_flight.add(admission.request_id)
             for (key, _), tat in zip(budgets, new_tats):
                 self._tat[key] = tat
-        return Ticket(admission, headers=rate_limit_headers(admission, now, new_tats))
+        return Ticket(admission, headers_from=partial(rate_limit_headers, admission, now, new_tats))
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:
         self.settle_at_once(ticket, used_tokens)

@@ -27,6 +27,7 @@ import random
 import time
 import weakref
 from collections import defaultdict
+from functools import partial
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -204,7 +205,7 @@ class RedisLimiter:
             refused = int(result[2]) - 1
             raise RateLimited(REFUSED[refused], int(result[1]) / 1000, kind=KINDS[refused],
                               headers=_headers(a, result[3:]))
-        ticket = Ticket(admission, headers=_headers(a, result[1:]))
+        ticket = Ticket(admission, headers_from=partial(_headers, a, result[1:]))
         self._live[a.request_id] = ticket
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_leases(), name="tenantgate-lease-renewer")
