@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -151,6 +152,19 @@ def test_the_child_outlives_a_ctrl_c_to_the_process_group(tmp_path: Path) -> Non
     exporter.export(spans[1:2])
     exporter.shutdown()
     assert record.read_text().split() == [spans[0].name, spans[1].name, "shutdown"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_child_runs_only_on_cpu_time_nothing_else_wants(tmp_path: Path) -> None:
+    """Encoding a batch must not hold a core a request is about to wake on: the child is SCHED_IDLE."""
+    exporter = ChildSpanExporter([sys.executable, "-c", RECORDING_CHILD, str(tmp_path / "exported.txt")])
+    exporter.export(finished_spans()[:1])
+    assert exporter.force_flush(10_000)  # the child is up and has set its priority
+    child = exporter._child
+    assert child is not None
+    assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the gateway's own priority is untouched
+    exporter.shutdown()
 
 
 def test_an_export_process_that_cannot_start_fails_the_batch_and_the_next_one_tries_again(tmp_path: Path) -> None:
