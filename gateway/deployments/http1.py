@@ -365,6 +365,7 @@ class Response:
                     self._paused = False
                     self._connection.resume_reading()
                 yield b"".join(pieces)
+                continue  # more may have come, the end too, while the caller had this piece
             if self._done:
                 return
             await self._next(deadline)

@@ -278,3 +278,36 @@ async def test_a_large_request_body_is_written_whole_while_the_server_reads_slow
         await response.aclose()
         await http.aclose()
     assert server.requests[0].endswith(body)
+
+
+async def test_what_arrives_while_the_reader_holds_a_piece_is_read_after_it() -> None:
+    """Bytes, and the message's end, can come in while the caller is busy with the piece before:
+    the body's reader must hand them over before it says the body ended."""
+    sent = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the client holds "first" meanwhile
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        sent.set()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    http = client()
+    response = await http.send("POST", f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/", {}, b"{}")
+    pieces = []
+    async for piece in response.aiter_bytes():
+        pieces.append(piece)
+        if len(pieces) == 1:
+            await sent.wait()  # the rest and the end are in before the reader resumes
+            await asyncio.sleep(0.05)
+    assert b"".join(pieces) == b"firstsecond"
+    await response.aclose()
+    await http.aclose()
+    server.close()
+    await server.wait_closed()
