@@ -42,6 +42,10 @@ class Interrupted(HttpError):
     """The connection failed or the response broke once the request may have been sent."""
 
 
+class BodyTooLarge(Exception):
+    """A body read with a limit went past it (not an HttpError: the connection did nothing wrong)."""
+
+
 @lru_cache(maxsize=256)
 def _target(url: str) -> tuple[tuple[str, str, int], str, str]:
     """(origin, Host header, request target) of an absolute http(s) URL."""
@@ -370,8 +374,24 @@ class Response:
                 return
             await self._next(deadline)
 
-    async def aread(self) -> bytes:
-        return b"".join([piece async for piece in self.aiter_bytes()])
+    async def aread(self, limit: int | None = None) -> bytes:
+        """The whole body; BodyTooLarge as soon as more than `limit` bytes have come (if given)."""
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            if self._pieces:
+                size += self._buffered
+                pieces += self._pieces
+                self._pieces, self._buffered = [], 0
+                if limit is not None and size > limit:
+                    raise BodyTooLarge()
+                if self._paused:
+                    self._paused = False
+                    self._connection.resume_reading()
+                continue
+            if self._done:
+                return b"".join(pieces)
+            await self._next()
 
     async def aiter_lines(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[str]:
         """The body's lines as text, without their line ends (\\n or \\r\\n); deadline as aiter_bytes'."""

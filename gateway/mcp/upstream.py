@@ -18,7 +18,7 @@ from typing import cast
 
 from gateway.deployments.config import Deployment
 from gateway.deployments.credentials import Credentials
-from gateway.deployments.http1 import Http1Client, HttpError, Response
+from gateway.deployments.http1 import BodyTooLarge, Http1Client, HttpError, Response
 from gateway.mcp.config import McpServer
 from gateway.mcp.exceptions import JsonRpcError, UpstreamFailed
 
@@ -66,6 +66,8 @@ class Upstream:
         return headers
 
     async def _open(self) -> None:
+        if self._opened:  # the usual case, without the lock
+            return
         async with self._open_lock:
             if self._opened:
                 return
@@ -157,7 +159,10 @@ async def _bounded_chunks(response: Response, limit: int):
 
 
 async def _from_json(response: Response, limit: int) -> tuple[dict, int]:
-    body = b"".join([chunk async for chunk in _bounded_chunks(response, limit)])
+    try:
+        body = await response.aread(limit)
+    except BodyTooLarge:
+        raise ResultTooLarge() from None
     try:
         message = json.loads(body)
     except ValueError:

@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from gateway.deployments.http1 import PAUSE_BYTES, ConnectFailed, Http1Client, Interrupted
+from gateway.deployments.http1 import PAUSE_BYTES, BodyTooLarge, ConnectFailed, Http1Client, Interrupted
 from gateway.deployments.openai_compatible import OpenAIUpstream
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
@@ -311,3 +311,21 @@ async def test_what_arrives_while_the_reader_holds_a_piece_is_read_after_it() ->
     await http.aclose()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_body_read_with_a_limit_stops_past_it_and_its_connection_is_not_reused() -> None:
+    longer = OK.replace(b"content-length: 11", b"content-length: 99")  # the rest never comes
+    async with Server([OK, longer, OK]) as server:
+        http = client()
+        response = await http.send("POST", server.url, {}, b"{}")
+        assert await response.aread(limit=11) == b'{"a": true}'  # exactly the limit
+        await response.aclose()
+        response = await http.send("POST", server.url, {}, b"{}")  # the same connection
+        with pytest.raises(BodyTooLarge):
+            await response.aread(limit=10)  # raised on the first 11 bytes, not at the end that never comes
+        await response.aclose()
+        response = await http.send("POST", server.url, {}, b"{}")  # a new one
+        assert await response.aread() == b'{"a": true}'
+        await response.aclose()
+        await http.aclose()
+    assert server.connections == 2
