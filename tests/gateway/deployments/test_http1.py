@@ -2,12 +2,15 @@
 
 import asyncio
 import gc
+import ssl
 import weakref
+from pathlib import Path
 
 import pytest
 
 from gateway.deployments.http1 import PAUSE_BYTES, BodyTooLarge, ConnectFailed, Http1Client, Interrupted
 from gateway.deployments.openai_compatible import OpenAIUpstream
+from tests.utils.tls import write_certificates
 from tests.utils.upstreams import CHAT_BODY, deployment, upstream_call
 
 
@@ -15,14 +18,16 @@ class Server:
     """A loopback server that answers each request with the next of `answers` (raw bytes; None
     closes the connection unanswered), counting connections and requests."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(self, answers: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
         self.answers, self.connections, self.requests = list(answers), 0, []
         self.server: asyncio.Server | None = None
         self.handlers: set[asyncio.Task] = set()
+        self.tls = tls
 
     async def __aenter__(self) -> "Server":
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1/chat/completions?x=1"
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
+        scheme = "https" if self.tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1/chat/completions?x=1"
         return self
 
     async def __aexit__(self, *_) -> None:
@@ -329,3 +334,34 @@ async def test_a_body_read_with_a_limit_stops_past_it_and_its_connection_is_not_
         await response.aclose()
         await http.aclose()
     assert server.connections == 2
+
+
+async def test_over_tls_a_connection_is_verified_reused_and_paced_by_its_reader(tmp_path: Path) -> None:
+    ca, cert, key = write_certificates(tmp_path)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    body = bytes(range(256)) * 8192  # 2 MiB: the response pauses its connection on the way
+    large = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    async with Server([OK, large, OK], tls=server_tls) as server:
+        http = Http1Client(connect_timeout_s=1.0, io_timeout_s=2.0, keepalive_expiry_s=2.0,
+                           ssl_context=ssl.create_default_context(cafile=str(ca)))
+        response = await http.send("POST", server.url, {}, b"{}")
+        assert await response.aread() == b'{"a": true}'
+        await response.aclose()
+        response = await http.send("POST", server.url, {}, b"{}")
+        await asyncio.sleep(0.2)
+        assert response._paused
+        received = bytearray()
+        async for piece in response.aiter_bytes():
+            received += piece
+        assert bytes(received) == body
+        await response.aclose()
+        untrusting = Http1Client(connect_timeout_s=1.0, io_timeout_s=2.0, keepalive_expiry_s=2.0,
+                                 ssl_context=ssl.create_default_context())  # certifi's CAs: not ours
+        with pytest.raises(ConnectFailed):
+            await untrusting.send("POST", server.url, {}, b"{}")
+        response = await http.send("POST", server.url, {}, b"{}")
+        assert await response.aread() == b'{"a": true}'
+        await response.aclose()
+        await http.aclose()
+    assert server.connections == 1  # all three answers on one connection (a failed handshake reaches no handler)
