@@ -61,9 +61,8 @@ def tracer_provider(environ: Mapping[str, str] = os.environ):
         return None
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from gateway.span_export import ChildSpanExporter
+    from gateway.span_export import ChildSpanExporter, FlatteningSpanProcessor
 
     resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -74,7 +73,7 @@ def tracer_provider(environ: Mapping[str, str] = os.environ):
     # processor hands spans over in batches of HANDOVER_SPANS unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE
     # says otherwise: each is one hold of the GIL, and the child sends what arrives together at once.
     handover = None if environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else HANDOVER_SPANS
-    provider.add_span_processor(BatchSpanProcessor(ChildSpanExporter(), max_export_batch_size=handover))
+    provider.add_span_processor(FlatteningSpanProcessor(ChildSpanExporter(), max_export_batch_size=handover))
     return provider
 
 
