@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-READ_BYTES = 64 * 1024
-PAUSE_BYTES = 2 * READ_BYTES  # a response's unread body past which its connection stops reading
+PAUSE_BYTES = 128 * 1024  # a response's unread body past which its connection stops reading
 
 
 class HttpError(Exception):
@@ -364,11 +363,7 @@ class Response:
         piece or line: a fast upstream's whole stream is often one read)."""
         while True:
             if self._pieces:
-                pieces, self._pieces, self._buffered = self._pieces, [], 0
-                if self._paused:
-                    self._paused = False
-                    self._connection.resume_reading()
-                yield b"".join(pieces)
+                yield self._take()
                 continue  # more may have come, the end too, while the caller had this piece
             if self._done:
                 return
@@ -380,18 +375,22 @@ class Response:
         size = 0
         while True:
             if self._pieces:
-                size += self._buffered
-                pieces += self._pieces
-                self._pieces, self._buffered = [], 0
+                pieces.append(piece := self._take())
+                size += len(piece)
                 if limit is not None and size > limit:
                     raise BodyTooLarge()
-                if self._paused:
-                    self._paused = False
-                    self._connection.resume_reading()
                 continue
             if self._done:
                 return b"".join(pieces)
             await self._next()
+
+    def _take(self) -> bytes:
+        """The body's bytes that have come and are unread; a paused connection reads again."""
+        pieces, self._pieces, self._buffered = self._pieces, [], 0
+        if self._paused:
+            self._paused = False
+            self._connection.resume_reading()
+        return b"".join(pieces)
 
     async def aiter_lines(self, deadline: Callable[[], float] | None = None) -> AsyncIterator[str]:
         """The body's lines as text, without their line ends (\\n or \\r\\n); deadline as aiter_bytes'."""

@@ -63,6 +63,15 @@ def client(expiry_s: float = 2.0) -> Http1Client:
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"a\": true}"
 
 
+async def body_of(http: Http1Client, url: str, body: bytes = b"{}") -> bytes:
+    """One call: the response's whole body, the response closed (its connection pooled when whole)."""
+    response = await http.send("POST", url, {}, body)
+    try:
+        return await response.aread()
+    finally:
+        await response.aclose()
+
+
 async def test_the_request_is_written_as_http_1_1_and_the_body_read_by_its_length() -> None:
     async with Server([OK]) as server:
         http = client()
@@ -82,13 +91,9 @@ async def test_a_kept_alive_connection_is_reused_within_its_expiry_and_not_after
     async with Server([OK, OK, OK]) as server:
         http = client(expiry_s=0.3)
         for pause in (0, 0.5):
-            response = await http.send("POST", server.url, {}, b"{}")
-            await response.aread()
-            await response.aclose()
+            await body_of(http, server.url)
             await asyncio.sleep(pause)
-        response = await http.send("POST", server.url, {}, b"{}")
-        await response.aread()
-        await response.aclose()
+        await body_of(http, server.url)
         await http.aclose()
     assert (server.connections, len(server.requests)) == (2, 3)
 
@@ -100,12 +105,8 @@ async def test_a_body_closed_before_its_end_or_marked_close_is_never_reused() ->
         http = client()
         first = await http.send("POST", server.url, {}, b"{}")
         await first.aclose()  # before its end
-        second = await http.send("POST", server.url, {}, b"{}")
-        await second.aread()
-        await second.aclose()
-        third = await http.send("POST", server.url, {}, b"{}")
-        assert await third.aread() == b'{"a": true}'
-        await third.aclose()
+        await body_of(http, server.url)
+        assert await body_of(http, server.url) == b'{"a": true}'
         await http.aclose()
     assert server.connections == 3
 
@@ -254,9 +255,7 @@ async def test_a_reader_that_falls_behind_stops_the_connection_reading_and_loses
             await asyncio.sleep(0)
         assert bytes(received) == body
         await response.aclose()
-        again = await http.send("POST", server.url, {}, b"{}")  # the same connection, reading again
-        assert await again.aread() == b'{"a": true}'
-        await again.aclose()
+        assert await body_of(http, server.url) == b'{"a": true}'  # the same connection, reading again
         await http.aclose()
     assert server.connections == 1
 
@@ -264,12 +263,8 @@ async def test_a_reader_that_falls_behind_stops_the_connection_reading_and_loses
 async def test_bytes_after_the_response_keep_its_connection_out_of_the_pool() -> None:
     async with Server([OK + OK, OK]) as server:  # a second, unasked-for response right behind the first
         http = client()
-        response = await http.send("POST", server.url, {}, b"{}")
-        assert await response.aread() == b'{"a": true}'
-        await response.aclose()
-        again = await http.send("POST", server.url, {}, b"{}")
-        assert await again.aread() == b'{"a": true}'
-        await again.aclose()
+        assert await body_of(http, server.url) == b'{"a": true}'
+        assert await body_of(http, server.url) == b'{"a": true}'
         await http.aclose()
     assert server.connections == 2
 
@@ -278,9 +273,7 @@ async def test_a_large_request_body_is_written_whole_while_the_server_reads_slow
     body = b"x" * (8 << 20)
     async with Server([OK]) as server:
         http = client()
-        response = await http.send("POST", server.url, {}, body)
-        assert await response.aread() == b'{"a": true}'
-        await response.aclose()
+        assert await body_of(http, server.url, body) == b'{"a": true}'
         await http.aclose()
     assert server.requests[0].endswith(body)
 
@@ -329,9 +322,7 @@ async def test_a_body_read_with_a_limit_stops_past_it_and_its_connection_is_not_
         with pytest.raises(BodyTooLarge):
             await response.aread(limit=10)  # raised on the first 11 bytes, not at the end that never comes
         await response.aclose()
-        response = await http.send("POST", server.url, {}, b"{}")  # a new one
-        assert await response.aread() == b'{"a": true}'
-        await response.aclose()
+        assert await body_of(http, server.url) == b'{"a": true}'  # a new one
         await http.aclose()
     assert server.connections == 2
 
@@ -345,9 +336,7 @@ async def test_over_tls_a_connection_is_verified_reused_and_paced_by_its_reader(
     async with Server([OK, large, OK], tls=server_tls) as server:
         http = Http1Client(connect_timeout_s=1.0, io_timeout_s=2.0, keepalive_expiry_s=2.0,
                            ssl_context=ssl.create_default_context(cafile=str(ca)))
-        response = await http.send("POST", server.url, {}, b"{}")
-        assert await response.aread() == b'{"a": true}'
-        await response.aclose()
+        assert await body_of(http, server.url) == b'{"a": true}'
         response = await http.send("POST", server.url, {}, b"{}")
         await asyncio.sleep(0.2)
         assert response._paused
@@ -360,8 +349,6 @@ async def test_over_tls_a_connection_is_verified_reused_and_paced_by_its_reader(
                                  ssl_context=ssl.create_default_context())  # certifi's CAs: not ours
         with pytest.raises(ConnectFailed):
             await untrusting.send("POST", server.url, {}, b"{}")
-        response = await http.send("POST", server.url, {}, b"{}")
-        assert await response.aread() == b'{"a": true}'
-        await response.aclose()
+        assert await body_of(http, server.url) == b'{"a": true}'
         await http.aclose()
     assert server.connections == 1  # all three answers on one connection (a failed handshake reaches no handler)
