@@ -69,8 +69,8 @@ class EmbeddedEvaluator:
             self._tools_reads = engine_reads(self._local.engine, TOOLS_ENTRYPOINT)
             self._arguments_reads = engine_reads(self._local.engine, ARGUMENTS_ENTRYPOINT)
         self._cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], Decision] = OrderedDict()
-        self._tools_cache: OrderedDict[tuple[str, str], ToolsDecision] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, tuple], Decision] = OrderedDict()
+        self._tools_cache: OrderedDict[tuple[str, tuple], ToolsDecision] = OrderedDict()
         self._cache_lock = threading.Lock()
 
     @property
@@ -139,19 +139,18 @@ class EmbeddedEvaluator:
         return self._cached(self._cache, self._reads, input_document,
                             lambda read: parse_decision(self.evaluate_json(read)))
 
-    def _cached(self, cache: OrderedDict[tuple[str, str], T], reads: InputReads, input_document: Mapping,
+    def _cached(self, cache: OrderedDict[tuple[str, tuple], T], reads: InputReads, input_document: Mapping,
                 evaluate: Callable[[str], T]) -> T:
         """evaluate(the input as its packages read it, JSON), unless the cache holds its answer."""
-        read = reads.key(input_document)
         if not self._cache_size or not reads.cacheable:
-            return evaluate(read)
-        key = (self.revision, read)
+            return evaluate(reads.key(input_document))
+        key = (self.revision, reads.identity(input_document))
         with self._cache_lock:
             cached = cache.get(key)
             if cached is not None:
                 cache.move_to_end(key)
                 return cached
-        value = evaluate(read)
+        value = evaluate(reads.key(input_document))
         with self._cache_lock:
             cache[key] = value
             if len(cache) > self._cache_size:

@@ -71,6 +71,14 @@ class InputReads:
         decisions (JSON text, not Python values, so that 1, 1.0 and true stay apart)."""
         return _KEY_JSON(_project(document, self._trie))
 
+    def identity(self, document: Mapping) -> tuple:
+        """What the cache looks a decision up by: equal for two documents only when their keys are
+        equal, and cheaper to make (a flat tuple of the values read, each with its type, where the key
+        is JSON). The key is then made only for an evaluation, on a miss."""
+        found: list = []
+        _identify(document, self._trie, found)
+        return tuple(found)
+
     def to_json(self) -> dict:
         return {"paths": sorted(self.paths), "cacheable": self.cacheable,
                 "uncacheable_because": self.uncacheable_because}
@@ -323,6 +331,32 @@ def _project(value: object, trie: dict | None) -> object:
     if trie is None or not isinstance(value, Mapping):
         return value  # read whole, or not an object (the policy sees it whole)
     return {key: _project(value[key], sub) for key, sub in trie.items() if key in value}
+
+
+_OBJECT, _ABSENT, _ENCODED = object(), object(), object()  # markers no input value can equal
+
+
+def _identify(value: object, trie: dict | None, found: list) -> None:
+    """Appends what _project keeps of value: the walk is the trie's, so a position means one path, each
+    object and each absent key is marked, and every value carries its type (True, 1 and 1.0 stay
+    apart, as they do in JSON)."""
+    if trie is not None and isinstance(value, Mapping):
+        found.append(_OBJECT)
+        for key, sub in trie.items():
+            if key in value:
+                _identify(value[key], sub, found)
+            else:
+                found.append(_ABSENT)
+        return
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        found += (kind, value)
+    elif isinstance(value, list) and kind is list and all(type(item) is str for item in value):  # scopes, roles
+        found += (list, tuple(value))
+    elif kind is float:
+        found += (float, repr(value))  # repr keeps -0.0 apart from 0.0, as JSON does
+    else:
+        found += (_ENCODED, _KEY_JSON(value))
 
 
 def describe(reads: InputReads) -> Iterator[str]:

@@ -78,6 +78,47 @@ def test_the_key_keeps_presence_and_whole_values_where_the_path_ends() -> None:
                     {"request": "not an object", "principal": base["principal"]},
                     {"request": {"max_tokens": 5.0, "temperature": 0.1}, "principal": base["principal"]}):
         assert reads.key(changed) != reads.key(base)
+        assert reads.identity(changed) != reads.identity(base)
+    assert reads.identity(base) == reads.identity(other)
+
+
+# Values that Python calls equal (or that print alike) but JSON, and so the policy, tells apart.
+_LOOKALIKES = [1, 1.0, True, "1", None, 0, 0.0, -0.0, False, "", [], ["1"], [1], {}, {"a": 1}, {"a": True},
+               ("1",), float("nan"), float("inf"), 10**30, "a\u00e9", ["a", "b"], ["b", "a"], [["a"]]]
+
+
+def _random_document(rng: random.Random, depth: int = 0) -> dict:
+    document: dict = {}
+    for key in ("a", "b", "c"):
+        if rng.random() < 0.25:
+            continue  # absent
+        document[key] = (_random_document(rng, depth + 1) if depth < 2 and rng.random() < 0.4
+                         else rng.choice(_LOOKALIKES))
+    return document
+
+
+@pytest.mark.parametrize("text", [
+    "package p\nx := input.a.b\ny := input.c",
+    'package p\nx := object.get(input.a, "c", 0)\ny := input.b.a.c',
+    "package p\nx := input",
+])
+def test_equal_identities_mean_equal_keys(text: str) -> None:
+    """identity() is what the cache looks up, key() what is evaluated: two documents may share a cached
+    decision only if the policy would read the same JSON in both."""
+    reads = reads_of(text)
+    rng = random.Random(7)
+    documents = [_random_document(rng) for _ in range(3000)]
+    by_identity: dict[tuple, str] = {}
+    collisions = 0
+    for document in documents:
+        key = reads.key(document)
+        seen = by_identity.setdefault(reads.identity(document), key)
+        assert seen == key, document
+        collisions += seen is not key
+    assert collisions > 100  # documents did meet on an identity, so the check covered shared entries
+    # and it splits hardly any key: equal JSON made of other Python types (a tuple for a list) only
+    keys = {reads.key(document) for document in documents}
+    assert len(by_identity) <= 1.2 * len(keys)
 
 
 def test_the_shipped_policy_reads_neither_sampling_nor_stream_fields() -> None:
