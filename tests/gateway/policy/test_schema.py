@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from gateway.policy.exceptions import DecisionSchemaError
-from gateway.policy.schema import Decision, parse_decision, validate_decision
+from gateway.policy.schema import Decision, parse_argument_denials, parse_decision, validate_decision
 from tests.gateway.policy.conftest import SAMPLES
 
 ALLOWED = SAMPLES["allow_enterprise_delegated_clamped"]["expected"]
@@ -114,3 +114,15 @@ def test_speculation_is_optional_and_never_beside_the_deterministic_lane() -> No
     assert _problems(document) == ["batching: Value error, speculative must be false in the deterministic lane"]
     document["batching"]["speculative"] = "yes"
     assert any(p.startswith("batching.speculative") for p in _problems(document))
+
+
+@pytest.mark.parametrize("document", ["[]", b"[]", " [ ] "])
+def test_no_argument_denials_is_an_empty_list(document: str | bytes) -> None:
+    assert parse_argument_denials(document) == []
+
+
+def test_argument_denials_are_reasons_and_nothing_else() -> None:
+    assert parse_argument_denials('["too long", "not in the enum"]') == ["too long", "not in the enum"]
+    for document in ("[1]", '{"a": 1}', "null", "[", '"[]"'):
+        with pytest.raises(DecisionSchemaError):
+            parse_argument_denials(document)
