@@ -109,9 +109,20 @@ def wrk_script(directory: Path, name: str, token: str, stream: bool) -> Path:
                       f'wrk.headers["Content-Type"] = "application/json"\n'
                       f'wrk.headers["Authorization"] = "Bearer {token}"\n'
                       # A run whose answers are not 200 measures nothing: count them.
-                      'bad = 0\nfunction response(status, headers, body) if status ~= 200 then bad = bad + 1 end end\n'
-                      'function done(summary, latency, requests) io.write("non-200: " .. bad .. "\\n") end\n')
+                      'function response(status, headers, body) if status ~= 200 then bad = bad + 1 end end\n'
+                      + WRK_COUNT_BAD)
     return script
+
+
+# wrk runs `response` in each thread's Lua state and `done` in another one, which sees no thread's
+# globals: the count is read from the threads that `setup` kept.
+WRK_COUNT_BAD = ('bad = 0\nthreads = {}\n'
+                 'function setup(thread) table.insert(threads, thread) end\n'
+                 'function done(summary, latency, requests)\n'
+                 '  local total = 0\n'
+                 '  for _, thread in ipairs(threads) do total = total + thread:get("bad") end\n'
+                 '  io.write("non-200: " .. total .. "\\n")\n'
+                 'end\n')
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -122,16 +133,19 @@ def _ms(text: str) -> float:
     return float(number) * _UNITS[unit]
 
 
-def wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
-    """One wrk run: its req/s and latency percentiles (ms)."""
+def wrk(url: str, script: Path, connections: int, seconds: float,
+        path: str = "/v1/chat/completions") -> dict[str, float]:
+    """One wrk run: its req/s, requests and latency percentiles (ms)."""
     command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency", "-s", str(script),
-               url + "/v1/chat/completions"]
+               url + path]
     out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     text = out.stdout
     bad = re.search(r"non-200: (\d+)", text)
-    if out.returncode != 0 or bad is None or int(bad.group(1)) or "Socket errors" in text:
+    if (out.returncode != 0 or bad is None or int(bad.group(1)) or "Socket errors" in text
+            or "Non-2xx or 3xx responses" in text):
         raise RuntimeError(f"wrk against {url} failed or got errors:\n{text}{out.stderr}")
-    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))}
+    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),
+              "requests": float(re.search(r"(\d+) requests in", text).group(1))}
     for q in ("50", "99"):
         result[f"p{q}"] = _ms(re.search(rf"\s{q}%\s+([\d.]+(?:us|ms|s))", text).group(1))
     return result
