@@ -1,8 +1,11 @@
 """What the MCP gateway costs: tools/call through /mcp/devtools against calling the same MCP server
 (devkit's example server, the `mcp` package's MCPServer) directly, in alternating rounds.
 
-Both servers run in processes of their own (uvicorn); the client is this process, one keep-alive
-connection per worker, the same JSON-RPC bodies (2025-11-25, a session each) on both paths. The
+Both servers run in processes of their own (uvicorn). The client is wrk (Debian's, one thread) by
+default, or this process with httpx (--client httpx); the same JSON-RPC bodies (2025-11-25, a
+session each, a new id and argument per call) on both paths. The client matters on a small machine:
+httpx spends about 0.5 ms of CPU a call, on the same two cores as the servers it measures, wrk a
+few microseconds. The
 gateway's path: token verification (RS256, a local issuer), its session, the server's tool list
 (cached, tools_ttl_s), the tools decision (embedded regorus, cached by what it reads) and the
 arguments package (evaluated every call: the arguments are its input), the tool's budget
@@ -19,8 +22,8 @@ others, on both paths alike, as a gateway runs on its own host or cores in produ
 latency is then the gateway's work and its hop. Its req/s at 32 are not comparable with the default's
 (client and server share a core there).
 
-    .venv/bin/python bench/mcp_overhead.py                 # 1,000 calls per measurement, 2 rounds
-    .venv/bin/python bench/mcp_overhead.py --n 200 --rounds 1
+    .venv/bin/python bench/mcp_overhead.py                 # wrk, 5 s per measurement, 3 rounds
+    .venv/bin/python bench/mcp_overhead.py --client httpx --n 1000  # 1,000 calls per measurement
     .venv/bin/python bench/mcp_overhead.py --gateway-core  # the gateway on a core of its own
     .venv/bin/python bench/mcp_overhead.py --profile       # the gateway under cProfile (figures inflated)
 """
@@ -31,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -50,6 +54,7 @@ from bench.gateway_overhead import (
     start_server,
     stop_server,
 )
+from bench.vs_litellm import WRK_COUNT_BAD, wrk
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 from gateway.policy.loader import DEFAULT_POLICY_DIR
@@ -141,10 +146,38 @@ async def run_load(url: str, headers: dict[str, str], n: int, concurrency: int) 
     return latencies, n / elapsed
 
 
+def wrk_script(directory: Path, name: str, session: dict[str, str]) -> Path:
+    """wrk's tools/call requests: each with its own id and argument (the arguments package judges
+    every call), the session's headers; a run with any answer that is not a result fails."""
+    script = directory / f"{name}.lua"
+    headers = "".join(f'wrk.headers["{key}"] = "{value}"\n' for key, value in
+                      {**session, "content-type": "application/json"}.items())
+    script.write_text(
+        'wrk.method = "POST"\n' + headers
+        + 'local n = 0\n'
+          'function request()\n'
+          '  n = n + 1\n'
+          '  return wrk.format(nil, nil, nil, \'{"jsonrpc":"2.0","id":\' .. n .. \','
+          '"method":"tools/call","params":{"name":"echo","arguments":{"text":"call \' .. n .. \'"}}}\')\n'
+          'end\n'
+          'function response(status, headers, body)\n'
+          '  if status ~= 200 or not string.find(body, \'"result"\', 1, true) then bad = bad + 1 end\n'
+          'end\n' + WRK_COUNT_BAD)
+    return script
+
+
+async def wrk_session(url: str, headers: dict[str, str]) -> dict[str, str]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await open_session(client, url, headers | {"accept": "application/json, text/event-stream"})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=1000, help="calls per measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per path")
+    parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk",
+                        help="the load generator: wrk (default, needs Debian's wrk) or httpx in this process")
+    parser.add_argument("--seconds", type=float, default=5.0, help="with wrk: length of each measurement")
+    parser.add_argument("--n", type=int, default=1000, help="with httpx: calls per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per path")
     parser.add_argument("--serve", choices=["mcp", "gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--issuer-url", help=argparse.SUPPRESS)
@@ -163,6 +196,8 @@ def main() -> int:
         serve_gateway(args.port, args.issuer_url, args.data_dir, args.workdir, args.upstream)
         return 0
 
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        parser.error("--client wrk needs wrk (apt-get install wrk); or pass --client httpx")
     gateway_cpus = None
     if args.gateway_core:
         cores = sorted(os.sched_getaffinity(0))
@@ -191,24 +226,45 @@ def main() -> int:
             results: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rps": [], "cpu": []}
                                                           for name in paths}
             mcp_pid, gateway_pid = processes[0].pid, processes[1].pid
+            scripts = {}
+            if args.client == "wrk":
+                print(f"client: wrk, 1 thread, {args.seconds:g} s per measurement", flush=True)
+                for name, (url, headers) in paths.items():
+                    scripts[name] = wrk_script(workdir, name, asyncio.run(wrk_session(url, headers)))
+                    base, path = url.split("/mcp", 1)
+                    wrk(base, scripts[name], 1, 2, "/mcp" + path)  # warm: the catalogue, the caches
             for round_ in range(args.rounds):
                 order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
                 for name in order:
                     url, headers = paths[name]
                     cpu_before = cpu_seconds(gateway_pid), cpu_seconds(mcp_pid)
-                    latencies, _ = asyncio.run(run_load(url, headers, args.n, 1))
+                    if args.client == "wrk":
+                        base, path = url.split("/mcp", 1)
+                        at_one = wrk(base, scripts[name], 1, args.seconds, "/mcp" + path)
+                        calls = at_one["requests"]
+                        p50, p99 = at_one["p50"], at_one["p99"]
+                    else:
+                        latencies, _ = asyncio.run(run_load(url, headers, args.n, 1))
+                        calls = 2 * args.n  # run_load's warm-up pass and the measured one
+                        p50, p99 = percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000
                     cpu_gateway, cpu_mcp = (cpu_seconds(gateway_pid) - cpu_before[0],
                                             cpu_seconds(mcp_pid) - cpu_before[1])
-                    calls = 2 * args.n  # run_load's warm-up pass and the measured one
                     results[name]["cpu"].append(cpu_gateway / calls * 1000)
-                    _, rps = asyncio.run(run_load(url, headers, args.n, 32))
-                    results[name]["p50"].append(percentile(latencies, 0.5) * 1000)
-                    results[name]["p99"].append(percentile(latencies, 0.99) * 1000)
+                    mcp_before = cpu_seconds(mcp_pid)
+                    if args.client == "wrk":
+                        at_32 = wrk(base, scripts[name], 32, args.seconds, "/mcp" + path)
+                        rps, calls_32 = at_32["rps"], at_32["requests"]
+                    else:
+                        _, rps = asyncio.run(run_load(url, headers, args.n, 32))
+                        calls_32 = 2 * args.n
+                    server_at_32 = (cpu_seconds(mcp_pid) - mcp_before) / calls_32 * 1000
+                    results[name]["p50"].append(p50)
+                    results[name]["p99"].append(p99)
                     results[name]["rps"].append(rps)
                     print(f"round {round_ + 1} {name:8s} p50 {results[name]['p50'][-1]:.3f} ms  "
                           f"p99 {results[name]['p99'][-1]:.3f} ms  {rps:,.0f} req/s at 32  "
                           f"CPU per call at 1: gateway {cpu_gateway / calls * 1000:.3f} ms, "
-                          f"server {cpu_mcp / calls * 1000:.3f} ms  "
+                          f"server {cpu_mcp / calls * 1000:.3f} ms (at 32: {server_at_32:.3f})  "
                           f"(load {'/'.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
         finally:
             for process in reversed(processes):
