@@ -52,7 +52,7 @@ class ChatRenderer(Renderer):
         self.named = (body.tool_choice.function.name if self.tools and isinstance(body.tool_choice, NamedToolChoice)
                       else None)
         self.reader = AutoCalls(self.tools, body.parallel_calls) if body.reads_calls_as_generated else None
-        self.call_id, self.opened = new_call_id(), False  # a named function's call
+        self.call_id, self.opened = (new_call_id() if self.named is not None else ""), False  # a named function's call
         self.held: list[str] = []  # under `required`, the answer so far
         # Text only: no tools to read or pass on, no logprobs (delta() writes a content chunk, spliced here).
         self.plain = not self.tools and self.reader is None and token_text is None
