@@ -5,10 +5,11 @@ path on a machine whose speed drifts by a third within an hour.
 REV is checked out in a git worktree of its own (a temporary folder, removed at the end). Each side
 serves the gateway as bench/mcp_overhead.py serves it, from its own tree, and both front one MCP
 server (devkit's example server). Rounds alternate the two sides (the order swapped every round);
-each round makes N sequential tools/call requests (after as many to warm up) and reads the gateway's
-CPU time from /proc over both passes. Per round and side it prints the gateway's CPU per call
-(steadier than latency on a shared machine) and the c1 p50; at the end the medians, the per-round
-differences and the working tree's figures as ratios of REV's.
+each round drives each side with wrk at concurrency 1 for a few seconds (as bench/mcp_overhead.py
+does, each call with its own id and argument) and reads the gateway's CPU time from /proc over it.
+Per round and side it prints the gateway's CPU per call (steadier than latency on a shared machine)
+and the c1 p50; at the end the medians, the per-round differences and the working tree's figures as
+ratios of REV's.
 
     .venv/bin/python bench/mcp_ab.py HEAD                  # the uncommitted change against HEAD
     .venv/bin/python bench/mcp_ab.py HEAD~3 --rounds 12    # the last three commits together
@@ -28,17 +29,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway_ab import remove_worktree, worktree
-from bench.gateway_overhead import cpu_seconds, load_average, percentile, start_server, stop_server
-from bench.mcp_overhead import AUDIENCE, TENANT, bench_data, run_load
+from bench.gateway_overhead import cpu_seconds, load_average, start_server, stop_server
+from bench.mcp_overhead import AUDIENCE, TENANT, bench_data, wrk_script, wrk_session
+from bench.vs_litellm import wrk
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
+
+
+MCP_PATH = "/mcp/devtools"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rev", help="the revision to compare the working tree with (HEAD, a commit, a branch)")
     parser.add_argument("--rounds", type=int, default=8, help="alternating rounds")
-    parser.add_argument("--n", type=int, default=600, help="sequential calls per side and round")
+    parser.add_argument("--seconds", type=float, default=3.0, help="wrk's run per side and round")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, LocalIssuer(port=0) as issuer, ExitStack() as stack:
         tmp_path = Path(tmp)
@@ -63,18 +68,22 @@ def main() -> int:
             sides[name] = (f"http://127.0.0.1:{port}/mcp/devtools", process.pid)
         token = issuer.mint(TENANT, audience=AUDIENCE, scopes=("Tools.Invoke",), lifetime_s=6 * 3600)
         headers = {"authorization": f"Bearer {token}"}
-        print(f"mcp_ab: {args.rev} against the working tree, tools/call through /mcp/devtools; {args.n} sequential "
-              f"calls per side and round (after as many to warm up), {args.rounds} alternating rounds; "
+        scripts = {}
+        for name, (url, _) in sides.items():
+            scripts[name] = wrk_script(tmp_path, f"side{len(scripts)}", asyncio.run(wrk_session(url, headers)))
+            wrk(url.split("/mcp/")[0], scripts[name], 1, 2, MCP_PATH)  # warm: the catalogue, the caches
+        print(f"mcp_ab: {args.rev} against the working tree, tools/call through /mcp/devtools; wrk at concurrency 1 "
+              f"for {args.seconds:g} s per side and round, {args.rounds} alternating rounds; "
               f"load {load_average()}", flush=True)
         results: dict[str, dict[str, list[float]]] = {name: {"cpu_us": [], "p50": []} for name in sides}
         for round_ in range(args.rounds):
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
                 url, pid = sides[name]
                 before = cpu_seconds(pid)
-                latencies, _ = asyncio.run(run_load(url, headers, args.n, 1))
-                cpu_us = (cpu_seconds(pid) - before) / (2 * args.n) * 1e6  # run_load's warm-up pass and its own
+                run = wrk(url.split("/mcp/")[0], scripts[name], 1, args.seconds, MCP_PATH)
+                cpu_us = (cpu_seconds(pid) - before) / run["requests"] * 1e6
                 results[name]["cpu_us"].append(cpu_us)
-                results[name]["p50"].append(percentile(latencies, 0.5) * 1e3)
+                results[name]["p50"].append(run["p50"])
                 print(f"  round {round_ + 1} {name:<14} CPU {cpu_us:6.1f} us/call  c1 p50 "
                       f"{results[name]['p50'][-1]:6.3f} ms  load {load_average()}", flush=True)
     base, work = results[args.rev], results["working tree"]
