@@ -35,7 +35,6 @@ from bench.vs_litellm import wrk
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 
-
 MCP_PATH = "/mcp/devtools"
 
 
