@@ -5,22 +5,23 @@ Both servers run in processes of their own (uvicorn). The client is wrk (Debian'
 default, or this process with httpx (--client httpx); the same JSON-RPC bodies (2025-11-25, a
 session each, a new id and argument per call) on both paths. The client matters on a small machine:
 httpx spends about 0.5 ms of CPU a call, on the same two cores as the servers it measures, wrk a
-few microseconds. The
-gateway's path: token verification (RS256, a local issuer), its session, the server's tool list
+few microseconds.
+
+The gateway's path: token verification (RS256, a local issuer), its session, the server's tool list
 (cached, tools_ttl_s), the tools decision (embedded regorus, cached by what it reads) and the
 arguments package (evaluated every call: the arguments are its input), the tool's budget
 (in-process GCRA), the call upstream with its own credential, and a record in the signed audit
-trail (a file). Printed per round: p50/p99 at concurrency 1 and the
-added p50; req/s at concurrency 32 and the ratio; the CPU each process spent per call at
-concurrency 1 (on a shared machine latency follows the load, CPU time much less). Target (issue 27): added p50 <= 1 ms.
+trail (a file). Printed per round: p50/p99 at concurrency 1 and the added p50; req/s at
+concurrency 32 and the ratio; the CPU each process spent per call (on a shared machine latency
+follows the load, CPU time much less). Target (issue 27): added p50 <= 1 ms.
 
-Where the processes run matters on a small machine. By default the scheduler places them: the direct
-path is two processes on two cores, the gateway's path three, whose caches then collide (on 2 cores
-the MCP server's own CPU per call grows by about a third when the gateway is in the path). With
---gateway-core the gateway has the first core to itself and the client and the server share the
-others, on both paths alike, as a gateway runs on its own host or cores in production: the added
-latency is then the gateway's work and its hop. Its req/s at 32 are not comparable with the default's
-(client and server share a core there).
+Where the processes run matters on a small machine. By default the scheduler places them. Under
+the httpx client the gateway's path was three busy processes on two cores, whose caches collided
+(the MCP server's own CPU per call grew by about a third with the gateway in the path); under wrk
+it hardly grows. With --gateway-core the gateway has the first core to itself and the client and
+the server share the others, on both paths alike, as a gateway runs on its own host or cores in
+production. Its req/s at 32 are not comparable with the default's (client and server share a core
+there).
 
     .venv/bin/python bench/mcp_overhead.py                 # wrk, 5 s per measurement, 3 rounds
     .venv/bin/python bench/mcp_overhead.py --client httpx --n 1000  # 1,000 calls per measurement
