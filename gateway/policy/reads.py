@@ -351,7 +351,7 @@ def _identify(value: object, trie: dict | None, found: list) -> None:
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         found += (kind, value)
-    elif isinstance(value, list) and kind is list and all(type(item) is str for item in value):  # scopes, roles
+    elif isinstance(value, list) and all(type(item) is str for item in value):  # scopes, roles: JSON as a list's
         found += (list, tuple(value))
     elif kind is float:
         found += (float, repr(value))  # repr keeps -0.0 apart from 0.0, as JSON does
