@@ -35,8 +35,6 @@ from bench.vs_litellm import wrk
 from devkit.issuer import LocalIssuer
 from devkit.server import free_port
 
-MCP_PATH = "/mcp/devtools"
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +68,7 @@ def main() -> int:
         scripts = {}
         for name, (url, _) in sides.items():
             scripts[name] = wrk_script(tmp_path, f"side{len(scripts)}", asyncio.run(wrk_session(url, headers)))
-            wrk(url.split("/mcp/")[0], scripts[name], 1, 2, MCP_PATH)  # warm: the catalogue, the caches
+            wrk(url, scripts[name], 1, 2, path="")  # warm: the catalogue, the caches
         print(f"mcp_ab: {args.rev} against the working tree, tools/call through /mcp/devtools; wrk at concurrency 1 "
               f"for {args.seconds:g} s per side and round, {args.rounds} alternating rounds; "
               f"load {load_average()}", flush=True)
@@ -79,7 +77,7 @@ def main() -> int:
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
                 url, pid = sides[name]
                 before = cpu_seconds(pid)
-                run = wrk(url.split("/mcp/")[0], scripts[name], 1, args.seconds, MCP_PATH)
+                run = wrk(url, scripts[name], 1, args.seconds, path="")
                 cpu_us = (cpu_seconds(pid) - before) / run["requests"] * 1e6
                 results[name]["cpu_us"].append(cpu_us)
                 results[name]["p50"].append(run["p50"])

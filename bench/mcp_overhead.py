@@ -232,16 +232,14 @@ def main() -> int:
                 print(f"client: wrk, 1 thread, {args.seconds:g} s per measurement", flush=True)
                 for name, (url, headers) in paths.items():
                     scripts[name] = wrk_script(workdir, name, asyncio.run(wrk_session(url, headers)))
-                    base, path = url.split("/mcp", 1)
-                    wrk(base, scripts[name], 1, 2, "/mcp" + path)  # warm: the catalogue, the caches
+                    wrk(url, scripts[name], 1, 2, path="")  # warm: the catalogue, the caches
             for round_ in range(args.rounds):
                 order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
                 for name in order:
                     url, headers = paths[name]
                     cpu_before = cpu_seconds(gateway_pid), cpu_seconds(mcp_pid)
                     if args.client == "wrk":
-                        base, path = url.split("/mcp", 1)
-                        at_one = wrk(base, scripts[name], 1, args.seconds, "/mcp" + path)
+                        at_one = wrk(url, scripts[name], 1, args.seconds, path="")
                         calls = at_one["requests"]
                         p50, p99 = at_one["p50"], at_one["p99"]
                     else:
@@ -253,7 +251,7 @@ def main() -> int:
                     results[name]["cpu"].append(cpu_gateway / calls * 1000)
                     mcp_before = cpu_seconds(mcp_pid)
                     if args.client == "wrk":
-                        at_32 = wrk(base, scripts[name], 32, args.seconds, "/mcp" + path)
+                        at_32 = wrk(url, scripts[name], 32, args.seconds, path="")
                         rps, calls_32 = at_32["rps"], at_32["requests"]
                     else:
                         _, rps = asyncio.run(run_load(url, headers, args.n, 32))

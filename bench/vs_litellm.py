@@ -135,7 +135,8 @@ def _ms(text: str) -> float:
 
 def wrk(url: str, script: Path, connections: int, seconds: float,
         path: str = "/v1/chat/completions") -> dict[str, float]:
-    """One wrk run: its req/s, requests and latency percentiles (ms)."""
+    """One wrk run against url + path (path "" for a url that is whole already): its req/s,
+    requests and latency percentiles (ms)."""
     command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency", "-s", str(script),
                url + path]
     out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
