@@ -159,7 +159,8 @@ class GatewayMetrics:
 
     def watch_policy(self, policy: PolicyEngine) -> None:
         """Read at scrape time: the revision serving (the embedded policy's, or the bundles' that OPA
-        last decided with) and the reloads refused (the embedded policy reloads; OPA's sidecar does its own)."""
+        last decided with), the decisions made (and what the decision cache did for them) and the reloads
+        refused (the embedded policy reloads; OPA's sidecar does its own)."""
         self.registry.register(_PolicyCollector(policy))
 
 
@@ -171,6 +172,13 @@ class _PolicyCollector:
         if self._policy.revision is not None:
             yield InfoMetricFamily("tenantgate_policy", "The policy revision that decides requests (its content "
                                    "digest, or OPA's bundle revisions).", value={"revision": self._policy.revision})
+        decisions = CounterMetricFamily(
+            "tenantgate_policy_decisions", "Policy decisions made, by kind (request, tools) and by what the "
+            "decision cache did: hit (served from it), miss (evaluated, then kept), off (evaluated: the cache is "
+            "off, the revision cannot be cached, or OPA decides).", labels=["kind", "cache"])
+        for (kind, cache), count in sorted(self._policy.decision_counts().items()):
+            decisions.add_metric([kind, cache], count)
+        yield decisions
         if self._policy.reload_failures is None:
             return
         yield CounterMetricFamily("tenantgate_policy_reload_failures", "Policy reloads refused (a file that does "

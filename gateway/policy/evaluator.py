@@ -46,7 +46,8 @@ class EmbeddedEvaluator:
     cached by that projection (a field no rule they reach refers to never misses the cache); the
     policy revision is part of the key, so a reload never serves a stale decision. A revision that
     calls a builtin of the clock, chance or the network is never cached. The request decision and
-    the tools decision have a cache each; the arguments are judged afresh on every call.
+    the tools decision have a cache each; the arguments are judged afresh on every call. counts()
+    says what the caches did for the decisions made.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class EmbeddedEvaluator:
         self._cache: OrderedDict[tuple[str, tuple], Decision] = OrderedDict()
         self._tools_cache: OrderedDict[tuple[str, tuple], ToolsDecision] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}  # (kind, cache) -> decisions; under _cache_lock
 
     @property
     def revision(self) -> str:
@@ -125,8 +127,8 @@ class EmbeddedEvaluator:
         """The validated tools decision for one MCP tools/list or tools/call; raises a PolicyError
         (deny) otherwise. The decision is cached (it never reads a call's arguments); a call it
         allows is then judged on its arguments, every time."""
-        decision = self._cached(self._tools_cache, self._tools_reads, input_document, lambda read: parse_tools_decision(
-            raw_decision(self._engine(), read, TOOLS_ENTRYPOINT)))
+        decision = self._cached("tools", self._tools_cache, self._tools_reads, input_document,
+                                lambda read: parse_tools_decision(raw_decision(self._engine(), read, TOOLS_ENTRYPOINT)))
         if not decision.allow or input_document.get("method") != "tools/call":
             return decision
         raw = raw_decision(self._engine(), self._arguments_reads.key(input_document), ARGUMENTS_ENTRYPOINT)
@@ -136,22 +138,35 @@ class EmbeddedEvaluator:
 
     def decide(self, input_document: Mapping) -> Decision:
         """The validated decision for one request; raises a PolicyError (deny) otherwise."""
-        return self._cached(self._cache, self._reads, input_document,
+        return self._cached("request", self._cache, self._reads, input_document,
                             lambda read: parse_decision(self.evaluate_json(read)))
 
-    def _cached(self, cache: OrderedDict[tuple[str, tuple], T], reads: InputReads, input_document: Mapping,
-                evaluate: Callable[[str], T]) -> T:
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Decisions made, by kind ("request", "tools") and by what the decision cache did: "hit"
+        (served from it), "miss" (evaluated, then kept) or "off" (evaluated: no cache, or a revision
+        that cannot be cached). A decision that failed to evaluate is not one."""
+        with self._cache_lock:
+            return dict(self._counts)
+
+    def _cached(self, kind: str, cache: OrderedDict[tuple[str, tuple], T], reads: InputReads,
+                input_document: Mapping, evaluate: Callable[[str], T]) -> T:
         """evaluate(the input as its packages read it, JSON), unless the cache holds its answer."""
+        counts = self._counts
         if not self._cache_size or not reads.cacheable:
-            return evaluate(reads.key(input_document))
+            value = evaluate(reads.key(input_document))
+            with self._cache_lock:
+                counts[kind, "off"] = counts.get((kind, "off"), 0) + 1
+            return value
         key = (self.revision, reads.identity(input_document))
         with self._cache_lock:
             cached = cache.get(key)
             if cached is not None:
                 cache.move_to_end(key)
+                counts[kind, "hit"] = counts.get((kind, "hit"), 0) + 1
                 return cached
         value = evaluate(reads.key(input_document))
         with self._cache_lock:
+            counts[kind, "miss"] = counts.get((kind, "miss"), 0) + 1
             cache[key] = value
             if len(cache) > self._cache_size:
                 cache.popitem(last=False)

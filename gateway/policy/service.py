@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ class PolicyEngine(Protocol):
     def tenant_enabled(self, tenant_id: str) -> bool | None: ...  # its data says enabled: true (None: not known yet)
     def tenant_ids(self) -> frozenset[str] | None: ...  # the registered tenants (None: not known yet)
     def ready(self) -> bool: ...
+    def decision_counts(self) -> dict[tuple[str, str], int]: ...  # (kind, cache) -> decisions: evaluator.counts
     async def start(self) -> None: ...
     async def aclose(self) -> None: ...
 
@@ -102,6 +104,7 @@ class EmbeddedPolicy:
         self._failing: dict[str, tuple[str, float]] = {}  # tenant -> (revision, refused until): a failed evaluation
         self._watcher = BackgroundTask("tenantgate-policy-watch")
         self.reload_failures = 0
+        self._retired_counts: Counter[tuple[str, str]] = Counter()  # the decisions of revisions no longer serving
 
     @property
     def revision(self) -> str:
@@ -165,6 +168,9 @@ class EmbeddedPolicy:
     def ready(self) -> bool:
         return True  # a policy that failed to load never got this far
 
+    def decision_counts(self) -> dict[tuple[str, str], int]:
+        return dict(self._retired_counts + Counter(self._evaluator.counts()))
+
     async def reload_if_changed(self) -> bool:
         signature = await asyncio.to_thread(self._files_signature)
         if signature == self._signature:
@@ -178,9 +184,11 @@ class EmbeddedPolicy:
             return False
         engine = await build_engine_cooperatively(prepared)
         evaluator = EmbeddedEvaluator(source=prepared, engine=engine, cache_size=self._cache_size)
-        old, self._evaluator = self._evaluator.revision, evaluator
+        old = self._evaluator
+        self._retired_counts.update(old.counts())  # it decides nothing more: the swap is on this loop's thread
+        self._evaluator = evaluator
         self._failing = {}
-        logger.info("policy reloaded: %s -> %s", old, evaluator.revision)
+        logger.info("policy reloaded: %s -> %s", old.revision, evaluator.revision)
         _log_reads(prepared)
         return True
 
@@ -221,11 +229,13 @@ class OpaPolicy:
         self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
         self._watch = OpaWatch(self._client, interval_s=refresh_interval_s)
         self.revision: str | None = None  # the bundles' revision of the last decision (None before the first)
+        self._counts: Counter[tuple[str, str]] = Counter()  # every decision is OPA's: the gateway caches none
 
     async def decide(self, input_document: Mapping) -> Judgement:
         body = await self._ask(DECISION_PATH, input_document)
         judgement = Judgement(validate_decision(body["result"]), _opa_revision(body.get("provenance")))
         self.revision = judgement.revision
+        self._counts["request", "off"] += 1  # on the loop's thread, as every decide
         return judgement
 
     async def decide_tools(self, input_document: Mapping) -> ToolsJudgement:
@@ -236,6 +246,7 @@ class OpaPolicy:
             decision = with_argument_denials(decision, denials)
         judgement = ToolsJudgement(decision, _opa_revision(body.get("provenance")))
         self.revision = judgement.revision
+        self._counts["tools", "off"] += 1
         return judgement
 
     async def _ask(self, path: str, input_document: Mapping) -> dict:
@@ -273,6 +284,9 @@ class OpaPolicy:
 
     def ready(self) -> bool:
         return self._watch.healthy and self._watch.tenants is not None
+
+    def decision_counts(self) -> dict[tuple[str, str], int]:
+        return dict(self._counts)
 
     @property
     def reload_failures(self) -> None:

@@ -189,11 +189,25 @@ def test_policy_revision_is_an_info_metric_and_engine_gauges_are_there(gateway) 
     assert sample.name == "tenantgate_policy_info" and sample.value == 1
     assert sample.labels == {"revision": gateway.state.policy.revision}
     assert families["tenantgate_policy_reload_failures"].type == "counter"
+    before = _decisions(families)
+    for _ in range(2):  # the same request twice: its decision is evaluated at most once
+        gateway.client(ALPHA).chat.completions.create(model="demo", messages=CHAT, max_tokens=2, temperature=0)
+    after = _decisions(scrape(gateway))
+    assert after[("request", "hit")] >= before.get(("request", "hit"), 0) + 1
+    assert sum(after.values()) == sum(before.values()) + 2
+    assert {cache for _, cache in after} <= {"hit", "miss"}  # the gateway's cache is on: nothing "off"
     for name, kind in (("tenantgate_engine_requests_running", "gauge"), ("tenantgate_engine_requests_waiting", "gauge"),
                        ("tenantgate_engine_preemptions", "counter")):
         assert families[name].type == kind, name
     usage = families["tenantgate_kv_cache_usage_ratio"]
     assert usage.type == "gauge" and usage.unit == "ratio" and 0 <= usage.samples[0].value <= 1
+
+
+def _decisions(families: dict) -> dict[tuple[str, str], float]:
+    family = families["tenantgate_policy_decisions"]
+    assert family.type == "counter"
+    return {(sample.labels["kind"], sample.labels["cache"]): sample.value for sample in family.samples
+            if sample.name == "tenantgate_policy_decisions_total"}
 
 
 def test_tenant_labels_are_keyed_digests_unless_the_policy_allows_the_name(gateway) -> None:

@@ -231,6 +231,8 @@ def test_the_bundle_revision_opa_decides_with_is_the_policy_info_metric(
     assert "tenantgate_policy_info" not in before  # nothing decided yet: no revision to claim
     assert f'tenantgate_policy_info{{revision="opa:tenantgate@{revision}"}} 1.0' in after
     assert "tenantgate_policy_reload_failures" not in after  # OPA's sidecar reloads bundles, not the gateway
+    assert "tenantgate_policy_decisions_total{" not in before
+    assert 'tenantgate_policy_decisions_total{cache="off",kind="request"} 1.0' in after  # OPA's, never cached
 
 
 def test_opa_refuses_a_tampered_bundle(

@@ -85,6 +85,46 @@ async def test_the_active_revision_and_refused_reloads_are_metrics(policy_copy) 
     assert first not in text
 
 
+async def test_decisions_are_counted_by_what_the_cache_did_across_reloads(policy_copy) -> None:
+    policy = EmbeddedPolicy(policy_copy, cache_size=64)
+    metrics = GatewayMetrics()
+    metrics.watch_policy(policy)
+
+    def counted() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        return {cache: float(line.rsplit(" ", 1)[1]) for cache in ("hit", "miss", "off")
+                for line in text.splitlines()
+                if line.startswith(f'tenantgate_policy_decisions_total{{cache="{cache}",kind="request"}}')}
+
+    assert counted() == {}
+    await policy.decide(SAMPLE)
+    warmer = copy.deepcopy(SAMPLE)
+    warmer["request"]["temperature"] = 1.7  # a field the policy does not read
+    await policy.decide(warmer)
+    longer = copy.deepcopy(SAMPLE)
+    longer["request"]["prompt_tokens"] += 1  # one it reads: the prompt's length, which real traffic varies
+    await policy.decide(longer)
+    assert counted() == {"hit": 1, "miss": 2}
+
+    limits = policy_copy / "limits" / "limits.rego"
+    limits.write_text(limits.read_text() + "\n# a new revision\n")
+    assert await policy.reload_if_changed() is True
+    await policy.decide(SAMPLE)  # the new revision's first: a miss, added to the counts before it
+    assert counted() == {"hit": 1, "miss": 3}
+    assert policy.decision_counts() == {("request", "hit"): 1, ("request", "miss"): 3}
+
+
+async def test_without_a_cache_every_decision_is_counted_as_evaluated(policy_copy) -> None:
+    limits = policy_copy / "limits" / "limits.rego"  # a conflict for one model alone: the samples still decide
+    limits.write_text(limits.read_text() + '\n_prompt_tokens := -1 if input.request.model == "conflicted"\n')
+    policy = EmbeddedPolicy(policy_copy)
+    for _ in range(3):
+        await policy.decide(SAMPLE)
+    with pytest.raises(PolicyError, match="conflict"):
+        await policy.decide({**SAMPLE, "request": {**SAMPLE["request"], "model": "conflicted"}})
+    assert policy.decision_counts() == {("request", "off"): 3}  # the one that failed is not a decision
+
+
 async def test_both_policy_backends_have_every_member_the_protocol_declares(policy_copy) -> None:
     # The gateway reads them directly (metrics, health): a backend missing one would fail at scrape time.
     declared = {name for name in vars(PolicyEngine) if not name.startswith("_")}
