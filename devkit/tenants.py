@@ -25,11 +25,12 @@ def with_crowd(data: dict, template: str, count: int) -> dict:
 
 
 def failing_evaluation(tenant: dict) -> dict:
-    """A copy of a tenant's data whose context window is a string: the limits package subtracts
-    the prompt's tokens from it, and regorus fails that evaluation (`sub` expects numbers) for
-    every completion the tenant asks for, where a missing value would only deny."""
+    """A copy of a tenant's data whose revocations are a string: the authn package looks the caller
+    up in them with object.get, and regorus fails that evaluation (`object.get` expects an object),
+    as OPA does with strict built-in errors, for every request of the tenant, where a missing value
+    would only deny."""
     broken = copy.deepcopy(tenant)
-    broken["limits"]["max_context_tokens"] = "unbounded"
+    broken["revocations"] = "every token"
     return broken
 
 

@@ -48,7 +48,9 @@ logger = logging.getLogger("tenantgate.gateway")
 
 # The reason policies/authz gives when a tenant may not use the model; such a deny is answered as 404.
 MODEL_DENIED_REASON = "the requested model is not available to this tenant"
-# policies/limits: a prompt with no room left in the tenant's window; alone, it is answered as 400.
+# A prompt with no room left in the tenant's window, alone, is answered as 400. The shipped policy leaves
+# the window to effective_max_tokens (its decisions do not read the prompt's length, so they are cached);
+# a policy of the operator's own may still deny with this reason, as earlier revisions of it did.
 CONTEXT_DENIED_REASON = re.compile(r"the prompt leaves no room in this tenant's context window of (\d+) tokens")
 # policies/authn: a token without a context the request needs (a deny a new token cures).
 AUTH_CONTEXT_REASON = re.compile(r"this request needs authentication context (c[0-9]{1,2})")

@@ -2,18 +2,19 @@
 # title: Limits
 # description: |
 #   Token and request budgets from the tenant's data. The requested max_tokens is
-#   clamped to the tenant's limit and to what the context window leaves after the
-#   prompt. Embeddings generate nothing: their max_tokens is the tenant's limit, unused,
-#   and their inputs (each cut at the encoder's own length) count against the token
-#   budget, not a context window.
+#   clamped to the tenant's limit. The context window is the tenant's max_context_tokens:
+#   the gateway clamps max_tokens again to what that window (and the model's) leaves
+#   after the prompt, and refuses a prompt that leaves no room (400
+#   context_length_exceeded). No rule here reads the prompt's length, so a request's
+#   decision is cached whatever its prompt (docs/policy-reference.md, "Evaluation cost").
+#   Embeddings generate nothing: their max_tokens is the tenant's limit, unused, and
+#   their inputs (each cut at the encoder's own length) count against the token budget.
 package tenantgate.limits
 
 # The caller's tenant record, shared by the decision's packages (policies/tenant).
 import data.tenantgate.tenant.record as _tenant
 
 _limits := _tenant.limits
-
-_prompt_tokens := object.get(input.request, "prompt_tokens", 0)
 
 _requested := object.get(input.request, "max_tokens", null)
 
@@ -23,15 +24,11 @@ _wanted := _limits.max_tokens if _requested == null
 
 _wanted := _requested if _requested != null
 
-max_tokens := _limits.max_tokens if {
-	_embeddings
-	_non_negative_integer(_prompt_tokens)
-}
+max_tokens := _limits.max_tokens if _embeddings
 
-max_tokens := min([_wanted, _limits.max_tokens, _limits.max_context_tokens - _prompt_tokens]) if {
+max_tokens := min([_wanted, _limits.max_tokens]) if {
 	not _embeddings
 	_positive_integer(_wanted)
-	_non_negative_integer(_prompt_tokens)
 }
 
 # METADATA
@@ -96,31 +93,13 @@ deny contains "max_tokens must be a positive integer" if {
 	not _positive_integer(_requested)
 }
 
-deny contains "prompt_tokens must be a non-negative integer" if {
-	not _non_negative_integer(_prompt_tokens)
-}
-
-# The gateway answers this deny alone as 400 context_length_exceeded, with both counts.
-deny contains sprintf(
-	"the prompt leaves no room in this tenant's context window of %d tokens",
-	[_limits.max_context_tokens],
-) if {
-	not _embeddings
-	_prompt_tokens >= _limits.max_context_tokens
-}
-
-notes contains "max_tokens clamped to the tenant's limit or context window" if {
+notes contains "max_tokens clamped to the tenant's limit" if {
 	_requested != null
 	_requested > max_tokens
 }
 
 _positive_integer(n) if {
-	_non_negative_integer(n)
-	n >= 1
-}
-
-_non_negative_integer(n) if {
 	is_number(n)
-	n >= 0
+	n >= 1
 	floor(n) == n
 }

@@ -121,11 +121,11 @@ def test_equal_identities_mean_equal_keys(text: str) -> None:
     assert len(by_identity) <= 1.2 * len(keys)
 
 
-def test_the_shipped_policy_reads_neither_sampling_nor_stream_fields() -> None:
+def test_the_shipped_policy_reads_neither_sampling_stream_nor_prompt_length_fields() -> None:
     read = set(describe(EmbeddedEvaluator(POLICY_DIR).reads))
-    assert {"input.principal.tenant_id", "input.request.model", "input.request.max_tokens",
-            "input.request.prompt_tokens"} <= read
-    assert not read & {"input.request.temperature", "input.request.stream", "input.request.n", "input.request"}
+    assert {"input.principal.tenant_id", "input.request.model", "input.request.max_tokens"} <= read
+    assert not read & {"input.request.temperature", "input.request.stream", "input.request.n", "input.request",
+                       "input.request.prompt_tokens"}  # the context window is the gateway's to apply
 
 
 def test_a_field_the_policy_does_not_read_hits_the_cache() -> None:
@@ -136,8 +136,11 @@ def test_a_field_the_policy_does_not_read_hits_the_cache() -> None:
     warmer["request"]["temperature"], warmer["request"]["stream"] = 1.7, False
     assert cached.decide(warmer) is first
     longer = copy.deepcopy(sample)
-    longer["request"]["prompt_tokens"] += 1
-    assert cached.decide(longer) is not first
+    longer["request"]["prompt_tokens"] += 1  # a prompt of another length: chat traffic's every request
+    assert cached.decide(longer) is first
+    fewer = copy.deepcopy(sample)
+    fewer["request"]["max_tokens"] = 7
+    assert cached.decide(fewer) is not first
 
 
 def test_a_rule_that_starts_reading_a_field_makes_it_part_of_the_key(policy_copy: Path) -> None:

@@ -28,8 +28,8 @@ from tests.utils.issuer import FABRIKAM
 
 SAMPLE = SAMPLES["allow_standard_app_token"]["input"]
 
-# Parses, and conflicts with `_prompt_tokens := object.get(...)` for every request that has prompt tokens.
-RULE_CONFLICT = "\n_prompt_tokens := -1 if input.request.route\n"
+# Parses, and conflicts with `_requested := object.get(...)` for every request (its max_tokens, or null, is not -1).
+RULE_CONFLICT = "\n_requested := -1 if input.request.route\n"
 
 
 def _add_rule_conflict(policy_dir: Path) -> None:
@@ -102,21 +102,24 @@ async def test_decisions_are_counted_by_what_the_cache_did_across_reloads(policy
     warmer["request"]["temperature"] = 1.7  # a field the policy does not read
     await policy.decide(warmer)
     longer = copy.deepcopy(SAMPLE)
-    longer["request"]["prompt_tokens"] += 1  # one it reads: the prompt's length, which real traffic varies
+    longer["request"]["prompt_tokens"] += 1  # nor the prompt's length, which real traffic varies
     await policy.decide(longer)
-    assert counted() == {"hit": 1, "miss": 2}
+    fewer = copy.deepcopy(SAMPLE)
+    fewer["request"]["max_tokens"] = 7  # one it reads
+    await policy.decide(fewer)
+    assert counted() == {"hit": 2, "miss": 2}
 
     limits = policy_copy / "limits" / "limits.rego"
     limits.write_text(limits.read_text() + "\n# a new revision\n")
     assert await policy.reload_if_changed() is True
     await policy.decide(SAMPLE)  # the new revision's first: a miss, added to the counts before it
-    assert counted() == {"hit": 1, "miss": 3}
-    assert policy.decision_counts() == {("request", "hit"): 1, ("request", "miss"): 3}
+    assert counted() == {"hit": 2, "miss": 3}
+    assert policy.decision_counts() == {("request", "hit"): 2, ("request", "miss"): 3}
 
 
 async def test_without_a_cache_every_decision_is_counted_as_evaluated(policy_copy) -> None:
     limits = policy_copy / "limits" / "limits.rego"  # a conflict for one model alone: the samples still decide
-    limits.write_text(limits.read_text() + '\n_prompt_tokens := -1 if input.request.model == "conflicted"\n')
+    limits.write_text(limits.read_text() + '\n_requested := -1 if input.request.model == "conflicted"\n')
     policy = EmbeddedPolicy(policy_copy)
     for _ in range(3):
         await policy.decide(SAMPLE)
