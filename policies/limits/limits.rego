@@ -6,7 +6,8 @@
 #   the gateway clamps max_tokens again to what that window (and the model's) leaves
 #   after the prompt, and refuses a prompt that leaves no room (400
 #   context_length_exceeded). No rule here reads the prompt's length, so a request's
-#   decision is cached whatever its prompt (docs/policy-reference.md, "Evaluation cost").
+#   decision is cached whatever its prompt (docs/policy-reference.md, "What the decision
+#   cache keys on").
 #   Embeddings generate nothing: their max_tokens is the tenant's limit, unused, and
 #   their inputs (each cut at the encoder's own length) count against the token budget.
 package tenantgate.limits
