@@ -34,7 +34,16 @@ content := "none" if {
 	input.request.data_classification == "restricted"
 } else := _tenant.logging.content
 
-_tenant_redact := {pointer | some pointer in _tenant.logging.redact}
+# The tenant's own pointers, none when its data names none (or there is no such tenant). A value
+# that is not a list leaves them (and so the decision) undefined, which denies: OPA iterates a number
+# or a string as nothing where regorus refuses to, and neither may serve a tenant with fewer
+# redactions than it asked for.
+_tenant_redact := set() if {
+	not _tenant
+} else := {pointer | some pointer in pointers} if {
+	pointers := object.get(_tenant, ["logging", "redact"], [])
+	is_array(pointers)
+}
 
 redact := sort(always_redact | _tenant_redact) if content == "redacted"
 

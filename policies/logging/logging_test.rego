@@ -82,3 +82,17 @@ test_deny_metrics_name_that_cannot_be_a_label if {
 	logging.metrics_name == "" with input as {"principal": {"tenant_id": "t-odd-name"}, "request": {}}
 		with data.tenants as _tenants
 }
+
+test_deny_a_redact_list_that_is_no_list_leaves_redact_undefined if {
+	# The decision is then undefined, so denied: fewer redactions than the tenant asked for are never served.
+	every bad in [5, "/request/user", true, {"pointer": "/request/user"}] {
+		not logging.redact with input as {"principal": {"tenant_id": "t"}, "request": {"data_classification": "public"}}
+			with data.tenants as {"t": {"logging": {"content": "redacted", "redact": bad}}}
+	}
+}
+
+test_allow_a_tenant_without_a_redact_list_keeps_the_base_alone if {
+	l := logging.redact with input as {"principal": {"tenant_id": "t"}, "request": {"data_classification": "public"}}
+		with data.tenants as {"t": {"logging": {"content": "none"}}}
+	l == _base
+}

@@ -137,6 +137,32 @@ def test_parity_conditional_access_decisions_identical_in_regorus_and_opa(opa_se
     assert outcomes["classification=public"]["contexts"] == []
 
 
+@pytest.mark.parametrize("redact", [5, "/request/user", True, None, [], ["/request/user"]])
+def test_a_tenants_redact_list_of_any_shape_gets_the_same_answer_in_regorus_and_opa(
+        opa_server_factory, tmp_path: Path, redact) -> None:
+    """OPA iterates a value that is not a collection as nothing, regorus refuses to: a tenant whose
+    redact list is a number must not lose its redactions in one engine and fail in the other."""
+    tenants = json.loads((POLICY_DIR / "data" / "tenants.example.json").read_text())
+    logging = tenants["tenants"][NORTHWIND]["logging"]
+    if redact is None:
+        del logging["redact"]
+    else:
+        logging["redact"] = redact
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    server = opa_server_factory([*(str(p) for p in rego_files(POLICY_DIR, include_tests=False)),
+                                 str(data_dir / "tenants.json")])
+    document = SAMPLES["allow_free_internal_cache_narrowed"]["input"]
+    with OpaClient(server.url) as opa:
+        ours, theirs = EmbeddedEvaluator(POLICY_DIR, data_dir).evaluate(document), opa.evaluate(document)
+    assert ours == theirs
+    if isinstance(redact, list) or redact is None:
+        assert ours["allow"] and ("/request/user" in ours["logging"]["redact"]) == bool(redact)
+    else:  # a list the policy cannot read: denied, not served with fewer redactions
+        assert not ours["allow"]
+
+
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
     """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
