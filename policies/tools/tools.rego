@@ -121,10 +121,18 @@ _logging := object.get(_tenant, "logging", {})
 
 _content := object.get(_logging, "content", "none")
 
-# With content "none" nothing of a call's arguments or result reaches a record.
-_redact := {p | some p in object.get(_logging, "redact", [])} | {"/arguments", "/result"} if _content == "none"
+# The tenant's own pointers. A value that is not a list leaves them (and so the decision) undefined,
+# which denies: OPA iterates a number or a string as nothing where regorus refuses to, and neither
+# may record a call with fewer redactions than the tenant asked for (policies/logging reads it alike).
+_tenant_redact := {p | some p in pointers} if {
+	pointers := object.get(_logging, "redact", [])
+	is_array(pointers)
+}
 
-_redact := {p | some p in object.get(_logging, "redact", [])} if _content != "none"
+# With content "none" nothing of a call's arguments or result reaches a record.
+_redact := _tenant_redact | {"/arguments", "/result"} if _content == "none"
+
+_redact := _tenant_redact if _content != "none"
 
 _allowed := {
 	"allow": true,

@@ -15,8 +15,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.bundle import build_bundle
 from gateway.policy.evaluator import EmbeddedEvaluator
 from gateway.policy.exceptions import PolicyEvaluationError
-from gateway.policy.loader import rego_files
-from gateway.policy.opa import OpaClient
+from gateway.policy.loader import TOOLS_ENTRYPOINT, rego_files
+from gateway.policy.opa import DECISION_PARAMS, TOOLS_DECISION_PATH, OpaClient
 from gateway.policy.service import OpaPolicy
 from tests.gateway.policy.conftest import POLICY_DIR, SAMPLES
 from tests.utils.opa import BundleServer, read_tarball, wait_http, write_tarball
@@ -154,13 +154,21 @@ def test_a_tenants_redact_list_of_any_shape_gets_the_same_answer_in_regorus_and_
     server = opa_server_factory([*(str(p) for p in rego_files(POLICY_DIR, include_tests=False)),
                                  str(data_dir / "tenants.json")])
     document = SAMPLES["allow_free_internal_cache_narrowed"]["input"]
+    call = {"principal": {**document["principal"], "scopes": ["Tools.Invoke"]}, "server": "devtools",
+            "method": "tools/call", "tool": {"name": "echo", "arguments": {"text": "hi"},
+                                             "digest": "sha256:" + "1" * 64, "recorded_digest": "sha256:" + "1" * 64}}
+    embedded = EmbeddedEvaluator(POLICY_DIR, data_dir)
     with OpaClient(server.url) as opa:
-        ours, theirs = EmbeddedEvaluator(POLICY_DIR, data_dir).evaluate(document), opa.evaluate(document)
+        ours, theirs = embedded.evaluate(document), opa.evaluate(document)
+    tools_answer = httpx.post(server.url + TOOLS_DECISION_PATH, params=DECISION_PARAMS, json={"input": call})
+    ours_tools, theirs_tools = embedded.evaluate(call, TOOLS_ENTRYPOINT), tools_answer.json()["result"]
     assert ours == theirs
+    assert ours_tools == theirs_tools
     if isinstance(redact, list) or redact is None:
         assert ours["allow"] and ("/request/user" in ours["logging"]["redact"]) == bool(redact)
-    else:  # a list the policy cannot read: denied, not served with fewer redactions
-        assert not ours["allow"]
+        assert ours_tools["allow"] and ("/request/user" in ours_tools["logging"]["redact"]) == bool(redact)
+    else:  # a list the policy cannot read: denied, not served or recorded with fewer redactions
+        assert not ours["allow"] and not ours_tools["allow"]
 
 
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
