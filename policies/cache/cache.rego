@@ -54,14 +54,26 @@ _segmented if scope in {"tenant", "principal"}
 # A platform segment the tenant opted into: one namespace for every tenant that did.
 segments contains _segment(s, ["segment", "platform", s.digest]) if {
 	_segmented
-	some name in _tenant.cache_segments.platform
+	some name in _collection(object.get(_tenant, ["cache_segments", "platform"], []))
 	s := data.platform_segments[name]
 }
 
 # The tenant's own segment: shared by its principals (the difference under principal scope).
 segments contains _segment(s, ["segment", "tenant", input.principal.tenant_id, s.digest]) if {
 	_segmented
-	some s in _tenant.cache_segments.own
+	some s in _collection(object.get(_tenant, ["cache_segments", "own"], {}))
+}
+
+# A list or an object as it is; any other value as no segment at all. OPA iterates a number or a
+# string as nothing where regorus refuses to: both now share nothing for it, and fewer segments share
+# less, never more.
+_collection(value) := value if is_array(value)
+
+_collection(value) := value if is_object(value)
+
+_collection(value) := [] if {
+	not is_array(value)
+	not is_object(value)
 }
 
 _segment(s, parts) := {"digest": s.digest, "tokens": s.tokens, "namespace": concat(":", parts)}

@@ -171,6 +171,32 @@ def test_a_tenants_redact_list_of_any_shape_gets_the_same_answer_in_regorus_and_
         assert not ours["allow"] and not ours_tools["allow"]
 
 
+@pytest.mark.parametrize(("platform", "own"), [(["assistant"], None), ("assistant", None), (5, None), (True, None),
+                                             (None, {"kb": {"digest": "sha256:" + "3" * 64, "tokens": 8}}),
+                                             (None, "kb"), (None, 7), (["assistant"], [])])
+def test_a_tenants_segment_lists_of_any_shape_get_the_same_answer_in_regorus_and_opa(
+        opa_server_factory, tmp_path: Path, platform, own) -> None:
+    """The same engine difference for the public prefix segments: a list the policy cannot read is
+    no segment in either engine (sharing less), not a 503 in one and nothing in the other."""
+    tenants = json.loads((POLICY_DIR / "data" / "tenants.example.json").read_text())
+    segments = {name: value for name, value in (("platform", platform), ("own", own)) if value is not None}
+    tenants["tenants"][NORTHWIND]["cache_segments"] = segments
+    platform_segments = json.loads((POLICY_DIR / "data" / "platform_segments.example.json").read_text())
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "tenants.json").write_text(json.dumps(tenants))
+    (data_dir / "platform_segments.json").write_text(json.dumps(platform_segments))
+    server = opa_server_factory([*(str(p) for p in rego_files(POLICY_DIR, include_tests=False)),
+                                 str(data_dir / "tenants.json"), str(data_dir / "platform_segments.json")])
+    document = SAMPLES["allow_free_internal_cache_narrowed"]["input"]  # tenant scope: segments apply
+    with OpaClient(server.url) as opa:
+        ours, theirs = EmbeddedEvaluator(POLICY_DIR, data_dir).evaluate(document), opa.evaluate(document)
+    assert ours == theirs and ours["allow"]
+    namespaces = {segment["namespace"].split(":")[1] for segment in ours["cache"]["segments"]}
+    assert namespaces == ({"platform"} if platform == ["assistant"] else set()) | (
+        {"tenant"} if isinstance(own, dict) else set())
+
+
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
     """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
