@@ -68,15 +68,21 @@ deny contains "the method is not one this policy governs" if not _method_known
 deny contains "the tool is not allowed for this tenant" if {
 	_server
 	_call
-	not _tool_allowed(input.tool.name)
+	not _called_tool_allowed
 }
 
 deny contains "the tool's definition is not the one this tenant's policy accepts" if {
 	_server
 	_call
-	_tool_allowed(input.tool.name)
-	not _digest_accepted(input.tool.name, input.tool.digest, input.tool.recorded_digest)
+	_called_tool_allowed
+	not _called_digest_accepted
 }
+
+# Helper rules rather than `not f(...)` above: OPA makes `not f(x)` undefined when x is (a call
+# without a digest would then be allowed there and denied in regorus), where `not` of a rule is not.
+_called_tool_allowed if _tool_allowed(input.tool.name)
+
+_called_digest_accepted if _digest_accepted(input.tool.name, input.tool.digest, input.tool.recorded_digest)
 
 _has_object_id if {
 	is_string(input.principal.object_id)

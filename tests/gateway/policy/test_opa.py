@@ -197,6 +197,30 @@ def test_a_tenants_segment_lists_of_any_shape_get_the_same_answer_in_regorus_and
         {"tenant"} if isinstance(own, dict) else set())
 
 
+@pytest.mark.parametrize("missing", ["digest", "recorded_digest", "name", "tool"])
+def test_a_tools_call_missing_a_field_gets_the_same_answer_in_regorus_and_opa(opa_server_factory, missing) -> None:
+    """`not f(x)` with an undefined x is undefined in OPA and true in regorus: the tools policy asks
+    through helper rules, so a call the gateway never sends is still denied in both."""
+    server = opa_server_factory([*(str(p) for p in rego_files(POLICY_DIR, include_tests=False)),
+                                 *(str(p) for p in sorted((POLICY_DIR / "data").glob("*.json")))])
+    tool = {"name": "echo", "arguments": {"text": "hi"}, "digest": "sha256:" + "1" * 64,
+            "recorded_digest": "sha256:" + "1" * 64}
+    call = {"principal": {"tenant_id": NORTHWIND, "object_id": "o1", "idtyp": "user", "scopes": ["Tools.Invoke"]},
+            "server": "devtools", "method": "tools/call", "tool": tool}
+    embedded = EmbeddedEvaluator(POLICY_DIR)
+
+    def both(document: dict) -> tuple[dict, dict]:
+        answer = httpx.post(server.url + TOOLS_DECISION_PATH, params=DECISION_PARAMS, json={"input": document})
+        return embedded.evaluate(document, TOOLS_ENTRYPOINT), answer.json()["result"]
+
+    whole = both(call)
+    assert whole[0] == whole[1] and whole[0]["allow"]  # the whole call is allowed; each case lacks one field
+    partial = ({**call, "tool": {k: v for k, v in tool.items() if k != missing}} if missing != "tool"
+               else {k: v for k, v in call.items() if k != "tool"})
+    ours, theirs = both(partial)
+    assert ours == theirs and not ours["allow"]
+
+
 def test_opa_policy_knows_which_tenants_the_data_enables(opa_server_factory) -> None:
     """Operators must come from an enabled tenant: the OPA backend reads `enabled` from OPA's data."""
     modules = [str(p) for p in rego_files(POLICY_DIR, include_tests=False)]
