@@ -139,7 +139,8 @@ def _exported_metrics() -> dict[str, str]:
     metrics = GatewayMetrics()
     metrics.watch_audit(SimpleNamespace(sink_errors=0, accepting=True, held=0, refused=0),
                         SimpleNamespace(pending=0, dropped=0))
-    metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0))
+    metrics.watch_policy(SimpleNamespace(revision="sha256:0", reload_failures=0,
+                                         decision_counts=lambda: {("request", "hit"): 1}))
     pool = SimpleNamespace(num_free_blocks=8, num_cached_blocks=0, num_held_blocks=0)
     scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0, block_manager=pool, num_draft_tokens=0,
                                 num_accepted_tokens=0)
