@@ -2,7 +2,7 @@
 
 import json
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -73,7 +73,7 @@ class EmbeddedEvaluator:
         self._cache: OrderedDict[tuple[str, tuple], Decision] = OrderedDict()
         self._tools_cache: OrderedDict[tuple[str, tuple], ToolsDecision] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._counts: dict[tuple[str, str], int] = {}  # (kind, cache) -> decisions; under _cache_lock
+        self._counts: Counter[tuple[str, str]] = Counter()  # (kind, cache) -> decisions; under _cache_lock
 
     @property
     def revision(self) -> str:
@@ -141,32 +141,31 @@ class EmbeddedEvaluator:
         return self._cached("request", self._cache, self._reads, input_document,
                             lambda read: parse_decision(self.evaluate_json(read)))
 
-    def counts(self) -> dict[tuple[str, str], int]:
+    def counts(self) -> Counter[tuple[str, str]]:
         """Decisions made, by kind ("request", "tools") and by what the decision cache did: "hit"
         (served from it), "miss" (evaluated, then kept) or "off" (evaluated: no cache, or a revision
         that cannot be cached). A decision that failed to evaluate is not one."""
         with self._cache_lock:
-            return dict(self._counts)
+            return self._counts.copy()
 
     def _cached(self, kind: str, cache: OrderedDict[tuple[str, tuple], T], reads: InputReads,
                 input_document: Mapping, evaluate: Callable[[str], T]) -> T:
         """evaluate(the input as its packages read it, JSON), unless the cache holds its answer."""
-        counts = self._counts
         if not self._cache_size or not reads.cacheable:
             value = evaluate(reads.key(input_document))
             with self._cache_lock:
-                counts[kind, "off"] = counts.get((kind, "off"), 0) + 1
+                self._counts[kind, "off"] += 1
             return value
         key = (self.revision, reads.identity(input_document))
         with self._cache_lock:
             cached = cache.get(key)
             if cached is not None:
                 cache.move_to_end(key)
-                counts[kind, "hit"] = counts.get((kind, "hit"), 0) + 1
+                self._counts[kind, "hit"] += 1
                 return cached
         value = evaluate(reads.key(input_document))
         with self._cache_lock:
-            counts[kind, "miss"] = counts.get((kind, "miss"), 0) + 1
+            self._counts[kind, "miss"] += 1
             cache[key] = value
             if len(cache) > self._cache_size:
                 cache.popitem(last=False)

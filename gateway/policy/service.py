@@ -169,7 +169,7 @@ class EmbeddedPolicy:
         return True  # a policy that failed to load never got this far
 
     def decision_counts(self) -> dict[tuple[str, str], int]:
-        return dict(self._retired_counts + Counter(self._evaluator.counts()))
+        return dict(self._retired_counts + self._evaluator.counts())
 
     async def reload_if_changed(self) -> bool:
         signature = await asyncio.to_thread(self._files_signature)

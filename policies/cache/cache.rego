@@ -67,13 +67,10 @@ segments contains _segment(s, ["segment", "tenant", input.principal.tenant_id, s
 # A list or an object as it is; any other value as no segment at all. OPA iterates a number or a
 # string as nothing where regorus refuses to: both now share nothing for it, and fewer segments share
 # less, never more.
-_collection(value) := value if is_array(value)
-
-_collection(value) := value if is_object(value)
-
-_collection(value) := [] if {
-	not is_array(value)
-	not is_object(value)
-}
+_collection(value) := value if {
+	is_array(value)
+} else := value if {
+	is_object(value)
+} else := []
 
 _segment(s, parts) := {"digest": s.digest, "tokens": s.tokens, "namespace": concat(":", parts)}
